@@ -1,0 +1,37 @@
+# The two commands: `make demo` (train and evaluate transformer_define on the demo corpus) and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+STAMP := $(VENV)/.installed
+TORCH := torch==2.13.0
+FAIRSEQ := fairseq-fixed==0.12.3.1
+
+.PHONY: install test demo bench clean
+
+install: $(STAMP)
+
+# Installing again does nothing: the stamp is newer than what it was made from.
+$(STAMP): setup.py requirements.txt Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install $(TORCH) "numpy<2" cython==3.3.1
+	@$(PIP) show fairseq-fixed >/dev/null 2>&1 || { \
+	  echo "==> compiling $(FAIRSEQ) (about 3 minutes on 2 cores)"; \
+	  $(PIP) install --no-build-isolation --no-deps $(FAIRSEQ); }
+	$(PIP) install -r requirements.txt
+	$(PIP) install --no-build-isolation --no-deps -e .
+	@touch $(STAMP)
+
+test: install
+	$(PY) -m pytest -q tests
+
+demo: install
+	PATH="$(abspath $(VENV))/bin:$$PATH" bash examples/demo/run.sh
+
+bench: install
+	$(PY) -m benchmarks.group_linear
+	$(PY) -m benchmarks.train_speed
+	$(PY) -m benchmarks.generate_speed
+
+clean:
+	rm -rf $(VENV) demo_output

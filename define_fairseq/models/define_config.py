@@ -1,0 +1,50 @@
+"""The DeFINE options shared by every model of the plugin that can embed its tokens with DeFINE."""
+
+from dataclasses import dataclass, field
+
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+
+from define_fairseq.modules.define import ACTIVATIONS, NORMS, VARIANTS
+
+
+@dataclass
+class DeFINEConfig(FairseqDataclass):
+    define_n: int = field(default=128, metadata={"help": "DeFINE map dimension n (the V x n table)"})
+    define_k: int = field(default=1024, metadata={"help": "DeFINE largest expansion width k"})
+    define_depth: int = field(
+        default=3, metadata={"help": "DeFINE depth N: N-1 expansion layers up to k, then the reduce to the model width"}
+    )
+    define_max_groups: int = field(
+        default=4, metadata={"help": "groups g_max of the first DeFINE layer; layer l uses max(g_max/2^(l-1), 1)"}
+    )
+    define_variant: ChoiceEnum(VARIANTS) = field(
+        default="define",
+        metadata={"help": "define: HGT + split-and-mix skip; define_concat: plain concat skip (no mixer); "
+                          "hgt: no skip; glt: fixed groups; lt: dense layers"},
+    )
+    define_activation: ChoiceEnum(list(ACTIVATIONS)) = field(
+        default="gelu", metadata={"help": "activation after each DeFINE expansion layer"}
+    )
+    define_norm: ChoiceEnum(NORMS) = field(
+        default="group", metadata={"help": "normalisation after each DeFINE expansion layer"}
+    )
+    define_dropout: float = field(default=0.0, metadata={"help": "dropout after each DeFINE expansion layer"})
+    define_folded: bool = field(
+        default=False,
+        metadata={"help": "embeddings are plain V x m tables folded from DeFINE (set by define_fairseq.tools.fold_define)"},
+    )
+
+
+def define_embedding_kwargs(cfg, embed_dim: int) -> dict:
+    """Keyword arguments of ``DeFINEEmbedding`` (after the vocabulary size) from a config with define_* fields."""
+    return dict(
+        n=cfg.define_n,
+        k=cfg.define_k,
+        m=embed_dim,
+        depth=cfg.define_depth,
+        max_groups=cfg.define_max_groups,
+        variant=str(cfg.define_variant),
+        activation=str(cfg.define_activation),
+        norm=str(cfg.define_norm),
+        dropout=cfg.define_dropout,
+    )

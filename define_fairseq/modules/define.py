@@ -1,0 +1,199 @@
+"""The DeFINE unit (Mehta et al., ICLR 2020): hierarchical group transform with the split-and-mix skip.
+
+Choices where the paper is silent (the README section "DeFINE: choices" gives the reasons):
+
+* ``depth`` (N) counts every transformation layer, and the last one is the reduce to ``m``: layers
+  1..N-1 expand from ``n`` to ``k``, layer N reduces to ``m``. This is what Figs. 3, 5 and 8-11 show
+  (N=3: two expansion layers with 4 and 2 groups, then the reduction layer) and what the authors' code does.
+* Layer l uses ``g_l = max(g_max / 2**(l-1), 1)`` groups (Eq. 1), the reduce layer included.
+* Expansion widths are ``linspace(n, k, N)[1:]``: they grow linearly and the last one is exactly ``k``;
+  an intermediate width is rounded up to a multiple of its layer's groups.
+* Every layer after the first receives ``e`` (the map output) mixed with the previous layer's output;
+  the reduce layer too (Fig. 5c).
+* Each expansion layer is followed by a per-group LayerNorm (groups stay independent), an activation
+  (GELU) and dropout; the reduce layer is linear. All layers have a bias.
+"""
+
+import math
+from typing import List, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .group_linear import GroupLinear
+
+VARIANTS = ("define", "define_concat", "hgt", "glt", "lt")
+"""``define``: HGT + split-and-mix skip (the paper's DeFINE). ``define_concat``: HGT + plain concatenation of
+the input and the previous output (Fig. 5d, "without mixer"). ``hgt``: HGT, no skip. ``glt``: every layer
+uses ``max_groups`` groups, no skip. ``lt``: dense layers (one group), no skip."""
+
+ACTIVATIONS = {
+    "gelu": F.gelu,
+    "relu": F.relu,
+    "swish": F.silu,
+    "tanh": torch.tanh,
+    "none": None,
+}
+NORMS = ("group", "layer", "none")
+
+
+def _is_power_of_two(x: int) -> bool:
+    return x >= 1 and (x & (x - 1)) == 0
+
+
+class GroupLayerNorm(nn.Module):
+    """LayerNorm over each of ``groups`` contiguous chunks, with a per-feature affine of size ``features``.
+
+    Shapes: ``[..., features] -> [..., features]``.
+    """
+
+    def __init__(self, features: int, groups: int, eps: float = 1e-5):
+        super().__init__()
+        self.groups = groups
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(features))
+        self.bias = nn.Parameter(torch.zeros(features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        g = self.groups
+        y = F.layer_norm(x.reshape(*x.shape[:-1], g, -1), (x.shape[-1] // g,), eps=self.eps)
+        return torch.addcmul(self.bias, y.reshape(x.shape), self.weight)
+
+
+def split_and_mix(e: torch.Tensor, h: torch.Tensor, groups: int) -> torch.Tensor:
+    """Interleave ``groups`` chunks of ``e`` and ``h``: ``[e_1; h_1; e_2; h_2; ...]``.
+
+    Shapes: ``e [..., n]``, ``h [..., w]`` -> ``[..., n + w]``; group j of the next layer sees ``[e_j; h_j]``.
+    """
+    if groups == 1:
+        return torch.cat([e, h], dim=-1)
+    lead = e.shape[:-1]
+    mixed = torch.cat([e.reshape(*lead, groups, -1), h.reshape(*lead, groups, -1)], dim=-1)
+    return mixed.reshape(*lead, e.shape[-1] + h.shape[-1])
+
+
+def define_layer_sizes(n: int, k: int, m: int, depth: int, max_groups: int, variant: str = "define"):
+    """Return ``[(in_features, out_features, groups), ...]`` for the ``depth`` layers of a DeFINE unit.
+
+    Raises ``ValueError`` naming the flag when the dimensions cannot work.
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"--define-variant: unknown variant {variant!r}; choose one of {', '.join(VARIANTS)}")
+    if depth < 2:
+        raise ValueError(
+            f"--define-depth={depth}: DeFINE needs at least 2 layers (N-1 expansion layers to k, then the reduce to m)"
+        )
+    if not _is_power_of_two(max_groups):
+        raise ValueError(f"--define-max-groups={max_groups} must be a power of two (1, 2, 4, 8, ...)")
+    for flag, value in (("--define-n", n), ("--define-k", k), ("--define-m", m)):
+        if value < 1:
+            raise ValueError(f"{flag}={value} must be positive")
+    if n > k:
+        raise ValueError(f"--define-n={n} is larger than --define-k={k}; DeFINE expands n up to k (n <= k)")
+
+    if variant == "lt":
+        groups = [1] * depth
+    elif variant == "glt":
+        groups = [max_groups] * depth
+    else:
+        groups = [max(max_groups // 2 ** layer, 1) for layer in range(depth)]
+    skip = variant in ("define", "define_concat")
+
+    if n % groups[0] != 0:
+        raise ValueError(f"--define-n={n} is not divisible by the {groups[0]} groups of the first layer "
+                         f"(--define-max-groups={max_groups})")
+    if k % groups[depth - 2] != 0:
+        raise ValueError(f"--define-k={k} is not divisible by the {groups[depth - 2]} groups of the layer that "
+                         f"produces it; use a multiple of {groups[depth - 2]}")
+    if m % groups[-1] != 0:
+        raise ValueError(f"--define-m={m} is not divisible by the {groups[-1]} groups of the reduce layer; "
+                         f"use a multiple of {groups[-1]}")
+
+    widths = []
+    for layer in range(1, depth):
+        exact = n + (k - n) * layer / (depth - 1)
+        g = groups[layer - 1]
+        widths.append(k if layer == depth - 1 else int(math.ceil(exact / g)) * g)
+    widths.append(m)
+
+    sizes = []
+    prev = None
+    for layer in range(depth):
+        if layer == 0:
+            in_features = n
+        else:
+            in_features = n + prev if skip else prev
+        sizes.append((in_features, widths[layer], groups[layer]))
+        prev = widths[layer]
+    return sizes
+
+
+class DeFINE(nn.Module):
+    """Hierarchical group transform from ``n`` up to ``k`` and down to ``m``, with the split-and-mix skip.
+
+    Args:
+        n: input size (the map layer's output).
+        k: largest width, reached by the last expansion layer.
+        m: output size (the context model's input).
+        depth: N, the number of layers including the reduce layer (>= 2).
+        max_groups: g_max, the groups of the first layer (a power of two).
+        variant: one of ``VARIANTS``.
+        activation: one of ``ACTIVATIONS``; after each expansion layer.
+        norm: ``group`` (LayerNorm per group), ``layer`` (LayerNorm over the whole width) or ``none``.
+        dropout: dropout after each expansion layer.
+
+    Shapes: ``[..., n] -> [..., m]``.
+    """
+
+    def __init__(
+        self,
+        n: int,
+        k: int,
+        m: int,
+        depth: int = 3,
+        max_groups: int = 4,
+        variant: str = "define",
+        activation: str = "gelu",
+        norm: str = "group",
+        dropout: float = 0.0,
+    ):
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"--define-activation: unknown {activation!r}; choose one of {', '.join(ACTIVATIONS)}")
+        if norm not in NORMS:
+            raise ValueError(f"--define-norm: unknown {norm!r}; choose one of {', '.join(NORMS)}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"--define-dropout={dropout} must be in [0, 1)")
+        self.sizes = define_layer_sizes(n, k, m, depth, max_groups, variant)
+        self.n, self.k, self.m = n, k, m
+        self.variant = variant
+        self.activation = activation
+        self.dropout = dropout
+        self.layers = nn.ModuleList(GroupLinear(i, o, g) for i, o, g in self.sizes)
+        self.norms = nn.ModuleList()
+        for _, out_features, groups in self.sizes[:-1]:
+            if norm == "group":
+                self.norms.append(GroupLayerNorm(out_features, groups))
+            elif norm == "layer":
+                self.norms.append(nn.LayerNorm(out_features))
+            else:
+                self.norms.append(nn.Identity())
+
+    def forward(self, e: torch.Tensor) -> torch.Tensor:
+        act = ACTIVATIONS[self.activation]
+        h = self.layers[0](e)
+        for layer, norm in zip(self.layers[1:], self.norms):
+            h = norm(h)
+            if act is not None:
+                h = act(h)
+            h = F.dropout(h, self.dropout, self.training)
+            if self.variant == "define":
+                h = split_and_mix(e, h, layer.groups)
+            elif self.variant == "define_concat":
+                h = torch.cat([e, h], dim=-1)
+            h = layer(h)
+        return h
+
+    def extra_repr(self) -> str:
+        return f"n={self.n}, k={self.k}, m={self.m}, variant={self.variant}, activation={self.activation}"
