@@ -15,9 +15,11 @@ class DeFINEEmbedding(nn.Module):
     It exposes ``embedding_dim`` (= m), ``padding_idx`` and ``weight`` (the ``V x n`` table) so fairseq's
     weight tying can share the table with an output layer working in ``n`` dimensions.
 
-    DeFINE depends only on the token, so by default the unit runs once per distinct token of the batch and
-    the results are indexed back to the positions (``unique_tokens``); this is skipped while training with
-    dropout inside the unit, where each position must draw its own mask.
+    DeFINE depends only on the token. While training, the unit runs once per distinct token of the batch and
+    the results are indexed back to the positions (``unique_tokens``; skipped when the unit has dropout, since
+    each position must draw its own mask). In eval mode without autograd (validation, generation) the whole
+    ``V x m`` table is computed once and rows are looked up, exactly as the folded model does; the table is
+    dropped by ``train()``, by loading a state dict and by moving the module.
 
     Args:
         num_embeddings: vocabulary size V.
@@ -43,6 +45,7 @@ class DeFINEEmbedding(nn.Module):
         self.embed_scale = math.sqrt(n)
         self.define = DeFINE(n, k, m, depth=depth, max_groups=max_groups, variant=variant,
                              activation=activation, norm=norm, dropout=dropout)
+        self._eval_table = None
 
     @property
     def weight(self) -> nn.Parameter:
@@ -50,10 +53,26 @@ class DeFINEEmbedding(nn.Module):
         return self.table.weight
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if not self.training and not torch.is_grad_enabled():
+            if self._eval_table is None:
+                self._eval_table = self.folded_table()
+            return F.embedding(tokens, self._eval_table)
         if self.unique_tokens and not (self.training and self.define.dropout > 0):
             distinct, index = torch.unique(tokens, return_inverse=True)
             return self.define(self.table(distinct) * self.embed_scale)[index]
         return self.define(self.table(tokens) * self.embed_scale)
+
+    def train(self, mode: bool = True):
+        self._eval_table = None
+        return super().train(mode)
+
+    def _apply(self, fn, *args, **kwargs):
+        self._eval_table = None
+        return super()._apply(fn, *args, **kwargs)
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        self._eval_table = None
+        return super()._load_from_state_dict(*args, **kwargs)
 
     @torch.no_grad()
     def folded_table(self) -> torch.Tensor:
@@ -63,6 +82,15 @@ class DeFINEEmbedding(nn.Module):
         table = self.define(self.table.weight * self.embed_scale)
         self.train(was_training)
         return table
+
+    def fold(self) -> "FoldedDeFINEEmbedding":
+        """An inference-only copy whose DeFINE unit is replaced by :meth:`folded_table`; it shares this
+        module's ``V x n`` table, so a tied output layer stays tied."""
+        folded = FoldedDeFINEEmbedding(self.num_embeddings, self.table.embedding_dim, self.embedding_dim,
+                                       padding_idx=self.padding_idx)
+        folded.table = self.table
+        folded.folded.data.copy_(self.folded_table())
+        return folded
 
 
 class FoldedDeFINEEmbedding(nn.Module):

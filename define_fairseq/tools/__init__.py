@@ -1,0 +1,1 @@
+"""Command-line helpers: ``python -m define_fairseq.tools.<name> --help``."""
