@@ -98,29 +98,35 @@ def _set_default(args, name, value):
         setattr(args, name, value)
 
 
-def transformer_define(args):
-    """Defaults of ``--arch transformer_define``, the paper's WMT14 En-De setting: Transformer base with DeFINE
-    n=128, k=1024, N=3, m=512. (``register_model`` with a dataclass registers that arch itself, from the
-    dataclass defaults, which are these; the other archs call this after setting their own.)"""
+def _define_defaults(args):
+    """The define_* defaults and DEFINE_TRANSFORMER_DEFAULTS; called before fairseq's arch functions, which
+    would otherwise set their own (e.g. an untied decoder output)."""
     for field in dataclasses.fields(DeFINEConfig):
         if not field.name.startswith("_"):
             _set_default(args, field.name, field.default)
     for name, value in DEFINE_TRANSFORMER_DEFAULTS.items():
         _set_default(args, name, value)
+
+
+def transformer_define(args):
+    """Defaults of ``--arch transformer_define``, the paper's WMT14 En-De setting: Transformer base with DeFINE
+    n=128, k=1024, N=3, m=512. (``register_model`` with a dataclass registers that arch itself, from the
+    dataclass defaults, which are these.)"""
+    _define_defaults(args)
     base_architecture(args)
 
 
 @register_model_architecture("transformer_define", "transformer_define_wmt_en_de_big")
 def transformer_define_wmt_en_de_big(args):
-    """Transformer big (d_model 1024) with DeFINE n=128, k=1024, N=3, m=1024."""
+    """Transformer big (d_model 1024, 16 heads) with DeFINE n=128, k=1024, N=3, m=1024."""
+    _define_defaults(args)
     transformer_vaswani_wmt_en_de_big(args)
-    transformer_define(args)
 
 
 @register_model_architecture("transformer_define", "transformer_define_iwslt_de_en")
 def transformer_define_iwslt_de_en(args):
-    """fairseq's IWSLT Transformer size (d_model 512, FFN 1024, 4 heads) with DeFINE n=64, k=512."""
+    """fairseq's IWSLT Transformer size (d_model 512, FFN 1024, 4 heads, 6+6 layers) with DeFINE n=64, k=512."""
     _set_default(args, "define_n", 64)
     _set_default(args, "define_k", 512)
+    _define_defaults(args)
     transformer_iwslt_de_en(args)
-    transformer_define(args)

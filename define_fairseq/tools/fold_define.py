@@ -65,7 +65,10 @@ def fold_checkpoint(src: str, dst: str) -> None:
 
     if not os.path.isfile(src):
         raise FileNotFoundError(f"checkpoint {src} does not exist")
-    state = checkpoint_utils.load_checkpoint_to_cpu(src)
+    # Checkpoints of fairseq's argparse-era models hold an argparse.Namespace, which torch.load's
+    # weights_only mode refuses unless it is allowed explicitly.
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        state = checkpoint_utils.load_checkpoint_to_cpu(src)
     model_cfg = state["cfg"]["model"] if state.get("cfg") is not None else None
     if model_cfg is None or getattr(model_cfg, "define_folded", None) is None:
         arch = getattr(model_cfg, "_name", None) or getattr(model_cfg, "arch", "unknown")

@@ -1,0 +1,1 @@
+"""Speed benchmarks of define-fairseq (CPU). Run ``make bench`` or ``python -m benchmarks.<name>``."""

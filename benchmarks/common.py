@@ -1,0 +1,169 @@
+"""Shared helpers of the benchmarks: interleaved timing, the machine header and markdown tables.
+
+Every benchmark times its variants *interleaved*: each round runs every variant once (in an order rotated from
+round to round), and a variant's figure is the median over rounds. Load from other processes then hits all
+variants alike, and the ratios stay meaningful even on a busy machine.
+"""
+
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def set_threads(threads: int) -> None:
+    """Use ``threads`` intra-op threads (and one inter-op thread where that can still be set)."""
+    torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already set, or parallel work has started
+        pass
+
+
+def interleaved(fns: Dict[str, Callable[[], object]], rounds: int, warmup: int = 1,
+                before: Optional[Callable[[str], None]] = None, log: bool = False) -> Dict[str, List[float]]:
+    """Time each callable of ``fns`` once per round, rounds interleaved; returns seconds per call per variant.
+
+    ``warmup`` rounds are run first and not recorded. ``before(name)``, if given, runs untimed before each call
+    (e.g. to clear gradients). The order of the variants is rotated every round.
+    """
+    names = list(fns)
+    times: Dict[str, List[float]] = {name: [] for name in names}
+    for r in range(warmup + rounds):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            if before is not None:
+                before(name)
+            start = time.perf_counter()
+            fns[name]()
+            elapsed = time.perf_counter() - start
+            if r >= warmup:
+                times[name].append(elapsed)
+        if log and r >= warmup:
+            print(f"  round {r - warmup + 1}/{rounds}: "
+                  + ", ".join(f"{n} {times[n][-1] * 1e3:.1f} ms" for n in names), file=sys.stderr, flush=True)
+    return times
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def header(title: str, module: str, notes: Sequence[str] = ()) -> str:
+    """The markdown heading of a results file: the command, torch/fairseq versions, threads and machine."""
+    argv = " ".join(shlex.quote(a) for a in sys.argv[1:])
+    command = f".venv/bin/python -m {module}" + (f" {argv}" if argv else "")
+    try:
+        import fairseq
+
+        fairseq_version = fairseq.__version__
+    except ImportError:
+        fairseq_version = "not installed"
+    try:
+        load = "%.2f %.2f %.2f" % os.getloadavg()
+    except OSError:
+        load = "n/a"
+    lines = [
+        f"# {title}",
+        "",
+        f"- Command: `{command}`",
+        f"- torch {torch.__version__}, fairseq {fairseq_version}, Python {platform.python_version()}, float32",
+        f"- Threads: {torch.get_num_threads()} (torch.set_num_threads)",
+        f"- Machine: {os.cpu_count()}-core CPU, {cpu_name()}, {platform.system()} {platform.machine()}",
+        f"- Load average when the run started (1/5/15 min): {load}; variants are timed interleaved "
+        f"(one call of each per round, order rotated), figures are medians over rounds",
+        f"- Date: {time.strftime('%Y-%m-%d %H:%M')}",
+    ]
+    lines += [f"- {note}" for note in notes]
+    return "\n".join(lines) + "\n"
+
+
+def table(columns: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A markdown table (numbers already formatted by the caller)."""
+    out = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(out) + "\n"
+
+
+def write_result(name: str, text: str) -> str:
+    """Write ``text`` to ``benchmarks/results/<name>.md``, print it and return the path."""
+    os.makedirs(RESULTS_DIR, exist_ok=True)
+    path = os.path.join(RESULTS_DIR, f"{name}.md")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    print(text)
+    print(f"wrote {os.path.relpath(path)}")
+    return path
+
+
+def fmt_params(n: int) -> str:
+    return f"{n / 1e6:.2f} M"
+
+
+def count_params(module: torch.nn.Module) -> int:
+    """Distinct parameters (a tied weight counted once)."""
+    return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Models: the real registered fairseq archs, built without data files.
+
+
+def make_dictionary(size: int):
+    """A fairseq ``Dictionary`` of exactly ``size`` symbols (the 4 specials included)."""
+    from fairseq.data import Dictionary
+
+    d = Dictionary()
+    i = 0
+    while len(d) < size:
+        d.add_symbol(f"w{i}")
+        i += 1
+    return d
+
+
+def build_translation_model(arch: str, extra_args: Sequence[str] = (), vocab: int = 32000):
+    """Build ``--arch arch`` for ``--task translation`` the way fairseq-train does: fairseq's parser, the
+    namespace converted to its omegaconf config, then ``task.build_model(cfg.model)``.
+
+    Returns ``(model, task, cfg)``; source and target dictionaries have ``vocab`` symbols each.
+    """
+    import fairseq  # noqa: F401
+    import define_fairseq  # noqa: F401  (registers transformer_define)
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.tasks.translation import TranslationTask
+
+    parser = options.get_training_parser()
+    argv = ["/nonexistent-data-dir", "--task", "translation", "-s", "src", "-t", "tgt", "--arch", arch, "--cpu"]
+    args = options.parse_args_and_arch(parser, argv + list(extra_args))
+    cfg = convert_namespace_to_omegaconf(args)
+    task = TranslationTask(cfg.task, make_dictionary(vocab), make_dictionary(vocab))
+    model = task.build_model(cfg.model)
+    return model, task, cfg
+
+
+def zipf_tokens(generator: torch.Generator, shape, vocab: int, nspecial: int = 4, exponent: float = 1.0):
+    """Token ids drawn Zipf-like over the ``vocab - nspecial`` ordinary symbols: P(rank r) ~ 1 / r**exponent."""
+    ranks = torch.arange(1, vocab - nspecial + 1, dtype=torch.float64)
+    probs = ranks.pow(-exponent)
+    flat = torch.multinomial(probs / probs.sum(), int(torch.tensor(shape).prod()), replacement=True,
+                             generator=generator)
+    return (flat + nspecial).view(*shape)

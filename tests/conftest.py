@@ -1,0 +1,50 @@
+"""Shared fixtures: a tiny parallel corpus binarized with the real fairseq-preprocess."""
+
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+USER_DIR = str(REPO / "define_fairseq")
+BIN = Path(sys.executable).parent
+
+
+def run_cli(program, *args, cwd=None, check=True):
+    """Run a fairseq console script of this environment; fail with its output when it fails."""
+    proc = subprocess.run([str(BIN / program), *map(str, args)], cwd=cwd, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{program} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc
+
+
+def write_tiny_corpus(directory: Path, seed: int = 0):
+    """A toy En->De task (German side = reversed English words) with a 40-word vocabulary."""
+    rng = random.Random(seed)
+    words = [f"w{i}" for i in range(40)]
+    for split, size in (("train", 300), ("valid", 30), ("test", 20)):
+        src = [[rng.choice(words) for _ in range(rng.randint(3, 9))] for _ in range(size)]
+        (directory / f"{split}.en").write_text("".join(" ".join(s) + "\n" for s in src))
+        (directory / f"{split}.de").write_text("".join(" ".join(reversed(s)) + "\n" for s in src))
+
+
+@pytest.fixture(scope="session")
+def translation_data(tmp_path_factory) -> Path:
+    raw = tmp_path_factory.mktemp("raw")
+    write_tiny_corpus(raw)
+    dest = tmp_path_factory.mktemp("data-bin")
+    run_cli("fairseq-preprocess", "--source-lang", "en", "--target-lang", "de", "--trainpref", raw / "train",
+            "--validpref", raw / "valid", "--testpref", raw / "test", "--destdir", dest, "--joined-dictionary",
+            "--workers", "1")
+    return dest
+
+
+# A small transformer_define for CPU tests; arch-specific defaults are checked separately.
+TINY_MODEL = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32",
+              "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
+              "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+              "--define-n", "16", "--define-k", "64"]
+TRAIN_FLAGS = ["--optimizer", "adam", "--lr", "0.005", "--max-tokens", "400", "--cpu", "--num-workers", "0",
+               "--no-progress-bar", "--log-format", "simple", "--seed", "1", "--dropout", "0.0"]

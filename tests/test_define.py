@@ -1,0 +1,138 @@
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from define_fairseq.modules import DeFINE
+from define_fairseq.modules.define import VARIANTS
+
+torch.manual_seed(0)
+
+
+def paper_widths(n, k, depth, groups):
+    """Expansion widths spaced linearly from n to k (last exactly k), rounded up to the layer's groups."""
+    widths = []
+    for layer in range(1, depth):
+        exact = n + (k - n) * layer / (depth - 1)
+        widths.append(k if layer == depth - 1 else math.ceil(exact / groups[layer - 1]) * groups[layer - 1])
+    return widths
+
+
+def closed_form_params(n, k, m, depth, g_max, variant):
+    """sum_l n^l k^l / g^l (weights) + k^l (biases) + 2 k^l (norm affine, expansion layers only)."""
+    if variant == "lt":
+        groups = [1] * depth
+    elif variant == "glt":
+        groups = [g_max] * depth
+    else:
+        groups = [max(g_max // 2 ** (l - 1), 1) for l in range(1, depth + 1)]  # Eq. (1), l = 1..N
+    outs = paper_widths(n, k, depth, groups) + [m]
+    skip = variant in ("define", "define_concat")
+    total = 0
+    for l in range(depth):
+        inp = n if l == 0 else (n + outs[l - 1] if skip else outs[l - 1])
+        total += inp * outs[l] // groups[l] + outs[l]
+        if l < depth - 1:
+            total += 2 * outs[l]
+    return total
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("n,k,m,depth,g_max", [(128, 1024, 512, 3, 4), (256, 1024, 256, 3, 4),
+                                               (128, 1024, 400, 7, 4), (64, 512, 256, 4, 8), (32, 64, 48, 2, 2)])
+def test_parameter_count_matches_formula(variant, n, k, m, depth, g_max):
+    unit = DeFINE(n, k, m, depth=depth, max_groups=g_max, variant=variant)
+    assert sum(p.numel() for p in unit.parameters()) == closed_form_params(n, k, m, depth, g_max, variant)
+
+
+def test_paper_base_layout():
+    # WMT14 setting n=128, k=1024, m=512, N=3, g_max=4: groups 4, 2, 1 (Eq. 1), widths 576, 1024, then m.
+    unit = DeFINE(128, 1024, 512, depth=3, max_groups=4)
+    assert [(l.in_features, l.out_features, l.groups) for l in unit.layers] == [
+        (128, 576, 4), (128 + 576, 1024, 2), (128 + 1024, 512, 1)]
+
+
+def literal_define(unit, e):
+    """Re-computation of the DeFINE unit from the paper's description, group by group, with explicit loops."""
+    def group_transform(x, layer):
+        g = layer.groups
+        xs = x.chunk(g, dim=-1)
+        ys = [xs[j] @ layer.weight[j] for j in range(g)]
+        return torch.cat(ys, dim=-1) + layer.bias
+
+    def group_norm(h, norm, g):
+        parts = []
+        for j, part in enumerate(h.chunk(g, dim=-1)):
+            mu = part.mean(-1, keepdim=True)
+            var = part.var(-1, unbiased=False, keepdim=True)
+            parts.append((part - mu) / torch.sqrt(var + 1e-5))
+        return torch.cat(parts, dim=-1) * norm.weight + norm.bias
+
+    h = group_transform(e, unit.layers[0])
+    for l in range(1, len(unit.layers)):
+        h = F.gelu(group_norm(h, unit.norms[l - 1], unit.layers[l - 1].groups))
+        g = unit.layers[l].groups
+        mixed = []
+        for a, b in zip(e.chunk(g, dim=-1), h.chunk(g, dim=-1)):  # [e_1; h_1; e_2; h_2; ...]
+            mixed += [a, b]
+        h = group_transform(torch.cat(mixed, dim=-1), unit.layers[l])
+    return h
+
+
+@pytest.mark.parametrize("depth,g_max", [(3, 4), (4, 8), (2, 2)])
+def test_forward_matches_literal_recomputation(depth, g_max):
+    unit = DeFINE(32, 128, 48, depth=depth, max_groups=g_max)
+    with torch.no_grad():  # non-trivial norm affine
+        for norm in unit.norms:
+            norm.weight.uniform_(0.5, 1.5)
+            norm.bias.uniform_(-0.5, 0.5)
+    e = torch.randn(2, 5, 32)
+    torch.testing.assert_close(unit(e), literal_define(unit, e), rtol=1e-5, atol=1e-5)
+
+
+def changed_groups(unit, e, chunk, chunks):
+    """Which output groups of layer 2 change when input chunk ``chunk`` (of ``chunks``) is perturbed."""
+    outputs = []
+    hook = unit.layers[1].register_forward_hook(lambda mod, inp, out: outputs.append(out))
+    perturbed = e.clone()
+    width = e.shape[-1] // chunks
+    perturbed[..., chunk * width:(chunk + 1) * width] += 1.0
+    with torch.no_grad():
+        unit(e)
+        unit(perturbed)
+    hook.remove()
+    g = unit.layers[1].groups
+    diff = (outputs[0] - outputs[1]).abs().reshape(-1, g, outputs[0].shape[-1] // g).amax(dim=(0, 2))
+    return [j for j in range(g) if diff[j] > 1e-6]
+
+
+def test_mixer_routes_each_input_chunk_to_its_group():
+    # Layer 2 has 2 groups: group j must see only chunk j of the input e (and layer 1's groups built from it).
+    unit = DeFINE(32, 128, 48, depth=3, max_groups=4, variant="define")
+    e = torch.randn(4, 32)
+    assert changed_groups(unit, e, 0, 2) == [0]
+    assert changed_groups(unit, e, 1, 2) == [1]
+
+
+def test_plain_concat_does_not_route_by_group():
+    # Without the mixer, layer 2's first group holds all of e and the second sees layer-1 features built
+    # from e's first half too, so perturbing that half changes both groups.
+    unit = DeFINE(32, 128, 48, depth=3, max_groups=4, variant="define_concat")
+    e = torch.randn(4, 32)
+    assert changed_groups(unit, e, 0, 2) == [0, 1]
+
+
+@pytest.mark.parametrize("kwargs,flag", [
+    (dict(n=64, k=1021, m=512, depth=3, max_groups=4), "--define-k"),
+    (dict(n=64, k=1024, m=511, depth=2, max_groups=4), "--define-m"),
+    (dict(n=62, k=1024, m=512, depth=3, max_groups=4), "--define-n"),
+    (dict(n=64, k=1024, m=512, depth=3, max_groups=3), "--define-max-groups"),
+    (dict(n=2048, k=1024, m=512, depth=3, max_groups=4), "--define-n"),
+    (dict(n=64, k=1024, m=512, depth=1, max_groups=4), "--define-depth"),
+    (dict(n=64, k=1024, m=512, depth=3, max_groups=4, variant="shuffle"), "--define-variant"),
+    (dict(n=64, k=1024, m=512, depth=3, max_groups=4, activation="mish"), "--define-activation"),
+])
+def test_impossible_configs_raise_naming_the_flag(kwargs, flag):
+    with pytest.raises(ValueError, match=flag):
+        DeFINE(**kwargs)

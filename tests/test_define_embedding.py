@@ -1,0 +1,78 @@
+import math
+
+import torch
+
+from define_fairseq.modules import DeFINEEmbedding
+
+
+def make(**kwargs):
+    torch.manual_seed(0)
+    return DeFINEEmbedding(50, n=16, k=64, m=24, padding_idx=1, **kwargs)
+
+
+def tokens():
+    return torch.tensor([[5, 7, 5, 1], [9, 5, 7, 1]])
+
+
+def test_shapes_and_fairseq_attributes():
+    emb = make()
+    assert emb(tokens()).shape == (2, 4, 24)
+    assert emb.embedding_dim == 24 and emb.padding_idx == 1
+    assert emb.weight is emb.table.weight and emb.weight.shape == (50, 16)
+    assert torch.count_nonzero(emb.weight[1]) == 0
+
+
+def test_equals_plain_recomputation():
+    emb = make()
+    expected = emb.define(emb.table.weight[tokens()] * math.sqrt(16))
+    torch.testing.assert_close(emb(tokens()), expected)
+
+
+def test_unique_token_path_equals_per_position_path_with_gradients():
+    emb = make()
+    out_unique = emb(tokens())
+    grads_unique = torch.autograd.grad(out_unique.square().sum(), list(emb.parameters()))
+    emb.unique_tokens = False
+    out_all = emb(tokens())
+    grads_all = torch.autograd.grad(out_all.square().sum(), list(emb.parameters()))
+    torch.testing.assert_close(out_unique, out_all, rtol=1e-6, atol=1e-6)
+    for a, b in zip(grads_unique, grads_all):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_eval_table_equals_per_token_computation_and_follows_weight_changes():
+    emb = make().eval()
+    with torch.no_grad():
+        looked_up = emb(tokens())
+    expected = emb.define(emb.table.weight * math.sqrt(16))[tokens()]
+    torch.testing.assert_close(looked_up, expected.detach(), rtol=0, atol=0)
+    # a training step in between must not leave a stale table behind
+    emb.train()
+    with torch.no_grad():
+        emb.define.layers[0].weight.add_(0.5)
+    emb.eval()
+    with torch.no_grad():
+        after = emb(tokens())
+    assert not torch.allclose(after, looked_up)
+    torch.testing.assert_close(after, emb.define(emb.table.weight * 4.0)[tokens()].detach(), rtol=0, atol=0)
+    # and neither must loading other weights
+    other = make()
+    with torch.no_grad():
+        other.table.weight.mul_(2)
+    emb.load_state_dict(other.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(emb(tokens()), other.eval()(tokens()), rtol=0, atol=0)
+
+
+def test_dropout_in_the_unit_draws_a_mask_per_position():
+    emb = make(dropout=0.5).train()
+    out = emb(torch.tensor([[5, 5, 5, 5, 5, 5]]))
+    assert not torch.allclose(out[0, 0], out[0, 1])  # same token, different positions, different masks
+
+
+def test_fold_gives_the_eval_outputs_and_keeps_the_table():
+    emb = make().eval()
+    folded = emb.fold()
+    assert folded.table is emb.table and folded.weight is emb.weight
+    with torch.no_grad():
+        torch.testing.assert_close(folded(tokens()), emb(tokens()), rtol=0, atol=0)

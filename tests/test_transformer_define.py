@@ -1,0 +1,212 @@
+"""transformer_define through the real fairseq programs and in process."""
+
+import re
+
+import pytest
+import torch
+
+import define_fairseq  # noqa: F401  (registers the models)
+from define_fairseq.modules import DeFINE, DeFINEEmbedding, FoldedDeFINEEmbedding
+from define_fairseq.tools.params import parameter_breakdown, setup_from_train_args
+
+from conftest import TINY_MODEL, TRAIN_FLAGS, USER_DIR, run_cli
+
+
+def hypotheses(output: str):
+    """H and P lines of fairseq-generate, in sentence order."""
+    lines = [l for l in output.splitlines() if re.match(r"^[HP]-\d+\t", l)]
+    return sorted(lines, key=lambda l: (int(l.split("\t")[0][2:]), l[0]))
+
+
+def train(data, save_dir, *extra, arch="transformer_define_iwslt_de_en", updates=20):
+    model = TINY_MODEL if "define" in arch else TINY_MODEL[:-4]  # the stock arch has no --define-* flags
+    run_cli("fairseq-train", data, "--user-dir", USER_DIR, "--arch", arch, *model, *TRAIN_FLAGS,
+            "--max-update", updates, "--save-dir", save_dir, *extra)
+    return save_dir / "checkpoint_last.pt"
+
+
+def generate(data, checkpoint, *extra, full_output=False):
+    out = run_cli("fairseq-generate", data, "--user-dir", USER_DIR, "--path", checkpoint, "--beam", "3",
+                  "--cpu", "--max-tokens", "400", "--gen-subset", "test", *extra).stdout
+    return out if full_output else hypotheses(out)
+
+
+@pytest.fixture(scope="module")
+def trained(translation_data, tmp_path_factory):
+    """One checkpoint with --share-all-embeddings, trained through fairseq-train."""
+    return train(translation_data, tmp_path_factory.mktemp("ckpt"), "--share-all-embeddings", updates=60)
+
+
+@pytest.mark.parametrize("arch,extra", [
+    ("transformer_define", []),
+    ("transformer_define_wmt_en_de_big", ["--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]),
+    ("transformer_define_iwslt_de_en", ["--share-all-embeddings"]),
+])
+def test_each_arch_trains_and_generates(translation_data, tmp_path, arch, extra):
+    checkpoint = train(translation_data, tmp_path, *extra, arch=arch, updates=5)
+    out = generate(translation_data, checkpoint, full_output=True)
+    assert re.search(r"^Generate test with beam=3: BLEU4 = [\d.]+", out, re.M)
+    assert len([h for h in hypotheses(out) if h.startswith("H-")]) > 0
+
+
+def parsed_model(data, *argv):
+    return setup_from_train_args([str(data), *argv, "--optimizer", "adam", "--lr", "0.001", "--cpu"])
+
+
+@pytest.mark.parametrize("arch,expected", [
+    ("transformer_define", dict(encoder_embed_dim=512, encoder_layers=6, define_n=128, define_k=1024,
+                                define_depth=3, define_max_groups=4)),
+    ("transformer_define_wmt_en_de_big", dict(encoder_embed_dim=1024, encoder_attention_heads=16,
+                                              define_n=128, define_k=1024)),
+    ("transformer_define_iwslt_de_en", dict(encoder_embed_dim=512, encoder_ffn_embed_dim=1024,
+                                            encoder_attention_heads=4, define_n=64, define_k=512)),
+])
+def test_arch_defaults(translation_data, arch, expected):
+    cfg, _, model = parsed_model(translation_data, "--arch", arch)
+    for key, value in expected.items():
+        assert getattr(cfg.model, key) == value, key
+    embed = model.encoder.embed_tokens
+    assert isinstance(embed, DeFINEEmbedding)
+    assert embed.weight.shape[1] == expected["define_n"]
+    assert embed.embedding_dim == expected["encoder_embed_dim"]
+
+
+def test_output_tied_to_n_dimensional_table(translation_data):
+    _, _, model = parsed_model(translation_data, "--arch", "transformer_define", "--share-all-embeddings")
+    embed = model.decoder.embed_tokens
+    assert model.encoder.embed_tokens is embed
+    assert model.decoder.output_projection.weight is embed.weight  # V x n
+    assert embed.weight.shape[1] == 128
+    assert tuple(model.decoder.project_out_dim.weight.shape) == (128, 512)  # d_model -> n
+
+
+def test_decoder_output_tied_by_default(translation_data):
+    _, _, model = parsed_model(translation_data, "--arch", "transformer_define_iwslt_de_en", "--define-n", "32")
+    assert model.encoder.embed_tokens is not model.decoder.embed_tokens
+    assert model.decoder.output_projection.weight is model.decoder.embed_tokens.weight
+    assert model.decoder.output_projection.weight.shape[1] == 32
+
+
+def sample_batch(vocab, batch=3, src_len=7, tgt_len=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, vocab, (batch, src_len), generator=g)
+    prev = torch.randint(4, vocab, (batch, tgt_len), generator=g)
+    prev[:, 0] = 2  # eos starts the decoder input
+    return src, torch.full((batch,), src_len), prev
+
+
+def test_incremental_decoding_equals_full_forward(translation_data):
+    _, task, model = parsed_model(translation_data, "--arch", "transformer_define_iwslt_de_en", *TINY_MODEL)
+    model.eval()
+    src, lengths, prev = sample_batch(len(task.target_dictionary))
+    with torch.no_grad():
+        encoder_out = model.encoder(src, src_lengths=lengths)
+        full = model.decoder(prev, encoder_out=encoder_out)[0]
+        state = {}
+        steps = [model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)[0]
+                 for t in range(prev.shape[1])]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
+
+
+def test_checkpoint_round_trip(translation_data, tmp_path):
+    from fairseq import checkpoint_utils
+    from fairseq.trainer import Trainer
+
+    cfg, task, model = parsed_model(translation_data, "--arch", "transformer_define_iwslt_de_en", *TINY_MODEL,
+                                    "--share-all-embeddings", "--save-dir", str(tmp_path), "--no-save-optimizer-state")
+    trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
+    path = str(tmp_path / "roundtrip.pt")
+    trainer.save_checkpoint(path, {})
+    (loaded,), _ = checkpoint_utils.load_model_ensemble([path])
+    src, lengths, prev = sample_batch(len(task.target_dictionary))
+    model.eval()
+    loaded.eval()
+    with torch.no_grad():
+        before = model(src, lengths, prev)[0]
+        after = loaded(src, lengths, prev)[0]
+        _, _, fresh = parsed_model(translation_data, "--arch", "transformer_define_iwslt_de_en", *TINY_MODEL,
+                                   "--share-all-embeddings", "--seed", "7")
+        other = fresh.eval()(src, lengths, prev)[0]
+    torch.testing.assert_close(after, before, rtol=0, atol=0)
+    assert not torch.allclose(other, before)  # the comparison can fail
+    assert loaded.encoder.embed_tokens is loaded.decoder.embed_tokens
+
+
+def test_folded_checkpoint_generates_identically(translation_data, trained, tmp_path):
+    folded = tmp_path / "folded.pt"
+    run_cli(str(__import__("sys").executable).rsplit("/", 1)[1], "-m", "define_fairseq.tools.fold_define",
+            trained, folded)
+    original = generate(translation_data, trained)
+    assert len(original) >= 20  # H and P lines
+    assert generate(translation_data, folded) == original
+    state = torch.load(folded, map_location="cpu", weights_only=False)
+    assert not any(".define." in key for key in state["model"])
+    assert state["cfg"]["model"]["define_folded"] is True
+
+
+def test_folded_model_matches_in_eval_mode(translation_data):
+    from define_fairseq.tools.fold_define import fold_model
+
+    _, task, model = parsed_model(translation_data, "--arch", "transformer_define_iwslt_de_en", *TINY_MODEL,
+                                  "--share-all-embeddings")
+    model.eval()
+    src, lengths, prev = sample_batch(len(task.target_dictionary))
+    with torch.enable_grad():  # the DeFINE path proper, not the eval-mode table
+        reference = model(src, lengths, prev)[0].detach()
+    fold_model(model)
+    assert isinstance(model.encoder.embed_tokens, FoldedDeFINEEmbedding)
+    assert model.encoder.embed_tokens is model.decoder.embed_tokens
+    assert model.decoder.output_projection.weight is model.decoder.embed_tokens.weight
+    assert not any(isinstance(m, DeFINE) for m in model.modules())
+    with torch.no_grad():
+        torch.testing.assert_close(model(src, lengths, prev)[0], reference, rtol=1e-5, atol=1e-5)
+
+
+def test_fold_refuses_a_checkpoint_without_define(translation_data, tmp_path):
+    # (a stock `transformer` checkpoint pickles an argparse.Namespace; the fold tool accepts that)
+    checkpoint = train(translation_data, tmp_path, arch="transformer", updates=1)
+    proc = run_cli(str(__import__("sys").executable).rsplit("/", 1)[1], "-m", "define_fairseq.tools.fold_define",
+                   checkpoint, tmp_path / "out.pt", check=False)
+    assert proc.returncode != 0
+    assert "no DeFINE embeddings" in proc.stderr and "'transformer'" in proc.stderr
+    assert not (tmp_path / "out.pt").exists()
+
+
+def test_params_report(translation_data):
+    proc = run_cli(str(__import__("sys").executable).rsplit("/", 1)[1], "-m", "define_fairseq.tools.params",
+                   translation_data, "--user-dir", USER_DIR, "--arch", "transformer_define", "--share-all-embeddings")
+    lines = dict(re.findall(r"^(DeFINE|context|input/output|total)\s+([\d.]+)M$", proc.stdout, re.M))
+    assert set(lines) == {"DeFINE", "context", "input/output", "total"}
+    _, task, model = parsed_model(translation_data, "--arch", "transformer_define", "--share-all-embeddings")
+    counts = parameter_breakdown(model)
+    vocab = len(task.source_dictionary)
+    define_params = sum(p.numel() for p in model.encoder.embed_tokens.define.parameters())
+    assert counts["DeFINE"] == define_params  # shared by encoder and decoder: counted once
+    assert counts["input/output"] == vocab * 128 + 512 * 128  # the V x n table + the d -> n projection
+    assert counts["total"] == sum(p.numel() for p in model.parameters())
+    assert float(lines["total"]) == pytest.approx(counts["total"] / 1e6, abs=0.006)
+
+
+def test_missing_data_directory_gives_a_clear_error(tmp_path):
+    missing = tmp_path / "no-such-data"
+    proc = run_cli("fairseq-train", missing, "--user-dir", USER_DIR, "--arch", "transformer_define", *TRAIN_FLAGS,
+                   check=False)
+    assert proc.returncode != 0 and str(missing) in proc.stderr
+    with pytest.raises(FileNotFoundError, match="no-such-data"):
+        setup_from_train_args([str(missing), "--arch", "transformer_define", "--cpu"])
+
+
+def test_malformed_dictionary_gives_a_clear_error(translation_data, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in translation_data.iterdir():
+        (broken / f.name).write_bytes(f.read_bytes())
+    (broken / "dict.en.txt").write_text("this line has too many fields for a dictionary\n")
+    proc = run_cli("fairseq-train", broken, "--user-dir", USER_DIR, "--arch", "transformer_define", *TRAIN_FLAGS,
+                   check=False)
+    assert proc.returncode != 0 and "dictionary" in proc.stderr.lower()
+
+
+def test_bad_define_dimensions_name_the_flag(translation_data):
+    with pytest.raises(ValueError, match="--define-k"):
+        parsed_model(translation_data, "--arch", "transformer_define", "--define-k", "1021")
