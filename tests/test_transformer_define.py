@@ -210,3 +210,35 @@ def test_malformed_dictionary_gives_a_clear_error(translation_data, tmp_path):
 def test_bad_define_dimensions_name_the_flag(translation_data):
     with pytest.raises(ValueError, match="--define-k"):
         parsed_model(translation_data, "--arch", "transformer_define", "--define-k", "1021")
+
+
+def test_hydra_yaml_config(translation_data, tmp_path):
+    (tmp_path / "tiny.yaml").write_text(f"""# @package _global_
+common: {{cpu: true, user_dir: {USER_DIR}, log_format: simple, seed: 1}}
+task: {{_name: translation, data: {translation_data}}}
+model:
+  _name: transformer_define
+  encoder_layers: 1
+  decoder_layers: 1
+  encoder_embed_dim: 32
+  decoder_embed_dim: 32
+  encoder_ffn_embed_dim: 64
+  decoder_ffn_embed_dim: 64
+  encoder_attention_heads: 2
+  decoder_attention_heads: 2
+  define_n: 16
+  define_k: 64
+  define_depth: 4
+  share_all_embeddings: true
+criterion: {{_name: cross_entropy}}
+optimizer: {{_name: adam}}
+lr_scheduler: {{_name: fixed}}
+optimization: {{max_update: 2, lr: [0.001]}}
+dataset: {{max_tokens: 400}}
+checkpoint: {{save_dir: {tmp_path / 'ckpt'}}}
+""")
+    run_cli("fairseq-hydra-train", "--config-dir", tmp_path, "--config-name", "tiny", cwd=tmp_path)
+    state = torch.load(tmp_path / "ckpt" / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    assert state["cfg"]["model"]["define_depth"] == 4
+    assert state["model"]["encoder.embed_tokens.table.weight"].shape[1] == 16
+    assert "encoder.embed_tokens.define.layers.3.weight" in state["model"]
