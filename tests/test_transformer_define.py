@@ -80,11 +80,23 @@ def test_output_tied_to_n_dimensional_table(translation_data):
     assert tuple(model.decoder.project_out_dim.weight.shape) == (128, 512)  # d_model -> n
 
 
-def test_decoder_output_tied_by_default(translation_data):
-    _, _, model = parsed_model(translation_data, "--arch", "transformer_define_iwslt_de_en", "--define-n", "32")
+@pytest.mark.parametrize("arch", ["transformer_define", "transformer_define_iwslt_de_en"])
+@pytest.mark.parametrize("flags", [[], ["--share-decoder-input-output-embed"], ["--no-scale-embedding"]])
+def test_decoder_output_tied_and_unscaled_by_default(translation_data, arch, flags):
+    _, _, model = parsed_model(translation_data, "--arch", arch, "--define-n", "32", *flags)
     assert model.encoder.embed_tokens is not model.decoder.embed_tokens
     assert model.decoder.output_projection.weight is model.decoder.embed_tokens.weight
     assert model.decoder.output_projection.weight.shape[1] == 32
+    assert model.decoder.embed_scale == 1.0 and model.encoder.embed_scale == 1.0
+
+
+def test_untied_output(translation_data):
+    _, task, model = parsed_model(translation_data, "--arch", "transformer_define", "--define-untie-output")
+    assert model.decoder.project_out_dim is None
+    assert tuple(model.decoder.output_projection.weight.shape) == (len(task.target_dictionary), 512)
+    with pytest.raises(ValueError, match="--define-untie-output"):
+        parsed_model(translation_data, "--arch", "transformer_define", "--define-untie-output",
+                     "--share-all-embeddings")
 
 
 def sample_batch(vocab, batch=3, src_len=7, tgt_len=6, seed=0):
@@ -210,6 +222,8 @@ def test_malformed_dictionary_gives_a_clear_error(translation_data, tmp_path):
 def test_bad_define_dimensions_name_the_flag(translation_data):
     with pytest.raises(ValueError, match="--define-k"):
         parsed_model(translation_data, "--arch", "transformer_define", "--define-k", "1021")
+    with pytest.raises(ValueError, match="--decoder-output-dim"):
+        parsed_model(translation_data, "--arch", "transformer_define", "--decoder-output-dim", "256")
 
 
 def test_hydra_yaml_config(translation_data, tmp_path):

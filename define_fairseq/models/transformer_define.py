@@ -1,10 +1,10 @@
 """``transformer_define``: the fairseq Transformer with DeFINE input embeddings (Mehta et al., 2020, Sec. 4.2).
 
 Encoder and decoder embed their tokens with :class:`DeFINEEmbedding` (``V x n`` table -> DeFINE -> d_model).
-With ``--share-decoder-input-output-embed`` or ``--share-all-embeddings`` the decoder output is tied to the
-n-dimensional table: fairseq's ``project_out_dim`` maps d_model -> n, then the tied ``V x n`` output layer
-(the paper's Fig. 1a; the authors' code does the same). ``--share-all-embeddings`` shares the whole
-embedding (table and DeFINE unit) between encoder and decoder.
+The decoder output is tied to the n-dimensional table (unless ``--define-untie-output``): fairseq's
+``project_out_dim`` maps d_model -> n, then the tied ``V x n`` output layer (the paper's Fig. 1a; the authors'
+code does the same). ``--share-all-embeddings`` shares the whole embedding (table and DeFINE unit) between
+encoder and decoder. DeFINE's output is not multiplied by sqrt(d_model) (``--no-scale-embedding`` is implied).
 """
 
 import dataclasses
@@ -26,21 +26,21 @@ from define_fairseq.models.define_config import DeFINEConfig, define_embedding_k
 from define_fairseq.modules import DeFINEEmbedding, FoldedDeFINEEmbedding
 
 
-def _flat_fields(config_cls, defaults: dict, prefix: str = "") -> List[Tuple[str, Any, dataclasses.Field]]:
+def _flat_fields(config_cls, prefix: str = "") -> List[Tuple[str, Any, dataclasses.Field]]:
     """``TransformerConfig``'s fields flattened the way its CLI flags are (``encoder.embed_dim`` ->
-    ``encoder_embed_dim``), with the same help and defaults (except those in ``defaults``), so that one flat
-    dataclass serves argparse and Hydra."""
+    ``encoder_embed_dim``), with the same help and defaults, so that one flat dataclass serves argparse and
+    Hydra. (Defaults stay fairseq's: a bool defaulting to True would turn its flag into ``store_false``.)"""
     flat = []
     for f in dataclasses.fields(config_cls):
         if f.name.startswith("_"):
             continue
         if isinstance(f.type, type) and issubclass(f.type, FairseqDataclass):
-            flat.extend(_flat_fields(f.type, defaults, prefix + f.name + "_"))
+            flat.extend(_flat_fields(f.type, prefix + f.name + "_"))
             continue
-        default = defaults.get(prefix + f.name, f.default)
+        default = f.default
         if isinstance(default, str):  # "${model.decoder.embed_dim}" -> "${model.decoder_embed_dim}"
             default = re.sub(r"\$\{model\.(encoder|decoder|quant_noise)\.", r"${model.\1_", default)
-        if f.default_factory is not dataclasses.MISSING and prefix + f.name not in defaults:
+        if f.default_factory is not dataclasses.MISSING:
             value = dataclasses.field(default_factory=f.default_factory, metadata=f.metadata)
         else:
             value = dataclasses.field(default=default, metadata=f.metadata)
@@ -48,13 +48,13 @@ def _flat_fields(config_cls, defaults: dict, prefix: str = "") -> List[Tuple[str
     return flat
 
 
-# Defaults that differ from the stock Transformer: DeFINE's output already has the right scale (no sqrt(d)
-# multiplier), and the decoder output is tied to the n-dimensional table.
-DEFINE_TRANSFORMER_DEFAULTS = {"no_scale_embedding": True, "share_decoder_input_output_embed": True}
-
 TransformerDefineConfig = dataclasses.make_dataclass(
     "TransformerDefineConfig",
-    _flat_fields(TransformerConfig, DEFINE_TRANSFORMER_DEFAULTS),
+    [
+        ("define_untie_output", bool, dataclasses.field(default=False, metadata={
+            "help": "give the decoder its own V x d_model output layer instead of tying it to the V x n table"})),
+        *_flat_fields(TransformerConfig),
+    ],
     bases=(DeFINEConfig,),
 )
 TransformerDefineConfig.__module__ = __name__
@@ -76,9 +76,16 @@ class TransformerDefineModel(TransformerModel):
             args = Namespace(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TransformerDefineConfig)
                                 if hasattr(args, f.name)})
         transformer_define(args)
-        tied = args.share_all_embeddings or args.share_decoder_input_output_embed
-        if tied:
+        args.no_scale_embedding = True  # DeFINE's output already has unit scale: no sqrt(d_model) multiplier
+        if args.define_untie_output and args.share_all_embeddings:
+            raise ValueError("--define-untie-output contradicts --share-all-embeddings (which ties the output)")
+        args.share_decoder_input_output_embed = not args.define_untie_output
+        if args.share_decoder_input_output_embed:
             # The tied output layer is the V x n table; the decoder projects d_model -> n before it.
+            if args.decoder_output_dim not in (args.decoder_embed_dim, args.define_n):
+                raise ValueError(f"--decoder-output-dim={args.decoder_output_dim}: with a tied output layer "
+                                 f"transformer_define projects the decoder output to --define-n={args.define_n}; "
+                                 f"drop the flag, or untie with --define-untie-output")
             args.decoder_output_dim = args.define_n
         return super().build_model(args, task)
 
@@ -99,13 +106,10 @@ def _set_default(args, name, value):
 
 
 def _define_defaults(args):
-    """The define_* defaults and DEFINE_TRANSFORMER_DEFAULTS; called before fairseq's arch functions, which
-    would otherwise set their own (e.g. an untied decoder output)."""
-    for field in dataclasses.fields(DeFINEConfig):
-        if not field.name.startswith("_"):
+    """The define_* defaults (of the dataclass)."""
+    for field in dataclasses.fields(TransformerDefineConfig):
+        if field.name.startswith("define_"):
             _set_default(args, field.name, field.default)
-    for name, value in DEFINE_TRANSFORMER_DEFAULTS.items():
-        _set_default(args, name, value)
 
 
 def transformer_define(args):
