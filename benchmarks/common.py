@@ -18,6 +18,16 @@ import torch
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
+def _loadavg() -> str:
+    try:
+        return "%.2f %.2f %.2f" % os.getloadavg()
+    except OSError:
+        return "n/a"
+
+
+_START = (time.strftime("%Y-%m-%d %H:%M"), _loadavg())  # when the benchmark module was imported
+
+
 def set_threads(threads: int) -> None:
     """Use ``threads`` intra-op threads (and one inter-op thread where that can still be set)."""
     torch.set_num_threads(threads)
@@ -77,20 +87,17 @@ def header(title: str, module: str, notes: Sequence[str] = ()) -> str:
         fairseq_version = fairseq.__version__
     except ImportError:
         fairseq_version = "not installed"
-    try:
-        load = "%.2f %.2f %.2f" % os.getloadavg()
-    except OSError:
-        load = "n/a"
     lines = [
         f"# {title}",
         "",
         f"- Command: `{command}`",
         f"- torch {torch.__version__}, fairseq {fairseq_version}, Python {platform.python_version()}, float32",
-        f"- Threads: {torch.get_num_threads()} (torch.set_num_threads)",
+        f"- Threads: {torch.get_num_threads()} (torch.set_num_threads), OMP_WAIT_POLICY="
+        f"{os.environ.get('OMP_WAIT_POLICY', 'unset')} (see benchmarks/__init__.py)",
         f"- Machine: {os.cpu_count()}-core CPU, {cpu_name()}, {platform.system()} {platform.machine()}",
-        f"- Load average when the run started (1/5/15 min): {load}; variants are timed interleaved "
-        f"(one call of each per round, order rotated), figures are medians over rounds",
-        f"- Date: {time.strftime('%Y-%m-%d %H:%M')}",
+        f"- Load average (1/5/15 min) at the start of the run: {_START[1]}, at the end: {_loadavg()}; variants are "
+        f"timed interleaved (one call of each per round, order rotated), figures are medians over rounds",
+        f"- Run: {_START[0]} to {time.strftime('%H:%M')}",
     ]
     lines += [f"- {note}" for note in notes]
     return "\n".join(lines) + "\n"
@@ -167,3 +174,9 @@ def zipf_tokens(generator: torch.Generator, shape, vocab: int, nspecial: int = 4
     flat = torch.multinomial(probs / probs.sum(), int(torch.tensor(shape).prod()), replacement=True,
                              generator=generator)
     return (flat + nspecial).view(*shape)
+
+
+def paired_ratio(times: Dict[str, List[float]], numerator: str, denominator: str) -> float:
+    """Median over rounds of ``times[numerator][r] / times[denominator][r]``: each round's two calls ran close in
+    time, so this ratio is less sensitive to slow drifts of the machine's load than a ratio of medians."""
+    return median([a / b for a, b in zip(times[numerator], times[denominator])])

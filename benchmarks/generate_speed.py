@@ -22,7 +22,7 @@ model's.
 
 Target: folded transformer_define >= 1.0x the tokens/s of transformer.
 
-    .venv/bin/python -m benchmarks.generate_speed [--sentences 48] [--beam 4] [--out-len 30] [--rounds 7]
+    .venv/bin/python -m benchmarks.generate_speed [--sentences 32] [--beam 4] [--out-len 30] [--rounds 5]
 """
 
 import argparse
@@ -37,6 +37,7 @@ from benchmarks.common import (
     header,
     interleaved,
     median,
+    paired_ratio,
     set_threads,
     table,
     write_result,
@@ -76,13 +77,13 @@ def same_generations(a, b) -> bool:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", type=int, default=6, help="encoder and decoder layers (all models)")
-    parser.add_argument("--sentences", type=int, default=48, help="source sentences per batch")
+    parser.add_argument("--sentences", type=int, default=32, help="source sentences per batch")
     parser.add_argument("--min-len", type=int, default=18, help="shortest source sentence (before EOS)")
     parser.add_argument("--max-len", type=int, default=22, help="longest source sentence (before EOS)")
     parser.add_argument("--beam", type=int, default=4)
     parser.add_argument("--out-len", type=int, default=30, help="forced output length (min_len = max_len_b)")
     parser.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent of the source tokens")
-    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (median reported)")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median reported)")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     set_threads(args.threads)
@@ -142,11 +143,14 @@ def main(argv=None):
     rows = []
     for name, (model, _) in generators.items():
         t = median(times[name])
-        rows.append([f"`{name}`", fmt_params(count_params(model)), f"{t * 1e3:.0f}", f"{min(times[name]) * 1e3:.0f}",
-                     f"{ntok / t:.0f}", f"{ntok / t / base_tps:.2f}x"])
+        rows.append([f"`{name}`", fmt_params(count_params(model)), f"{t * 1e3:.0f}",
+                     f"{min(times[name]) * 1e3:.0f}", f"{ntok / t:.0f}", f"{ntok / t / base_tps:.2f}x",
+                     f"{paired_ratio(times, 'transformer', name):.2f}x"])
     ratio = median(times["transformer"]) / median(times["transformer_define (folded)"])
+    paired = paired_ratio(times, "transformer", "transformer_define (folded)")
 
-    text = header("Generation speed: transformer_define (unfolded / folded) vs transformer", "benchmarks.generate_speed", [
+    title = "Generation speed: transformer_define (unfolded / folded) vs transformer"
+    text = header(title, "benchmarks.generate_speed", [
         f"Models: d_model 512, FFN 2048, 8 heads, {args.layers} + {args.layers} layers, vocabulary 32000 per side, "
         f"decoder output tied; transformer_define: DeFINE n=128, k=1024, depth 3, 4 groups at most; random "
         f"weights, eval mode, torch.no_grad (SequenceGenerator.generate)",
@@ -157,10 +161,13 @@ def main(argv=None):
         f"V x m tables)",
     ])
     text += "\n" + table(["model", "parameters", "batch ms (median)", "batch ms (min)", "generated tokens/s",
-                          "vs transformer"], rows)
+                          "vs transformer (ratio of medians)", "vs transformer (median of per-round ratios)"], rows)
+    text += ("\nParameters are counted as stored: the folded model keeps each V x n table (the decoder's is its tied "
+             "output layer) and adds the V x m folded tables as parameters, hence more than the unfolded model.\n")
     text += (f"\nFolded generations equal the unfolded ones (tokens and scores of all {args.beam} hypotheses of "
              f"every sentence): **{'yes' if equal and equal_cold else 'NO'}**.\n\n## Target\n\n")
-    text += f"- {'PASS' if ratio >= 1.0 else 'FAIL'}: folded transformer_define tokens/s >= 1.0x transformer: {ratio:.2f}x\n"
+    text += (f"- {'PASS' if ratio >= 1.0 else 'FAIL'}: folded transformer_define tokens/s >= 1.0x transformer: "
+             f"{ratio:.2f}x (ratio of medians; median of per-round ratios: {paired:.2f}x)\n")
     write_result("generate_speed", text)
 
 

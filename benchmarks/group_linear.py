@@ -18,6 +18,7 @@ import torch.nn as nn
 from benchmarks.common import header, interleaved, median, set_threads, table, write_result
 from define_fairseq.modules import GroupLinear
 from define_fairseq.modules.define import define_layer_sizes
+from define_fairseq.modules.group_linear import _group_linear_reference
 
 
 class LoopGroupLinear(nn.Module):
@@ -32,6 +33,15 @@ class LoopGroupLinear(nn.Module):
         return torch.cat([lin(c) for lin, c in zip(self.linears, x.chunk(self.groups, dim=-1))], dim=-1)
 
 
+class PlainGroupLinear(GroupLinear):
+    """GroupLinear's previous forward: the plain autograd ``baddbmm`` formulation, with transposing copies."""
+
+    def forward(self, x):
+        if self.groups == 1:
+            return super().forward(x)
+        return _group_linear_reference(x, self.weight, self.bias)
+
+
 def shapes():
     base = [tuple(s) + ("transformer_define layer %d" % (i + 1),)
             for i, s in enumerate(define_layer_sizes(128, 1024, 512, 3, 4))]
@@ -42,6 +52,7 @@ def bench_shape(in_f, out_f, groups, tokens, rounds):
     torch.manual_seed(0)
     modules = {
         "GroupLinear": GroupLinear(in_f, out_f, groups),
+        "plain": PlainGroupLinear(in_f, out_f, groups),
         "loop": LoopGroupLinear(in_f, out_f, groups),
         "dense": nn.Linear(in_f, out_f),
     }
@@ -74,8 +85,9 @@ def main(argv=None):
         ms = bench_shape(in_f, out_f, groups, args.tokens, args.rounds)
         vs_loop = ms["loop"] / ms["GroupLinear"]
         vs_dense = ms["dense"] / ms["GroupLinear"]
-        rows.append([label, f"{in_f} -> {out_f}", groups, f"{ms['GroupLinear']:.1f}", f"{ms['loop']:.1f}",
-                     f"{ms['dense']:.1f}", f"{vs_loop:.2f}x", f"{vs_dense:.2f}x"])
+        rows.append([label, f"{in_f} -> {out_f}", groups, f"{ms['GroupLinear']:.1f}", f"{ms['plain']:.1f}",
+                     f"{ms['loop']:.1f}", f"{ms['dense']:.1f}", f"{ms['plain'] / ms['GroupLinear']:.2f}x",
+                     f"{vs_loop:.2f}x", f"{vs_dense:.2f}x"])
         checks.append((f"GroupLinear no slower than the loop at {in_f} -> {out_f}, g={groups}: loop/GroupLinear = "
                        f"{vs_loop:.2f}", vs_loop >= 1.0))
         if (in_f, out_f, groups) == (1024, 2048, 4):
@@ -86,10 +98,13 @@ def main(argv=None):
     text = header("GroupLinear forward + backward", "benchmarks.group_linear",
                   [f"{args.tokens} tokens, float32, input requires grad; {args.rounds} interleaved rounds per shape "
                    f"after 2 warm-up rounds",
-                   "loop = a ModuleList of nn.Linear, one per group, on x.chunk(groups), then torch.cat; "
-                   "dense = nn.Linear(in, out); with 1 group all three do the same work"])
-    text += "\n" + table(["shape", "in -> out", "groups", "GroupLinear ms", "loop ms", "dense ms",
-                          "loop / GroupLinear", "dense / GroupLinear"], rows)
+                   "GroupLinear = define_fairseq.modules.GroupLinear (bmm writing into strided views of the output, "
+                   "custom autograd Function); plain = GroupLinear's previous forward (baddbmm on the transposed "
+                   "input, then a transposing copy to [N, out]; plain autograd); loop = a ModuleList of nn.Linear, "
+                   "one per group, on x.chunk(groups), then torch.cat; dense = nn.Linear(in, out); with 1 group "
+                   "GroupLinear and plain are F.linear and the loop is one nn.Linear plus the copy torch.cat makes"])
+    text += "\n" + table(["shape", "in -> out", "groups", "GroupLinear ms", "plain ms", "loop ms", "dense ms",
+                          "plain / GroupLinear", "loop / GroupLinear", "dense / GroupLinear"], rows)
     text += "\nRatios above 1 mean GroupLinear is faster.\n\n## Targets\n\n"
     text += "".join(f"- {'PASS' if ok else 'FAIL'}: {what}\n" for what, ok in checks)
     write_result("group_linear", text)

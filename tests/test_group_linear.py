@@ -50,3 +50,22 @@ def test_parameter_count():
 def test_bad_shapes_raise(in_f, out_f, groups):
     with pytest.raises(ValueError, match="groups"):
         GroupLinear(in_f, out_f, groups)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_gradcheck_float64(bias):
+    torch.manual_seed(0)
+    layer = GroupLinear(8, 12, 4, bias=bias).double()
+    x = torch.randn(3, 2, 8, dtype=torch.float64, requires_grad=True)
+    params = [x, layer.weight] + ([layer.bias] if bias else [])
+    assert torch.autograd.gradcheck(lambda *_: layer(x), params)
+    assert torch.autograd.gradgradcheck(lambda *_: layer(x), params)
+
+
+def test_bfloat16_autocast_matches_reference():
+    torch.manual_seed(0)
+    layer = GroupLinear(32, 64, 4)
+    x = torch.randn(5, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(x)
+    torch.testing.assert_close(y.float(), reference_group_linear(x, layer.weight, layer.bias, 4), rtol=3e-2, atol=3e-2)

@@ -256,3 +256,17 @@ checkpoint: {{save_dir: {tmp_path / 'ckpt'}}}
     assert state["cfg"]["model"]["define_depth"] == 4
     assert state["model"]["encoder.embed_tokens.table.weight"].shape[1] == 16
     assert "encoder.embed_tokens.define.layers.3.weight" in state["model"]
+
+
+def test_build_from_a_plain_namespace(translation_data):
+    # e.g. a script that builds the model without fairseq-train's parser and config resolution
+    from argparse import Namespace
+
+    from fairseq.tasks.translation import TranslationConfig, TranslationTask
+
+    task = TranslationTask.setup_task(TranslationConfig(data=str(translation_data), source_lang="en",
+                                                        target_lang="de"))
+    model = task.build_model(Namespace(arch="transformer_define", _name="transformer_define", define_n=32))
+    assert model.decoder.embed_tokens.weight.shape[1] == 32
+    assert model.decoder.output_projection.weight is model.decoder.embed_tokens.weight
+    assert tuple(model.decoder.project_out_dim.weight.shape) == (32, 512)

@@ -72,9 +72,10 @@ class TransformerDefineModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
-        if not isinstance(args, Namespace):  # a DictConfig from Hydra or a checkpoint
-            args = Namespace(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TransformerDefineConfig)
-                                if hasattr(args, f.name)})
+        # A DictConfig (Hydra, checkpoints) or a namespace becomes a namespace; a "${model...}" placeholder that
+        # nothing resolved (a namespace built without fairseq-train's parser) is left for the arch to fill in.
+        args = Namespace(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TransformerDefineConfig)
+                            if hasattr(args, f.name) and not str(getattr(args, f.name)).startswith("${")})
         transformer_define(args)
         args.no_scale_embedding = True  # DeFINE's output already has unit scale: no sqrt(d_model) multiplier
         if args.define_untie_output and args.share_all_embeddings:
