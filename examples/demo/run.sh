@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# The define-fairseq demo, run by `make demo` (which puts .venv/bin first on PATH): build an English->German
+# corpus from the German gettext catalogs installed on this machine, learn a joint BPE, train a small
+# transformer_define on the CPU, translate the test split and score it with sacreBLEU, then print the
+# model's parameter breakdown. See examples/demo/README.md.
+#
+# Everything goes under demo_output/. Each step is skipped when its final output exists; each step writes to a
+# temporary name and renames it into place when done, so an interrupted run never leaves a half-written
+# output that a rerun would trust (training resumes from its last complete checkpoint). Delete demo_output/
+# (or one step's output and everything after it) to redo it.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+for tool in python subword-nmt fairseq-preprocess fairseq-train fairseq-generate sacrebleu; do
+    command -v "$tool" >/dev/null || { echo "error: $tool not found on PATH; run 'make demo' (it installs into .venv)" >&2; exit 1; }
+done
+
+# One process, one OpenMP/MKL thread per core (2 on the reference machine; at most 8, beyond which this small
+# model gains nothing), no extra data-loading workers. On a busy machine OMP_NUM_THREADS=1 is faster.
+threads=$(nproc 2>/dev/null || echo 2); (( threads > 8 )) && threads=8
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$threads}" MKL_NUM_THREADS="${MKL_NUM_THREADS:-${OMP_NUM_THREADS:-$threads}}"
+export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore}"  # torch's deprecation warnings about fairseq's calls
+
+OUT=demo_output
+BPE_MERGES=8000
+BPE_THRESHOLD=10
+mkdir -p "$OUT"
+
+# The model and training arguments, shared by fairseq-train and the parameter breakdown. The arch is
+# fairseq's IWSLT transformer size with DeFINE (n=64, k=512); the overrides shrink it to d_model 128,
+# 3+3 pre-norm layers, DeFINE k=256, which learns fastest in the ~5 minutes of two CPU cores (bigger
+# models, or bigger batches, get fewer updates done and end worse). No dropout: ~3 epochs do not overfit.
+# --max-update fixes the amount of training (no time-based stop), so runs are reproducible.
+TRAIN_ARGS=(
+    "$OUT/data-bin" --user-dir define_fairseq
+    --arch transformer_define_iwslt_de_en --share-all-embeddings
+    --encoder-layers 3 --decoder-layers 3
+    --encoder-embed-dim 128 --decoder-embed-dim 128
+    --encoder-ffn-embed-dim 512 --decoder-ffn-embed-dim 512
+    --encoder-normalize-before --decoder-normalize-before
+    --define-n 64 --define-k 256
+    --dropout 0.0
+    --optimizer adam --adam-betas '(0.9, 0.98)'
+    --lr 3e-3 --lr-scheduler inverse_sqrt --warmup-updates 150
+    --criterion label_smoothed_cross_entropy --label-smoothing 0.1
+    --max-tokens 1024 --max-update 2000 --seed 1
+    --cpu --num-workers 0
+)
+
+step_start() { STEP_T0=$SECONDS; echo; echo "==> $*"; }
+step_done() { echo "    done in $((SECONDS - STEP_T0)) s"; }
+skip() { echo; echo "==> $1: $2 exists, reusing it"; }
+
+# 1. Corpus
+if [[ -d $OUT/corpus ]]; then
+    skip "1/6 corpus" "$OUT/corpus"
+else
+    step_start "1/6 corpus: English-German pairs from the German gettext catalogs -> $OUT/corpus"
+    rm -rf "$OUT/corpus.tmp"
+    python -m define_fairseq.tools.demo_corpus "$OUT/corpus.tmp"
+    mv "$OUT/corpus.tmp" "$OUT/corpus"
+    step_done
+fi
+
+# 2. Joint BPE on the raw text. No Moses tokenisation: on these messages (%s, »%s«, --options, paths) its
+# detokeniser does not restore the text (a round trip of the test references alone scores ~93 BLEU), while
+# BPE on whitespace-separated words is undone exactly by --remove-bpe.
+if [[ -d $OUT/bpe ]]; then
+    skip "2/6 BPE" "$OUT/bpe"
+else
+    step_start "2/6 joint BPE, $BPE_MERGES merges (subword-nmt) -> $OUT/bpe"
+    rm -rf "$OUT/bpe.tmp" && mkdir "$OUT/bpe.tmp"
+    subword-nmt learn-joint-bpe-and-vocab --input "$OUT/corpus/train.en" "$OUT/corpus/train.de" \
+        -s "$BPE_MERGES" -o "$OUT/bpe.tmp/codes" \
+        --write-vocabulary "$OUT/bpe.tmp/vocab.en" "$OUT/bpe.tmp/vocab.de" 2> "$OUT/bpe.tmp/learn.log" \
+        || { cat "$OUT/bpe.tmp/learn.log" >&2; exit 1; }
+    for split in train valid test; do
+        for lang in en de; do
+            subword-nmt apply-bpe -c "$OUT/bpe.tmp/codes" --vocabulary "$OUT/bpe.tmp/vocab.$lang" \
+                --vocabulary-threshold "$BPE_THRESHOLD" < "$OUT/corpus/$split.$lang" > "$OUT/bpe.tmp/$split.$lang"
+        done
+    done
+    mv "$OUT/bpe.tmp" "$OUT/bpe"
+    step_done
+fi
+
+# 3. Binarise with one dictionary for both languages (--share-all-embeddings needs it).
+if [[ -d $OUT/data-bin ]]; then
+    skip "3/6 fairseq-preprocess" "$OUT/data-bin"
+else
+    step_start "3/6 fairseq-preprocess --joined-dictionary -> $OUT/data-bin"
+    rm -rf "$OUT/data-bin.tmp"
+    fairseq-preprocess --source-lang en --target-lang de \
+        --trainpref "$OUT/bpe/train" --validpref "$OUT/bpe/valid" --testpref "$OUT/bpe/test" \
+        --destdir "$OUT/data-bin.tmp" --joined-dictionary --workers 2 > "$OUT/preprocess.log" 2>&1 \
+        || { cat "$OUT/preprocess.log" >&2; exit 1; }
+    grep -E "Dictionary|sents" "$OUT/preprocess.log" | sed 's/^.*| //; s/^INFO:[^:]*://' | awk '!seen[$0]++' | sed 's/^/    /'
+    mv "$OUT/data-bin.tmp" "$OUT/data-bin"
+    step_done
+fi
+
+# 4. Train. Checkpoints go to checkpoints.partial (fairseq saves each one atomically and resumes from
+# checkpoint_last.pt there), renamed to checkpoints when --max-update is reached. fairseq logs to stdout,
+# copied to the log file; its tqdm progress bars go to stderr, left on the terminal (fairseq falls back to
+# plain log lines when stderr is not a terminal).
+if [[ -d $OUT/checkpoints ]]; then
+    skip "4/6 training" "$OUT/checkpoints"
+else
+    step_start "4/6 fairseq-train transformer_define (CPU, $OMP_NUM_THREADS threads) -> $OUT/checkpoints"
+    PYTHONUNBUFFERED=1 fairseq-train "${TRAIN_ARGS[@]}" --save-dir "$OUT/checkpoints.partial" \
+        --no-epoch-checkpoints --log-format tqdm --log-interval 10 | tee -a "$OUT/train.log.partial"
+    grep -q "done training" "$OUT/train.log.partial" || { echo "error: training did not finish" >&2; exit 1; }
+    mv "$OUT/train.log.partial" "$OUT/checkpoints.partial/train.log"
+    mv "$OUT/checkpoints.partial" "$OUT/checkpoints"
+    step_done
+fi
+
+# 5. Translate the test split, undo the BPE, score against the raw German references.
+# --required-batch-size-multiple 1: with the default 8, fairseq drops the last batch when its size is not a
+# multiple of 8, i.e. the last test sentences (facebookresearch/fairseq#5036).
+if [[ -f $OUT/test.bleu ]]; then
+    skip "5/6 translation and BLEU" "$OUT/test.bleu"
+else
+    step_start "5/6 fairseq-generate on the test split (beam 5) and sacreBLEU -> $OUT/test.bleu"
+    fairseq-generate "$OUT/data-bin" --user-dir define_fairseq --cpu --num-workers 0 \
+        --path "$OUT/checkpoints/checkpoint_last.pt" --gen-subset test \
+        --beam 5 --batch-size 128 --required-batch-size-multiple 1 --remove-bpe > "$OUT/generate-test.txt.tmp" 2> "$OUT/generate-test.log" \
+        || { cat "$OUT/generate-test.log" >&2; exit 1; }
+    grep -h "Translated" "$OUT/generate-test.log" | sed 's/^.*generate[:| ]*//; s/^/    /' || true
+    grep '^H-' "$OUT/generate-test.txt.tmp" | sed 's/^H-//' | sort -n -s -k1,1 | cut -f3 > "$OUT/test.hyp.de.tmp"
+    refs=$(wc -l < "$OUT/corpus/test.de"); hyps=$(wc -l < "$OUT/test.hyp.de.tmp")
+    [[ $refs == "$hyps" ]] || { echo "error: $hyps hypotheses for $refs test sentences" >&2; exit 1; }
+    sacrebleu "$OUT/corpus/test.de" -i "$OUT/test.hyp.de.tmp" -m bleu chrf -f text > "$OUT/test.bleu.tmp"
+    mv "$OUT/generate-test.txt.tmp" "$OUT/generate-test.txt"
+    mv "$OUT/test.hyp.de.tmp" "$OUT/test.hyp.de"
+    mv "$OUT/test.bleu.tmp" "$OUT/test.bleu"
+    step_done
+fi
+echo
+echo "==> test BLEU (sacreBLEU; the hypotheses, BPE removed, against the raw German references):"
+sed 's/^ */    /' "$OUT/test.bleu"
+
+# 6. Where the parameters are (in millions).
+step_start "6/6 parameter breakdown (millions)"
+python -m define_fairseq.tools.params "${TRAIN_ARGS[@]}" > "$OUT/params.txt.tmp" 2> "$OUT/params.log" \
+    || { cat "$OUT/params.log" >&2; exit 1; }
+mv "$OUT/params.txt.tmp" "$OUT/params.txt"
+sed 's/^/    /' "$OUT/params.txt"
+step_done
+
+echo
+echo "==> done. Checkpoint: $OUT/checkpoints/checkpoint_last.pt; hypotheses: $OUT/test.hyp.de" \
+     "(fairseq output: $OUT/generate-test.txt); BLEU: $OUT/test.bleu"
