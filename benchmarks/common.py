@@ -167,6 +167,18 @@ def build_translation_model(arch: str, extra_args: Sequence[str] = (), vocab: in
     return model, task, cfg
 
 
+def build_define_and_baseline(layers: int):
+    """``(transformer_define, transformer, task)``: the two compared models, same size (d_model 512, FFN 2048,
+    ``layers`` + ``layers``), same seed, both with the decoder output tied (the stock one with
+    ``--share-decoder-input-output-embed``)."""
+    size = ["--encoder-layers", str(layers), "--decoder-layers", str(layers)]
+    torch.manual_seed(1)
+    define, task, _ = build_translation_model("transformer_define", size)
+    torch.manual_seed(1)
+    baseline, _, _ = build_translation_model("transformer", size + ["--share-decoder-input-output-embed"])
+    return define, baseline, task
+
+
 def zipf_tokens(generator: torch.Generator, shape, vocab: int, nspecial: int = 4, exponent: float = 1.0):
     """Token ids drawn Zipf-like over the ``vocab - nspecial`` ordinary symbols: P(rank r) ~ 1 / r**exponent."""
     ranks = torch.arange(1, vocab - nspecial + 1, dtype=torch.float64)

@@ -31,7 +31,7 @@ import copy
 import torch
 
 from benchmarks.common import (
-    build_translation_model,
+    build_define_and_baseline,
     count_params,
     fmt_params,
     header,
@@ -93,11 +93,7 @@ def main(argv=None):
     from define_fairseq.modules import FoldedDeFINEEmbedding
     from define_fairseq.tools.fold_define import fold_model
 
-    layers = ["--encoder-layers", str(args.layers), "--decoder-layers", str(args.layers)]
-    torch.manual_seed(1)
-    define, task, _ = build_translation_model("transformer_define", layers)
-    torch.manual_seed(1)
-    baseline, _, _ = build_translation_model("transformer", layers + ["--share-decoder-input-output-embed"])
+    define, baseline, task = build_define_and_baseline(args.layers)
     define.eval()
     baseline.eval()
     define_cold = copy.deepcopy(define)

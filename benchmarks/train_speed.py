@@ -21,7 +21,7 @@ import copy
 import torch
 
 from benchmarks.common import (
-    build_translation_model,
+    build_define_and_baseline,
     count_params,
     fmt_params,
     header,
@@ -88,11 +88,7 @@ def main(argv=None):
 
     from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
 
-    layers = ["--encoder-layers", str(args.layers), "--decoder-layers", str(args.layers)]
-    torch.manual_seed(1)
-    define, task, _ = build_translation_model("transformer_define", layers)
-    torch.manual_seed(1)
-    baseline, _, _ = build_translation_model("transformer", layers + ["--share-decoder-input-output-embed"])
+    define, baseline, task = build_define_and_baseline(args.layers)
     per_position = copy.deepcopy(define)
     for emb in define_embeddings(per_position):
         emb.unique_tokens = False
