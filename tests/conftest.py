@@ -20,6 +20,14 @@ def run_cli(program, *args, cwd=None, check=True):
     return proc
 
 
+def run_module(module, *args, check=True):
+    """``python -m module args`` with this environment's Python (the plugin's own command-line tools)."""
+    proc = subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{module} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc
+
+
 def write_tiny_corpus(directory: Path, seed: int = 0):
     """A toy En->De task (German side = reversed English words) with a 40-word vocabulary."""
     rng = random.Random(seed)

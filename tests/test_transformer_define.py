@@ -9,7 +9,7 @@ import define_fairseq  # noqa: F401  (registers the models)
 from define_fairseq.modules import DeFINE, DeFINEEmbedding, FoldedDeFINEEmbedding
 from define_fairseq.tools.params import parameter_breakdown, setup_from_train_args
 
-from conftest import TINY_MODEL, TRAIN_FLAGS, USER_DIR, run_cli
+from conftest import TINY_MODEL, TRAIN_FLAGS, USER_DIR, run_cli, run_module
 
 
 def hypotheses(output: str):
@@ -109,8 +109,12 @@ def sample_batch(vocab, batch=3, src_len=7, tgt_len=6, seed=0):
     return src, torch.full((batch,), src_len), prev
 
 
-def test_incremental_decoding_equals_full_forward(translation_data):
-    _, task, model = parsed_model(translation_data, "--arch", "transformer_define_iwslt_de_en", *TINY_MODEL)
+ARCHS = ["transformer_define", "transformer_define_wmt_en_de_big", "transformer_define_iwslt_de_en"]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_incremental_decoding_equals_full_forward(translation_data, arch):
+    _, task, model = parsed_model(translation_data, "--arch", arch, *TINY_MODEL)
     model.eval()
     src, lengths, prev = sample_batch(len(task.target_dictionary))
     with torch.no_grad():
@@ -122,11 +126,12 @@ def test_incremental_decoding_equals_full_forward(translation_data):
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
 
 
-def test_checkpoint_round_trip(translation_data, tmp_path):
+@pytest.mark.parametrize("arch", ARCHS)
+def test_checkpoint_round_trip(translation_data, tmp_path, arch):
     from fairseq import checkpoint_utils
     from fairseq.trainer import Trainer
 
-    cfg, task, model = parsed_model(translation_data, "--arch", "transformer_define_iwslt_de_en", *TINY_MODEL,
+    cfg, task, model = parsed_model(translation_data, "--arch", arch, *TINY_MODEL,
                                     "--share-all-embeddings", "--save-dir", str(tmp_path), "--no-save-optimizer-state")
     trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
     path = str(tmp_path / "roundtrip.pt")
@@ -138,7 +143,7 @@ def test_checkpoint_round_trip(translation_data, tmp_path):
     with torch.no_grad():
         before = model(src, lengths, prev)[0]
         after = loaded(src, lengths, prev)[0]
-        _, _, fresh = parsed_model(translation_data, "--arch", "transformer_define_iwslt_de_en", *TINY_MODEL,
+        _, _, fresh = parsed_model(translation_data, "--arch", arch, *TINY_MODEL,
                                    "--share-all-embeddings", "--seed", "7")
         other = fresh.eval()(src, lengths, prev)[0]
     torch.testing.assert_close(after, before, rtol=0, atol=0)
@@ -148,8 +153,7 @@ def test_checkpoint_round_trip(translation_data, tmp_path):
 
 def test_folded_checkpoint_generates_identically(translation_data, trained, tmp_path):
     folded = tmp_path / "folded.pt"
-    run_cli(str(__import__("sys").executable).rsplit("/", 1)[1], "-m", "define_fairseq.tools.fold_define",
-            trained, folded)
+    run_module("define_fairseq.tools.fold_define", trained, folded)
     original = generate(translation_data, trained)
     assert len(original) == 40  # an H and a P line for each of the 20 test sentences
     assert generate(translation_data, folded) == original
@@ -179,16 +183,14 @@ def test_folded_model_matches_in_eval_mode(translation_data):
 def test_fold_refuses_a_checkpoint_without_define(translation_data, tmp_path):
     # (a stock `transformer` checkpoint pickles an argparse.Namespace; the fold tool accepts that)
     checkpoint = train(translation_data, tmp_path, arch="transformer", updates=1)
-    proc = run_cli(str(__import__("sys").executable).rsplit("/", 1)[1], "-m", "define_fairseq.tools.fold_define",
-                   checkpoint, tmp_path / "out.pt", check=False)
+    proc = run_module("define_fairseq.tools.fold_define", checkpoint, tmp_path / "out.pt", check=False)
     assert proc.returncode != 0
     assert "no DeFINE embeddings" in proc.stderr and "'transformer'" in proc.stderr
     assert not (tmp_path / "out.pt").exists()
 
 
 def test_params_report(translation_data):
-    proc = run_cli(str(__import__("sys").executable).rsplit("/", 1)[1], "-m", "define_fairseq.tools.params",
-                   translation_data, "--user-dir", USER_DIR, "--arch", "transformer_define", "--share-all-embeddings")
+    proc = run_module("define_fairseq.tools.params", translation_data, "--user-dir", USER_DIR, "--arch", "transformer_define", "--share-all-embeddings")
     lines = dict(re.findall(r"^(DeFINE|context|input/output|total)\s+([\d.]+)M$", proc.stdout, re.M))
     assert set(lines) == {"DeFINE", "context", "input/output", "total"}
     _, task, model = parsed_model(translation_data, "--arch", "transformer_define", "--share-all-embeddings")
