@@ -274,3 +274,18 @@ def test_build_from_a_plain_namespace(translation_data):
     assert model.decoder.embed_tokens.weight.shape[1] == 32
     assert model.decoder.output_projection.weight is model.decoder.embed_tokens.weight
     assert tuple(model.decoder.project_out_dim.weight.shape) == (32, 512)
+
+
+def test_pretrained_embedding_path_is_refused(translation_data, tmp_path):
+    vectors = tmp_path / "vectors.txt"
+    vectors.write_text("w1 0.1 0.2\n")
+    with pytest.raises(ValueError, match="--encoder-embed-path"):
+        parsed_model(translation_data, "--arch", "transformer_define", "--encoder-embed-path", str(vectors))
+
+
+def test_fold_refuses_an_already_folded_checkpoint(trained, tmp_path):
+    folded = tmp_path / "folded.pt"
+    run_module("define_fairseq.tools.fold_define", trained, folded)
+    proc = run_module("define_fairseq.tools.fold_define", folded, tmp_path / "again.pt", check=False)
+    assert proc.returncode != 0 and "already folded" in proc.stderr
+    assert not (tmp_path / "again.pt").exists()
