@@ -10,13 +10,31 @@ The batch is one fixed batch of random sentences (lengths drawn uniformly in a r
 Zipf-like so the batch has a realistic count of distinct tokens), loss = fairseq's label-smoothed cross-entropy
 (0.1). Every step is: forward, loss, backward, ``torch.optim.Adam`` step. Steps are timed interleaved.
 
+The comparison runs twice, each time in a fresh child process, under two configurations of glibc's malloc:
+
+* ``glibc-default``: glibc's defaults. Every buffer over the (dynamic) mmap threshold, i.e. each of the
+  3000 x 32000 logits-sized buffers of 384 MB, is a fresh ``mmap`` that the kernel fills page by page with
+  minor page faults on first touch, and is unmapped again when freed.
+* ``glibc-retain``: ``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_`` and ``MALLOC_TOP_PAD_`` raised, so
+  malloc keeps freed memory in its heap and reuses it. This is what PyTorch's CPU performance guide gets by
+  preloading jemalloc or tcmalloc, done with glibc alone.
+
+Both models run under the same allocator in a run; the table also gives the minor page faults per step.
+
 Target: transformer_define >= 1.1x the tokens/s of transformer.
 
     .venv/bin/python -m benchmarks.train_speed [--layers 6] [--sentences 112] [--rounds 5] [--threads 2]
+        [--allocators glibc-default,glibc-retain]
 """
 
 import argparse
 import copy
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
 
 import torch
 
@@ -73,7 +91,133 @@ def define_embeddings(model):
     return [m for m in model.modules() if isinstance(m, DeFINEEmbedding)]
 
 
+# Environment of each allocator configuration (added to the inherited environment of the child process).
+ALLOCATORS = {
+    "glibc-default": {},
+    "glibc-retain": {
+        "MALLOC_MMAP_THRESHOLD_": str(4 << 30),  # no mmap for buffers under 4 GiB: they come from the heap
+        "MALLOC_TRIM_THRESHOLD_": str(64 << 30),  # never give freed heap memory back to the OS
+        "MALLOC_TOP_PAD_": str(1 << 30),  # grow the heap in 1 GiB steps
+    },
+}
+MODELS = ("transformer", "transformer_define", "transformer_define, unique_tokens=False")
+
+
+def minor_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def measure(args) -> dict:
+    """Time the three models interleaved in this process; returns times, page faults and the batch's figures."""
+    set_threads(args.threads)
+    from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
+
+    define, baseline, task = build_define_and_baseline(args.layers)
+    per_position = copy.deepcopy(define)
+    for emb in define_embeddings(per_position):
+        emb.unique_tokens = False
+    assert all(emb.unique_tokens for emb in define_embeddings(define)) and define_embeddings(define)
+    models = dict(zip(MODELS, (baseline, define, per_position)))
+
+    criterion = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
+    sample = make_batch(task, args.sentences, args.min_len, args.max_len, args.zipf)
+    src, tgt = sample["net_input"]["src_tokens"], sample["target"]
+    pad = task.target_dictionary.pad()
+
+    optimizers = {}
+    for name, model in models.items():
+        model.train()
+        optimizers[name] = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-8)
+
+    faults = {name: [] for name in models}
+
+    def step(name):
+        model, opt = models[name], optimizers[name]
+
+        def run():
+            before = minor_faults()
+            opt.zero_grad(set_to_none=True)
+            loss, _, _ = criterion(model, sample)
+            loss.backward()
+            opt.step()
+            faults[name].append(minor_faults() - before)
+        return run
+
+    times = interleaved({name: step(name) for name in models}, rounds=args.rounds, warmup=args.warmup, log=True)
+    return {
+        "times": times,
+        "faults": {name: f[args.warmup:] for name, f in faults.items()},
+        "params": {name: count_params(m) for name, m in models.items()},
+        "embed_params": {name: sum(p.numel() for n, p in m.named_parameters() if "embed_tokens" in n)
+                         for name, m in models.items()},
+        "ntokens": sample["ntokens"],
+        "src_tokens": int(src.ne(pad).sum()),
+        "distinct_src": int(src[src.ne(pad)].unique().numel()),
+        "distinct_tgt": int(tgt[tgt.ne(pad)].unique().numel()),
+    }
+
+
+def measure_in_child(allocator: str, argv) -> dict:
+    """Run :func:`measure` in a fresh interpreter whose environment carries the allocator's settings."""
+    env = dict(os.environ, **ALLOCATORS[allocator])
+    print(f"[{allocator}] {' '.join(f'{k}={v}' for k, v in ALLOCATORS[allocator].items()) or 'glibc defaults'}",
+          file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "result.json")
+        subprocess.run([sys.executable, "-m", "benchmarks.train_speed", *argv, "--child-json", out], env=env,
+                       check=True)
+        with open(out, encoding="utf-8") as f:
+            return json.load(f)
+
+
+def render(args, results: dict) -> str:
+    first = next(iter(results.values()))
+    ntok = first["ntokens"]
+    layer_note = ("6 + 6 layers (Transformer base)" if args.layers == 6 else
+                  f"**{args.layers} + {args.layers} layers (reduced from base's 6 + 6 to keep the run short on 2 "
+                  f"cores; both models use the same)**")
+    allocator_notes = [f"`{name}`: " + (", ".join(f"`{k}={v}`" for k, v in ALLOCATORS[name].items())
+                                        or "glibc's defaults") for name in results]
+    text = header("Training speed: transformer_define vs transformer", "benchmarks.train_speed", [
+        f"Models: d_model 512, FFN 2048, 8 heads, {layer_note}, dropout 0.1, vocabulary 32000 per side (separate "
+        f"source/target dictionaries), decoder output tied to the decoder input embedding; transformer_define: "
+        f"DeFINE n=128, k=1024, depth 3, 4 groups at most, output tied to the V x n table via a 512 -> 128 "
+        f"projection",
+        f"Batch (fixed): {args.sentences} sentences, lengths uniform in [{args.min_len}, {args.max_len}] + EOS; "
+        f"{first['src_tokens']} source and {ntok} target tokens (non-pad); tokens Zipf-distributed (exponent "
+        f"{args.zipf}): {first['distinct_src']} distinct source and {first['distinct_tgt']} distinct target tokens",
+        "Step: forward, label-smoothed cross-entropy (0.1, fairseq's criterion), backward, torch.optim.Adam step; "
+        f"{args.rounds} interleaved rounds after {args.warmup} warm-up round(s)",
+        "tokens/s = target tokens per step / median step time; page faults = minor page faults of the process "
+        "during the step (median)",
+        "Allocators (one child process each, run one after the other): " + "; ".join(allocator_notes),
+    ])
+    rows, verdicts = [], []
+    for allocator, res in results.items():
+        times = res["times"]
+        base_tps = ntok / median(times["transformer"])
+        for name in MODELS:
+            t = median(times[name])
+            rows.append([f"`{allocator}`", f"`{name}`", fmt_params(res["params"][name]),
+                         fmt_params(res["embed_params"][name]), f"{t * 1e3:.0f}", f"{min(times[name]) * 1e3:.0f}",
+                         f"{median(res['faults'][name]):.0f}", f"{ntok / t:.0f}", f"{ntok / t / base_tps:.2f}x",
+                         f"{paired_ratio(times, 'transformer', name):.2f}x"])
+        ratio = median(times["transformer"]) / median(times["transformer_define"])
+        paired = paired_ratio(times, "transformer", "transformer_define")
+        unique_gain = paired_ratio(times, "transformer_define, unique_tokens=False", "transformer_define")
+        verdicts.append(
+            f"- {'PASS' if ratio >= 1.1 else 'FAIL'} under `{allocator}`: transformer_define tokens/s >= 1.1x "
+            f"transformer: {ratio:.2f}x (ratio of median step times; median of per-round ratios: {paired:.2f}x). "
+            f"Unique-token path vs DeFINE on every position: {unique_gain:.2f}x (median of per-round ratios).")
+    text += "\n" + table(["allocator", "model", "parameters", "of which embeddings", "step ms (median)",
+                          "step ms (min)", "page faults per step", "target tokens/s",
+                          "vs transformer (ratio of medians)", "vs transformer (median of per-round ratios)"], rows)
+    text += "\n## Target\n\n" + "\n".join(verdicts) + "\n"
+    return text
+
+
 def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", type=int, default=6, help="encoder and decoder layers (both models)")
     parser.add_argument("--sentences", type=int, default=112, help="sentences per batch")
@@ -83,84 +227,27 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median reported)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--allocators", default=",".join(ALLOCATORS),
+                        help=f"comma-separated allocator configurations to run, of: {', '.join(ALLOCATORS)}")
+    parser.add_argument("--child-json", help=argparse.SUPPRESS)  # internal: measure here, write JSON, exit
     args = parser.parse_args(argv)
-    set_threads(args.threads)
 
-    from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
+    if args.child_json:
+        result = measure(args)
+        with open(args.child_json, "w", encoding="utf-8") as f:
+            json.dump(result, f)
+        return
 
-    define, baseline, task = build_define_and_baseline(args.layers)
-    per_position = copy.deepcopy(define)
-    for emb in define_embeddings(per_position):
-        emb.unique_tokens = False
-    assert all(emb.unique_tokens for emb in define_embeddings(define)) and define_embeddings(define)
-
-    models = {
-        "transformer": baseline,
-        "transformer_define": define,
-        "transformer_define, unique_tokens=False": per_position,
-    }
-    criterion = LabelSmoothedCrossEntropyCriterion(task, sentence_avg=False, label_smoothing=0.1)
-    sample = make_batch(task, args.sentences, args.min_len, args.max_len, args.zipf)
-    src, tgt = sample["net_input"]["src_tokens"], sample["target"]
-    pad = task.target_dictionary.pad()
-    distinct_src = int(src[src.ne(pad)].unique().numel())
-    distinct_tgt = int(tgt[tgt.ne(pad)].unique().numel())
-    src_tokens = int(src.ne(pad).sum())
-
-    optimizers = {}
-    for name, model in models.items():
-        model.train()
-        optimizers[name] = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-8)
-
-    def step(name):
-        model, opt = models[name], optimizers[name]
-
-        def run():
-            opt.zero_grad(set_to_none=True)
-            loss, _, _ = criterion(model, sample)
-            loss.backward()
-            opt.step()
-        return run
-
-    times = interleaved({name: step(name) for name in models}, rounds=args.rounds, warmup=args.warmup, log=True)
-    ntok = sample["ntokens"]
-    base_tps = ntok / median(times["transformer"])
-    rows = []
-    for name, model in models.items():
-        t = median(times[name])
-        emb_params = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" in n)
-        rows.append([f"`{name}`", fmt_params(count_params(model)), fmt_params(emb_params), f"{t * 1e3:.0f}",
-                     f"{min(times[name]) * 1e3:.0f}", f"{ntok / t:.0f}", f"{ntok / t / base_tps:.2f}x",
-                     f"{paired_ratio(times, 'transformer', name):.2f}x"])
-    ratio = median(times["transformer"]) / median(times["transformer_define"])
-    paired = paired_ratio(times, "transformer", "transformer_define")
-    unique_gain = median(times["transformer_define, unique_tokens=False"]) / median(times["transformer_define"])
-    unique_paired = paired_ratio(times, "transformer_define, unique_tokens=False", "transformer_define")
-
-    layer_note = ("6 + 6 layers (Transformer base)" if args.layers == 6 else
-                  f"**{args.layers} + {args.layers} layers (reduced from base's 6 + 6 to keep the run short on 2 "
-                  f"cores; both models use the same)**")
-    text = header("Training speed: transformer_define vs transformer", "benchmarks.train_speed", [
-        f"Models: d_model 512, FFN 2048, 8 heads, {layer_note}, dropout 0.1, vocabulary 32000 per side (separate "
-        f"source/target dictionaries), decoder output tied to the decoder input embedding; transformer_define: "
-        f"DeFINE n=128, k=1024, depth 3, 4 groups at most, output tied to the V x n table via a 512 -> 128 "
-        f"projection",
-        f"Batch (fixed): {args.sentences} sentences, lengths uniform in [{args.min_len}, {args.max_len}] + EOS; "
-        f"{src_tokens} source and {ntok} target tokens (non-pad); tokens Zipf-distributed (exponent {args.zipf}): "
-        f"{distinct_src} distinct source and {distinct_tgt} distinct target tokens",
-        "Step: forward, label-smoothed cross-entropy (0.1, fairseq's criterion), backward, torch.optim.Adam step; "
-        f"{args.rounds} interleaved rounds after {args.warmup} warm-up round(s)",
-        "tokens/s = target tokens per step / median step time",
-    ])
-    text += "\n" + table(["model", "parameters", "of which embeddings", "step ms (median)", "step ms (min)",
-                          "target tokens/s", "vs transformer (ratio of medians)",
-                          "vs transformer (median of per-round ratios)"], rows)
-    text += (f"\nThe unique-token path (DeFINE once per distinct token, then indexed back) makes a transformer_define "
-             f"step {unique_gain:.2f}x as fast as running DeFINE on every position ({unique_paired:.2f}x as the "
-             f"median of per-round ratios).\n\n## Target\n\n")
-    text += (f"- {'PASS' if ratio >= 1.1 else 'FAIL'}: transformer_define tokens/s >= 1.1x transformer: "
-             f"{ratio:.2f}x (ratio of median step times; median of per-round ratios: {paired:.2f}x)\n")
-    write_result("train_speed", text)
+    allocators = [a.strip() for a in args.allocators.split(",") if a.strip()]
+    unknown = [a for a in allocators if a not in ALLOCATORS]
+    if unknown or not allocators:
+        parser.error(f"--allocators: unknown configuration(s) {unknown}; choose from {', '.join(ALLOCATORS)}")
+    child_argv = [a for a in argv if not a.startswith("--allocators")]
+    if "--allocators" in argv:  # the space-separated form: drop its value too
+        i = argv.index("--allocators")
+        child_argv = argv[:i] + argv[i + 2:]
+    results = {name: measure_in_child(name, child_argv) for name in allocators}
+    write_result("train_speed", render(args, results))
 
 
 if __name__ == "__main__":

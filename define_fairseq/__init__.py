@@ -11,4 +11,4 @@ try:
 except ImportError:  # the plain torch modules stay usable without fairseq
     pass
 else:
-    from . import models  # noqa: F401
+    from . import criterions, models, tasks  # noqa: F401

@@ -56,3 +56,31 @@ TINY_MODEL = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed
               "--define-n", "16", "--define-k", "64"]
 TRAIN_FLAGS = ["--optimizer", "adam", "--lr", "0.005", "--max-tokens", "400", "--cpu", "--num-workers", "0",
                "--no-progress-bar", "--log-format", "simple", "--seed", "1", "--dropout", "0.0"]
+
+
+def write_tiny_lm_corpus(directory: Path, seed: int = 0, vocab: int = 60):
+    """A toy monolingual corpus: sentences of Zipf-distributed words ``w0 .. w{vocab-1}`` with a little structure
+    (every ``w0`` is followed by ``w1``), so a language model has something to learn."""
+    rng = random.Random(seed)
+    words = [f"w{i}" for i in range(vocab)]
+    weights = [1.0 / (i + 1) for i in range(vocab)]
+    for split, size in (("train", 400), ("valid", 40), ("test", 40)):
+        lines = []
+        for _ in range(size):
+            sentence = []
+            while len(sentence) < rng.randint(4, 12):
+                word = rng.choices(words, weights)[0]
+                sentence += [word, "w1"] if word == "w0" else [word]
+            lines.append(" ".join(sentence))
+        (directory / f"{split}.txt").write_text("".join(line + "\n" for line in lines))
+
+
+@pytest.fixture(scope="session")
+def lm_data(tmp_path_factory) -> Path:
+    """A binarized toy LM corpus (``fairseq-preprocess --only-source``): train/valid/test, ~64 symbols."""
+    raw = tmp_path_factory.mktemp("lm-raw")
+    write_tiny_lm_corpus(raw)
+    dest = tmp_path_factory.mktemp("lm-data-bin")
+    run_cli("fairseq-preprocess", "--only-source", "--trainpref", raw / "train.txt", "--validpref",
+            raw / "valid.txt", "--testpref", raw / "test.txt", "--destdir", dest, "--workers", "1")
+    return dest

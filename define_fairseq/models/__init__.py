@@ -1,3 +1,9 @@
-"""fairseq glue: model registrations (fairseq imports this package for ``--user-dir``)."""
+"""fairseq glue: model registrations (imported for ``--user-dir``)."""
 
-from . import transformer_define  # noqa: F401
+import importlib
+import pkgutil
+
+# Import every module of this package, so each registers itself with fairseq.
+for _module in pkgutil.iter_modules(__path__):
+    if not _module.name.startswith("_"):
+        importlib.import_module(f"{__name__}.{_module.name}")

@@ -1,15 +1,18 @@
 """Plain ``torch.nn`` modules; nothing here imports fairseq."""
 
+from .adaptive_input import AdaptiveInput, check_cutoff
 from .define import DeFINE, GroupLayerNorm, define_layer_sizes, split_and_mix
 from .define_embedding import DeFINEEmbedding, FoldedDeFINEEmbedding
 from .group_linear import GroupLinear
 
 __all__ = [
+    "AdaptiveInput",
     "DeFINE",
     "DeFINEEmbedding",
     "FoldedDeFINEEmbedding",
     "GroupLayerNorm",
     "GroupLinear",
     "define_layer_sizes",
+    "check_cutoff",
     "split_and_mix",
 ]

@@ -6,14 +6,17 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .adaptive_input import AdaptiveInput
 from .define import DeFINE
 
 
 class DeFINEEmbedding(nn.Module):
-    """Drop-in ``embed_tokens``: ``tokens -> DeFINE(sqrt(n) * table[tokens])``.
+    """Drop-in ``embed_tokens``: ``tokens -> DeFINE(sqrt(n) * map(tokens))``.
 
-    It exposes ``embedding_dim`` (= m), ``padding_idx`` and ``weight`` (the ``V x n`` table) so fairseq's
-    weight tying can share the table with an output layer working in ``n`` dimensions.
+    The map is a ``V x n`` table, or with ``adaptive_cutoff`` an :class:`AdaptiveInput` of base width ``n``
+    projecting every band to ``n`` (the DeFINE paper's LSTM language models). It exposes ``embedding_dim``
+    (= m) and ``padding_idx``, and for the output layer to tie to: ``weight`` (the ``V x n`` table) with the
+    table map, ``weights_for_band(i)`` (fairseq's ``AdaptiveSoftmax`` API) with the adaptive map.
 
     DeFINE depends only on the token. While training, the unit runs once per distinct token of the batch and
     the results are indexed back to the positions (``unique_tokens``; skipped when the unit has dropout, since
@@ -26,31 +29,54 @@ class DeFINEEmbedding(nn.Module):
         n, k, m, depth, max_groups, variant, activation, norm, dropout: see :class:`DeFINE`.
         padding_idx: row of the table kept at zero.
         unique_tokens: run DeFINE on the batch's distinct tokens only.
+        adaptive_cutoff, adaptive_factor: make the map an :class:`AdaptiveInput` with these band boundaries.
 
     Shapes: ``tokens [...]`` (long) -> ``[..., m]``.
     """
 
     def __init__(self, num_embeddings: int, n: int, k: int, m: int, padding_idx=None, depth: int = 3,
                  max_groups: int = 4, variant: str = "define", activation: str = "gelu", norm: str = "group",
-                 dropout: float = 0.0, unique_tokens: bool = True):
+                 dropout: float = 0.0, unique_tokens: bool = True, adaptive_cutoff=None, adaptive_factor: float = 4):
         super().__init__()
         self.num_embeddings = num_embeddings
         self.padding_idx = padding_idx
         self.embedding_dim = m
         self.unique_tokens = unique_tokens
-        self.table = nn.Embedding(num_embeddings, n, padding_idx=padding_idx)
-        nn.init.normal_(self.table.weight, mean=0.0, std=n ** -0.5)
-        if padding_idx is not None:
-            nn.init.zeros_(self.table.weight[padding_idx])
+        if adaptive_cutoff:
+            self.adaptive = AdaptiveInput(num_embeddings, padding_idx, n, adaptive_cutoff, adaptive_factor,
+                                          output_dim=n)
+            self.table = None
+        else:
+            self.adaptive = None
+            self.table = nn.Embedding(num_embeddings, n, padding_idx=padding_idx)
+            nn.init.normal_(self.table.weight, mean=0.0, std=n ** -0.5)
+            if padding_idx is not None:
+                nn.init.zeros_(self.table.weight[padding_idx])
+        self.n = n
         self.embed_scale = math.sqrt(n)
         self.define = DeFINE(n, k, m, depth=depth, max_groups=max_groups, variant=variant,
                              activation=activation, norm=norm, dropout=dropout)
         self._eval_table = None
 
     @property
+    def map(self) -> nn.Module:
+        """The map layer: the ``V x n`` table or the adaptive input."""
+        return self.table if self.adaptive is None else self.adaptive
+
+    @property
     def weight(self) -> nn.Parameter:
-        """The ``V x n`` map table (what an output layer ties to)."""
+        """The ``V x n`` map table (what a full-softmax output layer ties to)."""
+        if self.adaptive is not None:
+            raise AttributeError("this DeFINEEmbedding maps through an adaptive input and has no single V x n "
+                                 "table; tie an adaptive softmax to it with weights_for_band()")
         return self.table.weight
+
+    def weights_for_band(self, band: int):
+        """``(table [size_i, n_i], projection [n, n_i] or None)`` of the adaptive map's band ``band``."""
+        if self.adaptive is None:
+            raise AttributeError("this DeFINEEmbedding maps through a plain table; weights_for_band() needs "
+                                 "adaptive_cutoff (an adaptive input map)")
+        return self.adaptive.weights_for_band(band)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         if not self.training and not torch.is_grad_enabled():
@@ -59,8 +85,8 @@ class DeFINEEmbedding(nn.Module):
             return F.embedding(tokens, self._eval_table)
         if self.unique_tokens and not (self.training and self.define.dropout > 0):
             distinct, index = torch.unique(tokens, return_inverse=True)
-            return self.define(self.table(distinct) * self.embed_scale)[index]
-        return self.define(self.table(tokens) * self.embed_scale)
+            return self.define(self.map(distinct) * self.embed_scale)[index]
+        return self.define(self.map(tokens) * self.embed_scale)
 
     def train(self, mode: bool = True):
         self._eval_table = None
@@ -79,13 +105,23 @@ class DeFINEEmbedding(nn.Module):
         """The ``V x m`` table of every token's DeFINE output, computed in eval mode."""
         was_training = self.training
         self.eval()
-        table = self.define(self.table.weight * self.embed_scale)
+        if self.adaptive is None:
+            mapped = self.table.weight
+        else:
+            mapped = self.adaptive(torch.arange(self.num_embeddings, device=self.define_device()))
+        table = self.define(mapped * self.embed_scale)
         self.train(was_training)
         return table
+
+    def define_device(self) -> torch.device:
+        return next(self.parameters()).device
 
     def fold(self) -> "FoldedDeFINEEmbedding":
         """An inference-only copy whose DeFINE unit is replaced by :meth:`folded_table`; it shares this
         module's ``V x n`` table, so a tied output layer stays tied."""
+        if self.adaptive is not None:
+            raise NotImplementedError("folding a DeFINEEmbedding with an adaptive input map is not supported; "
+                                      "in eval mode it already computes its V x m table once and looks rows up")
         folded = FoldedDeFINEEmbedding(self.num_embeddings, self.table.embedding_dim, self.embedding_dim,
                                        padding_idx=self.padding_idx)
         folded.table = self.table

@@ -1,0 +1,154 @@
+"""``transformer_lm_define``: fairseq's Transformer language model with a DeFINE input (Mehta et al., 2020).
+
+The input is :class:`DeFINEEmbedding`: a map layer of width ``n`` (a ``V x n`` table, or with ``--adaptive-input``
+an adaptive input of base width ``n`` whose bands are projected to ``n``), then the DeFINE unit up to the model
+width ``m`` (``--decoder-input-dim``, by default ``--decoder-embed-dim``). The output works in ``n`` dimensions
+too (the paper's Fig. 1a): a bias-free projection ``d_model -> n``, then either
+
+* a full softmax tied to the ``V x n`` table (the default with a plain table; ``--define-untie-output`` gives
+  it its own ``V x d_model`` layer instead), or
+* an adaptive softmax tied to the adaptive input, bands and projections (``--adaptive-input
+  --adaptive-softmax-cutoff ... --tie-adaptive-weights --tie-adaptive-proj``, as ``transformer_lm_define_wiki103``).
+
+DeFINE scales its map by sqrt(n) itself, so the decoder's sqrt(d_model) multiplier is off
+(``--no-scale-embedding`` is implied).
+"""
+
+import dataclasses
+from argparse import Namespace
+from typing import Optional
+
+import torch.nn as nn
+from fairseq import utils
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import TransformerDecoder
+from fairseq.models.transformer_lm import (
+    DEFAULT_MAX_TARGET_POSITIONS,
+    TransformerLanguageModel,
+    TransformerLanguageModelConfig,
+    base_lm_architecture,
+    transformer_lm_baevski_wiki103,
+)
+
+from define_fairseq.models.define_config import DeFINEConfig, define_embedding_kwargs
+from define_fairseq.modules import DeFINEEmbedding
+
+TransformerLMDefineConfig = dataclasses.make_dataclass(
+    "TransformerLMDefineConfig",
+    [("define_untie_output", bool, dataclasses.field(default=False, metadata={
+        "help": "with a full softmax: give the model its own V x d_model output layer instead of tying it to the "
+                "V x n table"})),
+     # fairseq's defaults for these are "${model.decoder_embed_dim}", which resolves against the dataclass
+     # default (512), not against --decoder-embed-dim; None lets the arch function copy the real value.
+     ("decoder_input_dim", Optional[int], dataclasses.field(default=None, metadata={
+         "help": "decoder input dimension (DeFINE's output m); default: --decoder-embed-dim"})),
+     ("decoder_output_dim", Optional[int], dataclasses.field(default=None, metadata={
+         "help": "decoder output dimension; a tied output uses --define-n"}))],
+    bases=(DeFINEConfig, TransformerLanguageModelConfig))
+TransformerLMDefineConfig.__module__ = __name__
+TransformerLMDefineConfig.__doc__ = "transformer_lm's flags plus the define_* flags."
+
+
+def _cutoff(value):
+    return None if value is None else list(utils.eval_str_list(value, type=int))
+
+
+class DeFINELMDecoder(TransformerDecoder):
+    """fairseq's decoder with a bias-free ``d_model -> n`` projection before an adaptive softmax tied in ``n``
+    dimensions (fairseq skips ``project_out_dim`` whenever ``--tie-adaptive-weights`` is set)."""
+
+    def __init__(self, args, dictionary, embed_tokens):
+        super().__init__(args, dictionary, embed_tokens, no_encoder_attn=True)
+        if self.project_out_dim is None and self.embed_dim != self.output_embed_dim:
+            self.project_out_dim = nn.Linear(self.embed_dim, self.output_embed_dim, bias=False)
+            nn.init.xavier_uniform_(self.project_out_dim.weight)
+
+
+@register_model("transformer_lm_define", dataclass=TransformerLMDefineConfig)
+class TransformerLMDefine(TransformerLanguageModel):
+    """Transformer LM whose input is a DeFINE unit and whose output is tied to its ``n``-dimensional map."""
+
+    @classmethod
+    def build_model(cls, args, task):
+        # A DictConfig (Hydra, checkpoints) or a namespace becomes a namespace; unresolved "${...}" values are
+        # left for the arch function to fill in.
+        args = Namespace(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TransformerLMDefineConfig)
+                            if hasattr(args, f.name) and not str(getattr(args, f.name)).startswith("${")})
+        for name in ("decoder_input_dim", "decoder_output_dim"):  # unset: fairseq's arch functions copy
+            if getattr(args, name, None) is None:                 # --decoder-embed-dim, but only into a
+                args.__dict__.pop(name, None)                     # missing attribute
+        transformer_lm_define(args)
+        if args.decoder_layers_to_keep:
+            args.decoder_layers = len(args.decoder_layers_to_keep.split(","))
+        if getattr(args, "max_target_positions", None) is None:
+            args.max_target_positions = getattr(args, "tokens_per_sample", DEFAULT_MAX_TARGET_POSITIONS)
+        if args.character_embeddings:
+            raise ValueError("--character-embeddings cannot be used with transformer_lm_define, whose input layer "
+                             "is DeFINE; use --arch transformer_lm for character embeddings")
+        args.no_scale_embedding = True
+        n = args.define_n
+        input_cutoff = _cutoff(args.adaptive_input_cutoff) if args.adaptive_input else None
+        if args.adaptive_input and not input_cutoff:
+            raise ValueError("--adaptive-input needs --adaptive-input-cutoff (e.g. 20000,60000)")
+        softmax_cutoff = _cutoff(args.adaptive_softmax_cutoff)
+        if args.tie_adaptive_weights:
+            if not args.adaptive_input or not softmax_cutoff:
+                raise ValueError("--tie-adaptive-weights ties the adaptive softmax to the adaptive input: it needs "
+                                 "--adaptive-input and --adaptive-softmax-cutoff")
+            if softmax_cutoff != input_cutoff:
+                raise ValueError(f"--adaptive-softmax-cutoff {args.adaptive_softmax_cutoff} differs from "
+                                 f"--adaptive-input-cutoff {args.adaptive_input_cutoff}; tied bands need the same "
+                                 f"cutoffs")
+            if args.adaptive_softmax_factor != args.adaptive_input_factor:
+                raise ValueError(f"--adaptive-softmax-factor {args.adaptive_softmax_factor} differs from "
+                                 f"--adaptive-input-factor {args.adaptive_input_factor}; tied bands need the same "
+                                 f"factor")
+            if args.define_untie_output:
+                raise ValueError("--define-untie-output is for a full softmax; drop --tie-adaptive-weights to untie "
+                                 "an adaptive softmax")
+        elif args.adaptive_input or softmax_cutoff:
+            if args.share_decoder_input_output_embed:
+                raise ValueError("--share-decoder-input-output-embed ties a full softmax to the V x n table; with "
+                                 "an adaptive input or softmax use --tie-adaptive-weights instead")
+        else:
+            args.share_decoder_input_output_embed = not args.define_untie_output
+        if args.tie_adaptive_weights or args.share_decoder_input_output_embed:
+            if args.decoder_output_dim not in (args.decoder_embed_dim, n):
+                raise ValueError(f"--decoder-output-dim={args.decoder_output_dim}: a tied output works in "
+                                 f"--define-n={n} dimensions; drop the flag")
+            args.decoder_output_dim = n
+        embed_tokens = DeFINEEmbedding(
+            len(task.source_dictionary), padding_idx=task.source_dictionary.pad(), adaptive_cutoff=input_cutoff,
+            adaptive_factor=args.adaptive_input_factor, **define_embedding_kwargs(args, args.decoder_input_dim))
+        return cls(DeFINELMDecoder(args, task.target_dictionary, embed_tokens))
+
+
+def _set_default(args, name, value):
+    if getattr(args, name, None) is None:
+        setattr(args, name, value)
+
+
+def _define_defaults(args):
+    for field in dataclasses.fields(DeFINEConfig):
+        _set_default(args, field.name, field.default)
+
+
+def transformer_lm_define(args):
+    """Defaults of ``--arch transformer_lm_define`` (registered by ``register_model`` from the dataclass):
+    fairseq's ``transformer_lm`` size (6 layers, d_model 512, FFN 2048, 8 heads) with DeFINE n=128, k=1024, N=3,
+    m=512 and a full softmax tied to the V x 128 table."""
+    _set_default(args, "define_untie_output", False)
+    _define_defaults(args)
+    base_lm_architecture(args)
+
+
+@register_model_architecture("transformer_lm_define", "transformer_lm_define_wiki103")
+def transformer_lm_define_wiki103(args):
+    """fairseq's ``transformer_lm_wiki103`` (Baevski & Auli: 16 layers, d_model 1024, FFN 4096, 8 heads, adaptive
+    input and softmax with cutoffs 20000,60000 and factor 4, tied bands and projections) with the adaptive input
+    at base width n=256 (bands 256/64/16 instead of 1024/256/64) feeding DeFINE N=3, k=4096 up to 1024. The output
+    is projected 1024 -> 256 before the tied adaptive softmax."""
+    _set_default(args, "define_n", 256)
+    _set_default(args, "define_k", 4096)
+    _define_defaults(args)
+    transformer_lm_baevski_wiki103(args)

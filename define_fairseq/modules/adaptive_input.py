@@ -1,0 +1,85 @@
+"""Adaptive input embeddings (Baevski & Auli, 2019) in the form the DeFINE paper's parameter counts imply."""
+
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+
+
+def check_cutoff(cutoff: Sequence[int], num_embeddings: int, flag: str = "--adaptive-input-cutoff") -> List[int]:
+    """The band boundaries ``cutoff`` as a list ending with ``num_embeddings``.
+
+    Raises ``ValueError`` naming ``flag`` unless the cutoffs increase strictly and stay below the vocabulary.
+    """
+    cutoff = [int(c) for c in cutoff]
+    if cutoff and cutoff[-1] == num_embeddings:
+        cutoff = cutoff[:-1]
+    if any(c <= 0 for c in cutoff) or any(b <= a for a, b in zip(cutoff, cutoff[1:])):
+        raise ValueError(f"{flag} {','.join(map(str, cutoff))}: the cutoffs must be positive and increasing")
+    if cutoff and cutoff[-1] >= num_embeddings:
+        raise ValueError(f"{flag} {','.join(map(str, cutoff))}: the last cutoff must be below the vocabulary "
+                         f"size {num_embeddings}; lower the cutoffs or drop the ones at or beyond it")
+    return cutoff + [num_embeddings]
+
+
+class AdaptiveInput(nn.Module):
+    """Token embeddings whose width shrinks with frequency: band ``i`` (tokens ``cutoff[i-1] <= t < cutoff[i]``,
+    sorted by frequency as fairseq dictionaries are) has ``dim // factor**i`` dimensions and a bias-free
+    projection to ``output_dim``.
+
+    Band 0 has no projection when ``dim == output_dim``. That differs from ``fairseq.modules.AdaptiveInput``
+    (which projects every band) and is what reproduces the DeFINE paper's shared input/output counts (9.25M at
+    d=256 for WikiText-103). ``weights_for_band(i)`` returns ``(table, projection)`` in the layout fairseq's
+    ``AdaptiveSoftmax(..., adaptive_inputs=this, tie_proj=True)`` ties to: ``table [size_i, dim_i]`` and
+    ``projection [output_dim, dim_i]`` (``None`` for an unprojected band 0).
+
+    No embedding scale is applied. Shapes: ``tokens [...]`` (long) -> ``[..., output_dim]``.
+    """
+
+    def __init__(self, num_embeddings: int, padding_idx: Optional[int], dim: int, cutoff: Sequence[int],
+                 factor: float = 4, output_dim: Optional[int] = None):
+        super().__init__()
+        output_dim = dim if output_dim is None else output_dim
+        self.cutoff = check_cutoff(cutoff, num_embeddings)
+        self.num_embeddings = num_embeddings
+        self.padding_idx = padding_idx
+        self.embedding_dim = output_dim
+        self.factor = factor
+        self.tables = nn.ModuleList()
+        self.projections = nn.ModuleList()
+        start = 0
+        for band, end in enumerate(self.cutoff):
+            band_dim = int(dim // (factor ** band))
+            if band_dim < 1:
+                raise ValueError(f"adaptive input: band {band} would have {dim} // {factor}**{band} = 0 dimensions; "
+                                 f"use fewer cutoffs or a smaller --adaptive-input-factor")
+            pad = padding_idx if band == 0 and padding_idx is not None and padding_idx < end else None
+            table = nn.Embedding(end - start, band_dim, padding_idx=pad)
+            nn.init.normal_(table.weight, mean=0.0, std=band_dim ** -0.5)
+            self.tables.append(table)
+            if band == 0 and band_dim == output_dim:
+                self.projections.append(nn.Identity())
+            else:
+                projection = nn.Linear(band_dim, output_dim, bias=False)
+                nn.init.xavier_uniform_(projection.weight)
+                self.projections.append(projection)
+            start = end
+            if pad is not None:
+                with torch.no_grad():
+                    table.weight[pad].zero_()
+
+    def weights_for_band(self, band: int) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        projection = self.projections[band]
+        return self.tables[band].weight, (None if isinstance(projection, nn.Identity) else projection.weight)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        out = tokens.new_zeros(tokens.shape + (self.embedding_dim,), dtype=self.tables[0].weight.dtype)
+        start = 0
+        for band, end in enumerate(self.cutoff):
+            mask = (tokens >= start) & (tokens < end)
+            if band == 0 and isinstance(self.projections[0], nn.Identity) and bool(mask.all()):
+                return self.tables[0](tokens)
+            if mask.any():
+                out[mask] = self.projections[band](self.tables[band](tokens[mask] - start)).to(out.dtype)
+            start = end
+        return out
