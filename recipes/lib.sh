@@ -1,0 +1,383 @@
+# Shared shell helpers for the recipes under recipes/. Source it (`source "$HERE/../lib.sh"`) from a script that
+# runs under `set -euo pipefail`; besides defining functions and variables it only exports PYTHONWARNINGS and
+# installs the EXIT/INT/TERM traps that clean up after a failure.
+#
+# What the helpers guarantee:
+#   * every output is written under a temporary name and renamed into place when complete, so an interrupted or
+#     failed run never leaves a half-written file or directory that a rerun would trust;
+#   * each finished step leaves a marker (<dir>/.done/<step>), so a rerun skips it;
+#   * a failing run removes its temporary files, and an output directory that this run created and in which no
+#     step finished (e.g. the download failed);
+#   * errors say what failed and what to do, on stderr, and stop the script.
+#
+# Variables: LIB_REPO (the repository root), LIB_USER_DIR (the plugin folder given to --user-dir).
+
+LIB_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+LIB_USER_DIR="$LIB_REPO/define_fairseq"
+# torch's deprecation warnings about fairseq's own calls would drown the logs; PYTHONWARNINGS=default shows them.
+export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore}"
+
+# ---------------------------------------------------------------------------------------------------- messages
+
+log() { printf '==> %s\n' "$*"; }
+warn() { printf 'warning: %s\n' "$*" >&2; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+# require_tool TOOL [HINT]: stop unless TOOL is on PATH.
+require_tool() {
+    local hint="Install it, or put the environment that has it first on PATH (e.g. PATH=\$PWD/.venv/bin:\$PATH)."
+    command -v "$1" >/dev/null 2>&1 || die "'$1' not found on PATH. ${2:-$hint}"
+}
+
+# require_plugin: stop unless the define_fairseq plugin folder is where --user-dir will point.
+require_plugin() {
+    [[ -f $LIB_USER_DIR/__init__.py ]] \
+        || die "the plugin folder $LIB_USER_DIR is missing; run the recipe from a checkout of define-fairseq"
+}
+
+# ------------------------------------------------------------------------------- temporary paths and clean-up
+
+_LIB_TMP_PATHS=()
+_LIB_CREATED_DIR=""
+_LIB_CREATED_FOR=""
+
+# lib_tmp PATH: remove PATH when the script exits (whatever the outcome); use it for every temporary name.
+lib_tmp() { _LIB_TMP_PATHS+=("$1"); }
+
+# lib_output_dir DIR: create DIR (and its parents). When this run creates it and fails before any step in it
+# finished, the exit handler removes it again (from the topmost folder this run created).
+lib_output_dir() {
+    local dir=$1 top="" probe=$1
+    while [[ -n $probe && ! -e $probe ]]; do
+        top=$probe
+        probe=$(dirname "$probe")
+    done
+    mkdir -p "$dir" || die "cannot create the output directory $dir"
+    if [[ -n $top && -z $_LIB_CREATED_DIR ]]; then
+        _LIB_CREATED_DIR=$top
+        _LIB_CREATED_FOR=$dir
+    fi
+}
+
+_lib_on_exit() {
+    local status=$?
+    local path
+    for path in "${_LIB_TMP_PATHS[@]+"${_LIB_TMP_PATHS[@]}"}"; do
+        rm -rf -- "$path"
+    done
+    if (( status != 0 )) && [[ -n $_LIB_CREATED_DIR && -d $_LIB_CREATED_DIR ]]; then
+        if [[ -z $(ls -A "$_LIB_CREATED_FOR/.done" 2>/dev/null) ]]; then
+            rm -rf -- "$_LIB_CREATED_DIR"
+            printf 'note: removed %s (created by this run, nothing in it finished)\n' "$_LIB_CREATED_DIR" >&2
+        fi
+    fi
+    exit "$status"
+}
+# A command that fails where no check expected it still stops the script (set -e), with a line saying which.
+_lib_on_error() {
+    [[ $BASHPID == "$$" ]] || return 0  # report once, from the script's own shell
+    printf 'error: unexpected failure (exit code %s) of: %s (%s, line %s)\n' "$1" "$2" "$3" "$4" >&2
+}
+set -o errtrace
+trap '_lib_on_error $? "$BASH_COMMAND" "${BASH_SOURCE[0]}" "$LINENO"' ERR
+trap _lib_on_exit EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# ------------------------------------------------------------------------------------------------ step markers
+
+# lib_step_done DIR STEP [OUTPUT...]: true when STEP's marker exists in DIR and every OUTPUT exists.
+lib_step_done() {
+    local dir=$1 step=$2
+    shift 2
+    [[ -f $dir/.done/$step ]] || return 1
+    local output
+    for output in "$@"; do
+        [[ -e $output ]] || return 1
+    done
+}
+
+# lib_mark_done DIR STEP [TEXT]: record that STEP finished (the marker holds the date and TEXT).
+lib_mark_done() {
+    local dir=$1 step=$2 text=${3:-}
+    mkdir -p "$dir/.done"
+    lib_tmp "$dir/.done/$step.tmp"
+    printf '%s %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$text" > "$dir/.done/$step.tmp"
+    mv -f "$dir/.done/$step.tmp" "$dir/.done/$step"
+}
+
+# lib_unmark DIR STEP: forget that STEP finished.
+lib_unmark() { rm -f -- "$1/.done/$2"; }
+
+lib_skip() { log "skip $1: already done ($2)"; }
+
+# ---------------------------------------------------------------------------------------- download and unpack
+
+# lib_md5 FILE: print FILE's MD5 digest.
+lib_md5() {
+    if command -v md5sum >/dev/null 2>&1; then
+        md5sum "$1" | cut -d' ' -f1
+    elif command -v md5 >/dev/null 2>&1; then
+        md5 -q "$1"
+    else
+        python3 -c 'import hashlib,sys; print(hashlib.md5(open(sys.argv[1],"rb").read()).hexdigest())' "$1"
+    fi
+}
+
+# lib_download URL DEST MD5 URL_VAR MD5_VAR: fetch URL (http(s)://, ftp://, file:// or a local path) into DEST
+# through DEST.part; when MD5 is not empty the file must have that digest. URL_VAR and MD5_VAR name the
+# environment variables that override URL and MD5, for the error messages.
+lib_download() {
+    local url=$1 dest=$2 md5=$3 url_var=$4 md5_var=$5
+    local part="$dest.part" errfile="$dest.part.err" what
+    what=$(basename "$dest")
+    lib_tmp "$part"
+    lib_tmp "$errfile"
+    rm -f -- "$part"
+    local hint="Check the network connection, or set $url_var to a reachable copy of $what (an http(s):// or"
+    hint+=" file:// URL, or a local path)."
+    case $url in
+        *://*)
+            if command -v curl >/dev/null 2>&1; then
+                local status=0 reason
+                if [[ -t 2 ]]; then  # a terminal: show curl's progress bar and messages as they come
+                    curl -fL --retry 2 --connect-timeout 30 --progress-bar -o "$part" "$url" || status=$?
+                    reason="curl exit code $status, message above"
+                else
+                    curl -fL --retry 2 --connect-timeout 30 -sS -o "$part" "$url" 2> "$errfile" || status=$?
+                    reason=$(grep -v '^[[:space:]]*$' "$errfile" | tail -n 1 | tr -d '\r') || true
+                fi
+                (( status == 0 )) || die "download of $url failed: ${reason:-curl exit code $status}. $hint"
+            elif command -v wget >/dev/null 2>&1; then
+                wget -q --tries 3 --timeout 30 -O "$part" "$url" 2> "$errfile" \
+                    || die "download of $url failed (wget exit code $?: $(tail -n 1 "$errfile")). $hint"
+            else
+                die "neither curl nor wget is installed; install one, or download $url yourself and set $url_var" \
+                    "to the local file"
+            fi
+            ;;
+        *)
+            [[ -f $url ]] || die "$url_var=$url is neither a URL nor an existing file. $hint"
+            cp -- "$url" "$part" || die "cannot copy $url"
+            ;;
+    esac
+    [[ -s $part ]] || die "the download of $url is empty. $hint"
+    if [[ -n $md5 ]]; then
+        local got
+        got=$(lib_md5 "$part")
+        [[ $got == "$md5" ]] || die "checksum mismatch for $url: MD5 $got, expected $md5. The file is truncated," \
+            "damaged or another version; nothing was kept. To use a different file on purpose, set $md5_var to its" \
+            "MD5 (or to an empty string to skip the check)."
+    else
+        log "no checksum to verify for $what ($md5_var is empty)"
+    fi
+    mv -f -- "$part" "$dest"
+}
+
+# lib_unpack ARCHIVE DIR: unpack a .zip, .tgz/.tar.gz or .tar into the new directory DIR.
+lib_unpack() {
+    local archive=$1 dir=$2 errfile="$2.err"
+    lib_tmp "$errfile"
+    rm -rf -- "$dir"
+    mkdir -p "$dir"
+    case $archive in
+        *.zip)
+            if command -v unzip >/dev/null 2>&1; then
+                unzip -q -o "$archive" -d "$dir" > "$errfile" 2>&1
+            else
+                python3 -m zipfile -e "$archive" "$dir" > "$errfile" 2>&1
+            fi ;;
+        *.tgz | *.tar.gz) tar -xzf "$archive" -C "$dir" > "$errfile" 2>&1 ;;
+        *.tar) tar -xf "$archive" -C "$dir" > "$errfile" 2>&1 ;;
+        *) die "do not know how to unpack $archive (expected .zip, .tgz, .tar.gz or .tar)" ;;
+    esac || { rm -rf -- "$dir"; return 1; }
+}
+
+# lib_listing DIR: up to 8 paths found in DIR, for error messages.
+lib_listing() {
+    (cd "$1" && find . -mindepth 1 | sed 's|^\./||' | sort | head -n 8 | paste -sd ' ' -)
+}
+
+# -------------------------------------------------------------------------------------- corpus preparation
+
+# lib_prepare_corpus DATA_DIR: download, unpack, check and binarize a language-modelling corpus described by
+# these variables (set them before the call):
+#   CORPUS_ARCHIVE     file name of the archive, e.g. wikitext-103-v1.zip (kept as DATA_DIR/CORPUS_ARCHIVE)
+#   CORPUS_URL         where to fetch it from;   CORPUS_URL_VAR: the environment variable that overrides it
+#   CORPUS_MD5         its MD5, or empty;        CORPUS_MD5_VAR: the environment variable that overrides it
+#   CORPUS_MEMBER_DIR  the folder inside the archive that holds the splits, e.g. wikitext-103
+#   CORPUS_SPLITS      array of the three file names (train, valid, test) inside CORPUS_MEMBER_DIR
+#   CORPUS_TEXT_DIR    the folder under DATA_DIR the three files are kept in
+# Steps (each skipped on a rerun once done): download -> DATA_DIR/CORPUS_ARCHIVE; unpack ->
+# DATA_DIR/CORPUS_TEXT_DIR/<the three files>; binarize (fairseq-preprocess --only-source) -> DATA_DIR/data-bin.
+lib_prepare_corpus() {
+    local data_dir=$1
+    local archive="$data_dir/$CORPUS_ARCHIVE" text_dir="$data_dir/$CORPUS_TEXT_DIR" bin_dir="$data_dir/data-bin"
+    local train=${CORPUS_SPLITS[0]} valid=${CORPUS_SPLITS[1]} test=${CORPUS_SPLITS[2]}
+
+    require_tool fairseq-preprocess
+    require_tool tar
+    lib_output_dir "$data_dir"
+
+    # 1. download
+    if lib_step_done "$data_dir" download "$archive"; then
+        lib_skip "download" "$archive"
+    else
+        log "download $CORPUS_URL -> $archive"
+        lib_download "$CORPUS_URL" "$archive" "$CORPUS_MD5" "$CORPUS_URL_VAR" "$CORPUS_MD5_VAR"
+        lib_mark_done "$data_dir" download "$CORPUS_URL md5=${CORPUS_MD5:-unchecked}"
+    fi
+
+    # 2. unpack and check the layout; keep only the three split files
+    if lib_step_done "$data_dir" unpack "$text_dir/$train" "$text_dir/$valid" "$text_dir/$test"; then
+        lib_skip "unpack" "$text_dir"
+    else
+        log "unpack $archive -> $text_dir"
+        local unpacked="$data_dir/unpack.tmp" staged="$text_dir.tmp" split
+        lib_tmp "$unpacked"
+        lib_tmp "$staged"
+        if ! lib_unpack "$archive" "$unpacked"; then
+            local reason
+            reason=$(tail -n 2 "$unpacked.err" 2>/dev/null | tr -s ' \n\t' ' ' | sed 's/ $//') || true
+            rm -f -- "$archive"
+            lib_unmark "$data_dir" download
+            die "cannot unpack $archive (${reason:-not a valid archive}); deleted it. Is $CORPUS_URL_VAR" \
+                "($CORPUS_URL) the right file?"
+        fi
+        for split in "$train" "$valid" "$test"; do
+            if [[ ! -s $unpacked/$CORPUS_MEMBER_DIR/$split ]]; then
+                local found
+                found=$(lib_listing "$unpacked")
+                rm -f -- "$archive"
+                lib_unmark "$data_dir" download
+                die "unexpected layout of $CORPUS_ARCHIVE from $CORPUS_URL: $CORPUS_MEMBER_DIR/$split is missing or" \
+                    "empty (the archive holds: ${found:-nothing}). Expected $CORPUS_MEMBER_DIR/{$train,$valid,$test};" \
+                    "deleted the download. Point $CORPUS_URL_VAR at the original $CORPUS_ARCHIVE."
+            fi
+        done
+        rm -rf -- "$staged" "$text_dir"
+        mkdir -p "$staged"
+        for split in "$train" "$valid" "$test"; do
+            mv -- "$unpacked/$CORPUS_MEMBER_DIR/$split" "$staged/$split"
+        done
+        mv -- "$staged" "$text_dir"
+        lib_mark_done "$data_dir" unpack "$(wc -l < "$text_dir/$train") training lines"
+    fi
+
+    # 3. binarize with fairseq-preprocess into a temporary folder, renamed when complete
+    if lib_step_done "$data_dir" binarize "$bin_dir/dict.txt" "$bin_dir/train.bin" "$bin_dir/test.bin"; then
+        lib_skip "binarize" "$bin_dir"
+    else
+        local workers=${PREPROCESS_WORKERS:-$(nproc 2>/dev/null || echo 1)}
+        (( workers > 20 )) && workers=20
+        log "fairseq-preprocess --only-source -> $bin_dir ($workers workers)"
+        local staged_bin="$bin_dir.tmp" prep_log="$data_dir/preprocess.log.tmp"
+        lib_tmp "$staged_bin"
+        lib_tmp "$prep_log"
+        rm -rf -- "$staged_bin" "$bin_dir"
+        fairseq-preprocess --only-source --trainpref "$text_dir/$train" --validpref "$text_dir/$valid" \
+            --testpref "$text_dir/$test" --destdir "$staged_bin" --workers "$workers" > "$prep_log" 2>&1 \
+            || { tail -n 20 "$prep_log" >&2; die "fairseq-preprocess failed on $text_dir (its output is above)"; }
+        grep -E "Dictionary|\[None\] .*sents" "$prep_log" | sed -E 's/^.*\[None\] /    /' | awk '!seen[$0]++' || true
+        mv -- "$staged_bin" "$bin_dir"
+        lib_mark_done "$data_dir" binarize "$(wc -l < "$bin_dir/dict.txt") dictionary entries"
+    fi
+    log "done: binarized data in $bin_dir"
+}
+
+# ------------------------------------------------------------------------------------------------ training
+
+# lib_train DRY_RUN DATA_BIN SAVE_DIR ARGS... : run `fairseq-train DATA_BIN --user-dir <plugin> ARGS...
+# --save-dir SAVE_DIR`, logging to SAVE_DIR/train.log. Put the recipe's arguments first and the user's extra
+# arguments last in ARGS (argparse keeps the last value of a repeated flag). With DRY_RUN=1 only print the
+# command (shell-quoted, one line). A finished run leaves the marker SAVE_DIR/.done/train and is skipped on a
+# rerun; an interrupted one resumes from SAVE_DIR/checkpoint_last.pt (fairseq writes each checkpoint atomically).
+lib_train() {
+    local dry_run=$1 data_bin=$2 save_dir=$3
+    shift 3
+    local cmd=(fairseq-train "$data_bin" --user-dir "$LIB_USER_DIR" "$@" --save-dir "$save_dir")
+    if [[ $dry_run == 1 ]]; then
+        printf '%q ' "${cmd[@]}"
+        printf '\n'
+        return 0
+    fi
+    require_tool fairseq-train
+    require_plugin
+    [[ -f $data_bin/dict.txt && -f $data_bin/train.bin ]] \
+        || die "no binarized data in $data_bin (dict.txt, train.bin); run the recipe's prepare.sh first"
+    if lib_step_done "$save_dir" train; then
+        lib_skip "training" "$save_dir/.done/train; remove that file to train again or longer"
+        return 0
+    fi
+    mkdir -p "$save_dir"
+    log "training -> $save_dir (log: $save_dir/train.log)"
+    printf '# %s\n' "$(printf '%q ' "${cmd[@]}")" >> "$save_dir/train.log"
+    local status=0
+    PYTHONUNBUFFERED=1 "${cmd[@]}" 2>&1 | tee -a "$save_dir/train.log" || status=$?
+    (( status == 0 )) || die "fairseq-train failed (exit code $status); see $save_dir/train.log. A rerun resumes" \
+        "from $save_dir/checkpoint_last.pt when it exists."
+    [[ -f $save_dir/checkpoint_last.pt ]] || die "fairseq-train wrote no checkpoint to $save_dir"
+    lib_mark_done "$save_dir" train
+    log "done: $save_dir/checkpoint_best.pt, $save_dir/checkpoint_last.pt"
+}
+
+# ------------------------------------------------------------------------------------------------ evaluation
+
+# lib_eval_split LOG DATA_BIN CHECKPOINT SPLIT ARGS... : run fairseq-eval-lm on SPLIT (output in LOG, written
+# through LOG.tmp) and set EVAL_LOSS (bits per token) and EVAL_PPL (perplexity).
+lib_eval_split() {
+    local log_file=$1 data_bin=$2 checkpoint=$3 split=$4
+    shift 4
+    lib_tmp "$log_file.tmp"
+    PYTHONUNBUFFERED=1 fairseq-eval-lm "$data_bin" --user-dir "$LIB_USER_DIR" --path "$checkpoint" \
+        --gen-subset "$split" "$@" > "$log_file.tmp" 2>&1 \
+        || { tail -n 20 "$log_file.tmp" >&2; die "fairseq-eval-lm failed on the $split split (its output is above)"; }
+    local line
+    line=$(grep -Eo 'Loss \(base 2\): [^,]+, Perplexity: [^[:space:]]+' "$log_file.tmp" | tail -n 1) || true
+    [[ -n $line ]] || { tail -n 20 "$log_file.tmp" >&2; die "no perplexity in the fairseq-eval-lm output for $split"; }
+    mv -f -- "$log_file.tmp" "$log_file"
+    local pattern='Loss \(base 2\): ([^,]+), Perplexity: (.+)'
+    [[ $line =~ $pattern ]]
+    EVAL_LOSS=${BASH_REMATCH[1]}
+    EVAL_PPL=${BASH_REMATCH[2]}
+}
+
+# lib_eval DATA_BIN CHECKPOINT RESULTS SPEC... -- EXTRA... : evaluate CHECKPOINT on each split and write
+# RESULTS (atomically). Each SPEC is "SPLIT|DESCRIPTION|ARG ARG ..." (the arguments split on spaces); EXTRA is
+# appended to every fairseq-eval-lm call. RESULTS is reused when it is newer than the checkpoint and was made
+# with the same arguments (FORCE=1 redoes it).
+lib_eval() {
+    local data_bin=$1 checkpoint=$2 results=$3
+    shift 3
+    local specs=()
+    while (( $# )) && [[ $1 != -- ]]; do specs+=("$1"); shift; done
+    (( $# )) && shift
+    local extra=("$@")
+    require_tool fairseq-eval-lm
+    require_plugin
+    [[ -f $checkpoint ]] || die "checkpoint $checkpoint not found"
+    [[ -f $data_bin/dict.txt ]] || die "no binarized data in $data_bin; run the recipe's prepare.sh first"
+    local signature
+    signature="# evaluated with: data $data_bin, checkpoint $checkpoint; ${specs[*]}; extra arguments: ${extra[*]-}"
+    if [[ ${FORCE:-0} != 1 && -f $results && $results -nt $checkpoint ]] \
+        && [[ $(head -n 1 "$results") == "$signature" ]]; then
+        lib_skip "evaluation" "$results; FORCE=1 redoes it"
+        tail -n +2 "$results"
+        return 0
+    fi
+    lib_tmp "$results.tmp"
+    printf '%s\n' "$signature" > "$results.tmp"
+    local spec split description args argv
+    for spec in "${specs[@]}"; do
+        IFS='|' read -r split description args <<< "$spec"
+        read -r -a argv <<< "$args"
+        log "fairseq-eval-lm on $split ($description)"
+        lib_eval_split "${results%.txt}.$split.log" "$data_bin" "$checkpoint" "$split" \
+            "${argv[@]}" "${extra[@]+"${extra[@]}"}"
+        (( ${#extra[@]} )) && description+="; with ${extra[*]}"
+        printf '%-5s perplexity %s  (loss %s bits/token; %s)\n' "$split" "$EVAL_PPL" "$EVAL_LOSS" "$description" \
+            >> "$results.tmp"
+    done
+    mv -f -- "$results.tmp" "$results"
+    tail -n +2 "$results"
+}

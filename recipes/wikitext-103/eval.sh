@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Perplexity of a WikiText-103 model of this recipe on the valid and test splits (fairseq-eval-lm).
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+source "$HERE/../lib.sh"
+
+CONFIGS="r1 r2 r3 r4 r5 transformer_lm_wiki103 transformer_lm_define_wiki103"
+
+usage() {
+    cat <<USAGE
+Usage: $(basename "$0") [-h] [-d DATA_DIR] [-s SAVE_ROOT] [-c CONFIG] CONFIG|CHECKPOINT [fairseq-eval-lm arguments...]
+
+Evaluate SAVE_ROOT/CONFIG/checkpoint_best.pt (or the CHECKPOINT file given) on the valid and test splits of
+DATA_DIR/data-bin and print the perplexities; they are also written to <checkpoint>.eval.txt (reused while the
+checkpoint and the arguments are unchanged; FORCE=1 redoes it) with the full fairseq output in
+<checkpoint>.eval.<split>.log. Arguments after the checkpoint are appended to every fairseq-eval-lm call
+(e.g. --cpu).
+
+How each CONFIG is evaluated:
+  r1 .. r5     --task stateful_lm, BPTT 140, the state carried through the whole split: valid with 10 parallel
+               streams, test with 1 (Merity et al.'s evaluation; the paper does not say which it used)
+  transformer_lm_wiki103, transformer_lm_define_wiki103
+               --task language_modeling as fairseq's adaptive-input README: complete sentences, blocks of 3072
+               tokens of which the last 512 are scored with a 2560-token context, 3072 tokens a batch
+
+Options:
+  -c CONFIG     the config of a CHECKPOINT whose folder is not named after it
+  -d DATA_DIR   data directory of prepare.sh (default: \$DATA_DIR or data/wikitext-103)
+  -s SAVE_ROOT  checkpoint root of train.sh (default: \$SAVE_ROOT or checkpoints/wikitext-103)
+  -h            this help
+CONFIG is one of: $CONFIGS
+USAGE
+}
+
+DATA_DIR=${DATA_DIR:-data/wikitext-103}
+SAVE_ROOT=${SAVE_ROOT:-checkpoints/wikitext-103}
+CONFIG=""
+while getopts ":hc:d:s:" opt; do
+    case $opt in
+        h) usage; exit 0 ;;
+        c) CONFIG=$OPTARG ;;
+        d) DATA_DIR=$OPTARG ;;
+        s) SAVE_ROOT=$OPTARG ;;
+        :) usage >&2; die "option -$OPTARG needs a value" ;;
+        *) usage >&2; die "unknown option -$OPTARG" ;;
+    esac
+done
+shift $((OPTIND - 1))
+(( $# >= 1 )) || { usage >&2; die "missing CONFIG or CHECKPOINT"; }
+TARGET=$1
+shift
+
+is_config() { [[ " $CONFIGS " == *" $1 "* ]]; }
+if [[ -f $TARGET ]]; then
+    CHECKPOINT=$TARGET
+    [[ -n $CONFIG ]] || CONFIG=$(basename "$(dirname "$TARGET")")
+    is_config "$CONFIG" || die "cannot tell which config $TARGET belongs to (its folder is not named after one);" \
+        "give it with -c CONFIG ($CONFIGS)"
+elif is_config "$TARGET"; then
+    [[ -z $CONFIG || $CONFIG == "$TARGET" ]] || die "-c $CONFIG contradicts CONFIG $TARGET"
+    CONFIG=$TARGET
+    CHECKPOINT="$SAVE_ROOT/$CONFIG/checkpoint_best.pt"
+    [[ -f $CHECKPOINT ]] || die "$CHECKPOINT not found; train it first: $HERE/train.sh $CONFIG" \
+        "(or give -s SAVE_ROOT / a checkpoint file)"
+else
+    die "'$TARGET' is neither a checkpoint file nor a config ($CONFIGS)"
+fi
+
+case $CONFIG in
+    r*)
+        SPECS=("valid|stateful, BPTT 140, 10 streams|--task stateful_lm --tokens-per-sample 140 --batch-size 10"
+               "test|stateful, BPTT 140, 1 stream|--task stateful_lm --tokens-per-sample 140 --batch-size 1") ;;
+    *)
+        LM="--task language_modeling --sample-break-mode complete --tokens-per-sample 3072 --max-tokens 3072"
+        LM+=" --context-window 2560 --softmax-batch 1024"
+        SPECS=("valid|blocks of 3072, context 2560|$LM" "test|blocks of 3072, context 2560|$LM") ;;
+esac
+
+lib_eval "$DATA_DIR/data-bin" "$CHECKPOINT" "${CHECKPOINT%.pt}.eval.txt" "${SPECS[@]}" -- "$@"

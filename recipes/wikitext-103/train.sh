@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Train one of the DeFINE paper's WikiText-103 language models with fairseq-train (see README.md).
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+source "$HERE/../lib.sh"
+
+usage() {
+    cat <<USAGE
+Usage: $(basename "$0") [-h] [-n] [-d DATA_DIR] [-s SAVE_ROOT] CONFIG [fairseq-train arguments...]
+
+Train CONFIG on the binarized WikiText-103 in DATA_DIR/data-bin (made by prepare.sh) and write the checkpoints to
+SAVE_ROOT/CONFIG (checkpoint_best.pt, checkpoint_last.pt, train.log). Arguments after CONFIG are appended to the
+fairseq-train command and win over the recipe's (e.g. --max-epoch 1, --batch-size 30, --cpu).
+
+CONFIG (Table 1a of the paper: LSTM LMs; SGD lr 20, BPTT 140, batch 60, 20 epochs, lr / 10 after epoch 15):
+  r1   --arch lstm_lm_standard_wt103      standard V x 256 input, full softmax (tied)  [paper: 2 GPUs]
+  r2   --arch lstm_lm_adaptive_wt103      adaptive input 256 + adaptive softmax (tied)
+  r3   --arch lstm_lm_define_wt103_n3     adaptive + DeFINE, N=3,  n=m=256, k=1024
+  r4   --arch lstm_lm_define_wt103_n7     adaptive + DeFINE, N=7,  n=m=384, k=1024
+  r5   --arch lstm_lm_define_wt103_n11    adaptive + DeFINE, N=11, n=m=512, k=1024
+Transformer LMs (fairseq's adaptive-input recipe of Baevski & Auli 2019, made for 8 GPUs):
+  transformer_lm_wiki103          fairseq's stock adaptive-input Transformer LM (the baseline)
+  transformer_lm_define_wiki103   the same with DeFINE (n=256, N=3, k=4096) under the adaptive input
+
+Options:
+  -n            print the fairseq-train command and exit
+  -d DATA_DIR   data directory of prepare.sh (default: \$DATA_DIR or data/wikitext-103)
+  -s SAVE_ROOT  checkpoint root (default: \$SAVE_ROOT or checkpoints/wikitext-103)
+  -h            this help
+
+A finished training is skipped on a rerun (SAVE_ROOT/CONFIG/.done/train); an interrupted one resumes from
+checkpoint_last.pt. fairseq-train uses every visible GPU: the LSTM rows are single-GPU settings
+(CUDA_VISIBLE_DEVICES=0), except r1 (the paper used 2 GPUs: add --batch-size 30 to keep 60 streams in all).
+USAGE
+}
+
+DATA_DIR=${DATA_DIR:-data/wikitext-103}
+SAVE_ROOT=${SAVE_ROOT:-checkpoints/wikitext-103}
+DRY_RUN=0
+while getopts ":hnd:s:" opt; do
+    case $opt in
+        h) usage; exit 0 ;;
+        n) DRY_RUN=1 ;;
+        d) DATA_DIR=$OPTARG ;;
+        s) SAVE_ROOT=$OPTARG ;;
+        :) usage >&2; die "option -$OPTARG needs a value" ;;
+        *) usage >&2; die "unknown option -$OPTARG" ;;
+    esac
+done
+shift $((OPTIND - 1))
+(( $# >= 1 )) || { usage >&2; die "missing CONFIG"; }
+CONFIG=$1
+shift
+
+# Table 9: SGD, lr 20 for epochs 1-15 and 2 for epochs 16-20 (fairseq's `fixed` scheduler reads one lr per
+# epoch from the --lr list and keeps the last one), BPTT 140, 60 streams, no weight decay. Where the paper
+# says "as Merity et al. (2018a)" or nothing, the values are those of Merity et al.'s WikiText-103 command in
+# the awd-lstm-lm README: locked dropout 0.1 on the LSTM input, between layers and on the output, no
+# embedding dropout, no AR/TAR, gradient norm clipped at 0.25 (its default), AWD-LSTM's variable-length BPTT.
+# That command's weight drop (0.5) acts on the QRNN's convolution weights, which an LSTM does not have: weight
+# drop stays off. Validation during training: 10 streams.
+# Plain SGD is fairseq's `nag` optimizer with --momentum 0: its update is then exactly SGD's,
+# p <- p * (1 - lr * weight_decay) - lr * grad. fairseq's own `sgd` would store its settings in the checkpoint as
+# an argparse.Namespace, which torch >= 2.6 refuses to unpickle by default, so neither a resumed training nor
+# fairseq-eval-lm could load the checkpoint.
+LSTM_LR="$(printf '20,%.0s' {1..15})2"
+LSTM_COMMON=(
+    --task stateful_lm --tokens-per-sample 140 --define-variable-bptt --batch-size 60 --batch-size-valid 10
+    --optimizer nag --momentum 0 --lr "$LSTM_LR" --lr-scheduler fixed --max-epoch 20 --weight-decay 0 --clip-norm 0.25
+    --dropout 0.1 --define-embed-dropout 0 --define-weight-drop 0 --define-ar-alpha 0 --define-tar-beta 0
+    --seed 1 --no-epoch-checkpoints --log-format simple --log-interval 100
+)
+LSTM_ADAPTIVE=(--criterion adaptive_loss --ddp-backend legacy_ddp)
+
+# fairseq's README.adaptive_inputs.md command (8 GPUs x --update-freq 3 x 3072 tokens per batch).
+TRANSFORMER_COMMON=(
+    --task language_modeling --criterion adaptive_loss --ddp-backend legacy_ddp
+    --max-update 286000 --lr 1.0 --t-mult 2 --lr-period-updates 270000 --lr-scheduler cosine --lr-shrink 0.75
+    --warmup-updates 16000 --warmup-init-lr 1e-07 --stop-min-lr 1e-09 --optimizer nag --min-lr 0.0001
+    --clip-norm 0.1 --max-tokens 3072 --update-freq 3 --tokens-per-sample 3072 --seed 1
+    --sample-break-mode none --skip-invalid-size-inputs-valid-test
+    --no-epoch-checkpoints --log-format simple --log-interval 100
+)
+
+case $CONFIG in
+    r1) ARGS=(--arch lstm_lm_standard_wt103 "${LSTM_COMMON[@]}" --criterion cross_entropy) ;;
+    r2) ARGS=(--arch lstm_lm_adaptive_wt103 "${LSTM_COMMON[@]}" "${LSTM_ADAPTIVE[@]}") ;;
+    r3) ARGS=(--arch lstm_lm_define_wt103_n3 "${LSTM_COMMON[@]}" "${LSTM_ADAPTIVE[@]}") ;;
+    r4) ARGS=(--arch lstm_lm_define_wt103_n7 "${LSTM_COMMON[@]}" "${LSTM_ADAPTIVE[@]}") ;;
+    r5) ARGS=(--arch lstm_lm_define_wt103_n11 "${LSTM_COMMON[@]}" "${LSTM_ADAPTIVE[@]}") ;;
+    transformer_lm_wiki103 | transformer_lm_define_wiki103) ARGS=(--arch "$CONFIG" "${TRANSFORMER_COMMON[@]}") ;;
+    *) usage >&2; die "unknown CONFIG '$CONFIG' (see the list above)" ;;
+esac
+
+lib_train "$DRY_RUN" "$DATA_DIR/data-bin" "$SAVE_ROOT/$CONFIG" "${ARGS[@]}" "$@"

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Train AWD-LSTM, or AWD-LSTM with DeFINE, on WikiText-2 with fairseq-train (see README.md).
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+source "$HERE/../lib.sh"
+
+usage() {
+    cat <<USAGE
+Usage: $(basename "$0") [-h] [-n] [-d DATA_DIR] [-s SAVE_ROOT] CONFIG [fairseq-train arguments...]
+
+Train CONFIG on the binarized WikiText-2 in DATA_DIR/data-bin (made by prepare.sh) and write the checkpoints to
+SAVE_ROOT/CONFIG (checkpoint_best.pt, checkpoint_last.pt, train.log). Arguments after CONFIG are appended to the
+fairseq-train command and win over the recipe's (e.g. --max-epoch 1, --cpu).
+
+CONFIG (AWD-LSTM's WikiText-2 settings for both; the DeFINE paper has no WikiText-2 experiment):
+  awd_lstm_lm          AWD-LSTM: 3 layers (1150, 1150, 400), 400-d embedding tied to the softmax
+  awd_lstm_lm_define   the same with DeFINE (n=128, k=1024, N=7, m=400); last layer 128, tied to the V x 128 map
+
+Options:
+  -n            print the fairseq-train command and exit
+  -d DATA_DIR   data directory of prepare.sh (default: \$DATA_DIR or data/wikitext-2)
+  -s SAVE_ROOT  checkpoint root (default: \$SAVE_ROOT or checkpoints/wikitext-2)
+  -h            this help
+
+One GPU (CUDA_VISIBLE_DEVICES=0): the batch is --batch-size streams per GPU. A finished training is skipped on a
+rerun (SAVE_ROOT/CONFIG/.done/train); an interrupted one resumes from checkpoint_last.pt.
+USAGE
+}
+
+DATA_DIR=${DATA_DIR:-data/wikitext-2}
+SAVE_ROOT=${SAVE_ROOT:-checkpoints/wikitext-2}
+DRY_RUN=0
+while getopts ":hnd:s:" opt; do
+    case $opt in
+        h) usage; exit 0 ;;
+        n) DRY_RUN=1 ;;
+        d) DATA_DIR=$OPTARG ;;
+        s) SAVE_ROOT=$OPTARG ;;
+        :) usage >&2; die "option -$OPTARG needs a value" ;;
+        *) usage >&2; die "unknown option -$OPTARG" ;;
+    esac
+done
+shift $((OPTIND - 1))
+(( $# >= 1 )) || { usage >&2; die "missing CONFIG"; }
+CONFIG=$1
+shift
+
+# AWD-LSTM's WikiText-2 command (awd-lstm-lm README: main.py --epochs 750 --dropouth 0.2 --seed 1882, the other
+# values its defaults): 80 streams (10 for validation), SGD lr 30, gradient norm clipped at 0.25, weight decay
+# 1.2e-6, BPTT 70 with its variable length, output dropout 0.4, input dropout 0.65, between-layer dropout 0.2,
+# embedding (word) dropout 0.1, weight drop 0.5, AR 2, TAR 1. fairseq has no NT-ASGD: plain SGD, the lr divided
+# by 10 after 5 epochs without a better validation loss (AWD-LSTM's non-monotone interval is 5 epochs too).
+# Plain SGD is fairseq's `nag` optimizer with --momentum 0: its update is then exactly SGD's,
+# p <- p * (1 - lr * weight_decay) - lr * grad. fairseq's own `sgd` would store its settings in the checkpoint as
+# an argparse.Namespace, which torch >= 2.6 refuses to unpickle by default, so neither a resumed training nor
+# fairseq-eval-lm could load the checkpoint.
+AWD_WT2=(
+    --task stateful_lm --tokens-per-sample 70 --define-variable-bptt --batch-size 80 --batch-size-valid 10
+    --criterion lm_regularized_loss
+    --optimizer nag --momentum 0 --lr 30 --clip-norm 0.25 --weight-decay 1.2e-6 --max-epoch 750
+    --lr-scheduler reduce_lr_on_plateau --lr-shrink 0.1 --lr-patience 5
+    --define-output-dropout 0.4 --define-input-dropout 0.65 --define-hidden-dropout 0.2
+    --define-embed-dropout 0.1 --define-weight-drop 0.5 --define-ar-alpha 2 --define-tar-beta 1
+    --seed 1882 --no-epoch-checkpoints --log-format simple --log-interval 200
+)
+
+case $CONFIG in
+    awd_lstm_lm | awd_lstm_lm_define) ARGS=(--arch "$CONFIG" "${AWD_WT2[@]}") ;;
+    *) usage >&2; die "unknown CONFIG '$CONFIG' (awd_lstm_lm or awd_lstm_lm_define)" ;;
+esac
+
+lib_train "$DRY_RUN" "$DATA_DIR/data-bin" "$SAVE_ROOT/$CONFIG" "${ARGS[@]}" "$@"
