@@ -16,3 +16,10 @@ __all__ = [
     "check_cutoff",
     "split_and_mix",
 ]
+
+# Recurrent building blocks (AWD-LSTM style).
+from .locked_dropout import LockedDropout, locked_dropout  # noqa: E402
+from .lstm_stack import LSTMStack  # noqa: E402
+from .weight_drop import WeightDropLSTM, embedding_dropout  # noqa: E402
+
+__all__ += ["LSTMStack", "LockedDropout", "WeightDropLSTM", "embedding_dropout", "locked_dropout"]

@@ -1,0 +1,150 @@
+"""Training speed of the LSTM language models, CPU. Two comparisons, each timed interleaved in one run:
+
+1. The DeFINE paper's Table 1a R3 (``lstm_lm_define_wt103_n3``: adaptive input -> DeFINE N=3 -> LSTM) against
+   R2 (``lstm_lm_adaptive_wt103``: adaptive input -> LSTM) at the paper's size and batch: vocabulary 267,735,
+   4 LSTM layers of 1024, batch 60 x BPTT 140, adaptive softmax (fairseq's ``adaptive_loss``), SGD. The paper
+   reports 298 against 297 ms/batch on a GTX 1080 Ti. Target: R3 step time at most 1.1x R2's.
+2. ``lstm_lm_define`` (fused ``nn.LSTM`` per layer) against fairseq's ``lstm_lm`` (a Python loop over time steps
+   of ``nn.LSTMCell``) at the same size: vocabulary 10,000, embedding 650, 2 layers of 650, tied full softmax
+   (Zaremba et al.'s medium PTB model), batch 20 x BPTT 70, cross-entropy, SGD. ``lstm_lm_define`` runs with
+   ``--define-depth 0`` (no DeFINE unit), so the two are the same network; a third row maps through a
+   10000 x 128 table and DeFINE (N=3, k=1024) to 650 instead. Target: >= 3x the tokens/s of fairseq's
+   ``lstm_lm``.
+
+Every step: forward, loss, backward, gradient clipping (0.25), SGD step. Dropout as each arch sets it.
+
+    .venv/bin/python -m benchmarks.lstm_lm_speed [--rounds 3] [--threads 2] [--skip-wt103]
+"""
+
+import argparse
+import tempfile
+
+import torch
+
+from benchmarks.common import header, interleaved, median, paired_ratio, set_threads, table, write_result
+
+
+def build_lm(arch: str, vocab: int, task_args, extra):
+    """``(model, task, criterion)`` of ``--arch arch`` built as fairseq-train builds it, on a made-up dictionary
+    of ``vocab`` symbols."""
+    import define_fairseq  # noqa: F401
+    from define_fairseq.tools.params import setup_from_train_args, write_dictionaries
+
+    with tempfile.TemporaryDirectory() as data:
+        write_dictionaries(data, vocab)
+        cfg, task, model = setup_from_train_args([data, "--user-dir", "define_fairseq", "--arch", arch, *task_args,
+                                                  *extra, "--optimizer", "sgd", "--lr", "0.1", "--cpu"])
+        criterion = task.build_criterion(cfg.criterion)
+    return model, task, criterion
+
+
+def lm_batch(vocab: int, batch: int, bptt: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    ranks = torch.arange(1, vocab - 4 + 1, dtype=torch.float64)
+    probs = ranks.reciprocal() / ranks.reciprocal().sum()  # Zipf-like tokens
+    stream = torch.multinomial(probs, batch * (bptt + 1), replacement=True, generator=g).view(batch, bptt + 1) + 4
+    return {"id": torch.arange(batch), "nsentences": batch, "ntokens": batch * bptt,
+            "net_input": {"src_tokens": stream[:, :-1].contiguous(), "src_lengths": torch.full((batch,), bptt)},
+            "target": stream[:, 1:].contiguous()}
+
+
+def train_steps(models, sample, rounds, warmup):
+    """Interleaved training steps of ``{name: (model, criterion)}``; returns seconds per step per model."""
+    optimizers = {name: torch.optim.SGD(model.parameters(), lr=0.1) for name, (model, _) in models.items()}
+
+    def step(name):
+        model, criterion = models[name]
+        opt = optimizers[name]
+
+        def run():
+            opt.zero_grad(set_to_none=True)
+            loss, _, _ = criterion(model, sample)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
+            opt.step()
+        return run
+
+    for model, _ in models.values():
+        model.train()
+    return interleaved({name: step(name) for name in models}, rounds=rounds, warmup=warmup, log=True)
+
+
+def count(model):
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--skip-wt103", action="store_true", help="only the comparison with fairseq's lstm_lm")
+    args = parser.parse_args(argv)
+    set_threads(args.threads)
+    sections, notes = [], []
+
+    if not args.skip_wt103:
+        vocab, batch, bptt = 267735, 60, 140
+        task_args = ["--task", "language_modeling", "--criterion", "adaptive_loss", "--ddp-backend", "legacy_ddp"]
+        models = {}
+        for name in ("lstm_lm_adaptive_wt103", "lstm_lm_define_wt103_n3"):
+            torch.manual_seed(1)
+            model, _, criterion = build_lm(name, vocab, task_args, [])
+            models[name] = (model, criterion)
+        sample = lm_batch(vocab, batch, bptt)
+        times = train_steps(models, sample, args.rounds, args.warmup)
+        r2, r3 = (median(times[n]) for n in models)
+        rows = [[f"`{name}`", f"{count(m) / 1e6:.2f} M", f"{median(times[name]) * 1e3:.0f}",
+                 f"{min(times[name]) * 1e3:.0f}", f"{batch * bptt / median(times[name]):.0f}"]
+                for name, (m, _) in models.items()]
+        ratio, paired = r3 / r2, 1 / paired_ratio(times, "lstm_lm_adaptive_wt103", "lstm_lm_define_wt103_n3")
+        sections.append(f"## 1. Table 1a R3 vs R2 (V={vocab:,}, batch {batch} x BPTT {bptt})\n\n"
+                        + table(["arch", "parameters", "step ms (median)", "step ms (min)", "tokens/s"], rows)
+                        + f"\nPaper (GTX 1080 Ti): R2 297 ms/batch, R3 298 ms/batch (1.00x).\n")
+        notes.append(f"- {'PASS' if ratio <= 1.1 else 'FAIL'}: R3 step time <= 1.1x R2: {ratio:.2f}x (ratio of "
+                     f"medians; median of per-round ratios {paired:.2f}x)")
+
+    vocab, batch, bptt = 10000, 20, 70
+    size = ["--decoder-embed-dim", "650", "--decoder-hidden-size", "650", "--decoder-layers", "2",
+            "--dropout", "0.5"]
+    task_args = ["--task", "language_modeling", "--criterion", "cross_entropy"]
+    variants = {
+        "fairseq `lstm_lm`": ("lstm_lm", size + ["--decoder-out-embed-dim", "650",
+                                                  "--share-decoder-input-output-embed"]),
+        "`lstm_lm_define`, no DeFINE (same network)": (
+            "lstm_lm_define", size + ["--define-n", "650", "--define-depth", "0", "--decoder-output-dim", "650",
+                                      "--share-decoder-input-output-embed"]),
+        "`lstm_lm_define`, DeFINE n=128, N=3, k=1024": (
+            "lstm_lm_define", size + ["--define-n", "128", "--define-depth", "3", "--define-k", "1024",
+                                      "--decoder-output-dim", "650", "--share-decoder-input-output-embed"]),
+    }
+    models = {}
+    for name, (arch, extra) in variants.items():
+        torch.manual_seed(1)
+        model, _, criterion = build_lm(arch, vocab, task_args, extra)
+        models[name] = (model, criterion)
+    sample = lm_batch(vocab, batch, bptt)
+    times = train_steps(models, sample, args.rounds + 2, args.warmup)
+    base = "fairseq `lstm_lm`"
+    rows = [[name, f"{count(m) / 1e6:.2f} M", f"{median(times[name]) * 1e3:.0f}",
+             f"{batch * bptt / median(times[name]):.0f}", f"{median(times[base]) / median(times[name]):.2f}x",
+             f"{paired_ratio(times, base, name):.2f}x"] for name, (m, _) in models.items()]
+    same = "`lstm_lm_define`, no DeFINE (same network)"
+    speedup = median(times[base]) / median(times[same])
+    sections.append(f"## 2. lstm_lm_define vs fairseq's lstm_lm (V={vocab:,}, 2 x 650, batch {batch} x BPTT {bptt})"
+                    "\n\n" + table(["model", "parameters", "step ms (median)", "tokens/s",
+                                    "vs lstm_lm (ratio of medians)", "vs lstm_lm (median of per-round ratios)"],
+                                   rows))
+    notes.append(f"- {'PASS' if speedup >= 3 else 'FAIL'}: lstm_lm_define tokens/s >= 3x fairseq's lstm_lm at the "
+                 f"same size: {speedup:.2f}x (ratio of medians; median of per-round ratios "
+                 f"{paired_ratio(times, base, same):.2f}x)")
+
+    text = header("Training speed of the LSTM language models", "benchmarks.lstm_lm_speed", [
+        "Step: forward, loss, backward, clip_grad_norm_(0.25), torch.optim.SGD step; one fixed batch of Zipf-"
+        "distributed tokens; models built by fairseq's parser from the registered archs"])
+    text += "\n" + "\n".join(sections) + "\n## Targets\n\n" + "\n".join(notes) + "\n"
+    write_result("lstm_lm_speed", text)
+
+
+if __name__ == "__main__":
+    main()

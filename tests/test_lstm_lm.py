@@ -1,0 +1,458 @@
+"""lstm_lm_define: the paper's parameter counts, the fairseq programs, generation, carried state and errors."""
+
+import logging
+import math
+import os
+import re
+from argparse import Namespace
+
+import pytest
+import torch
+
+import define_fairseq  # noqa: F401  (registers the models, tasks and criteria)
+from define_fairseq.models.lstm_lm_define import LSTMLMDefineModel, RecurrentLMDecoder
+from define_fairseq.modules import DeFINEEmbedding
+from define_fairseq.modules.adaptive_input import AdaptiveInput
+from define_fairseq.modules.lstm_stack import LSTMStack
+from define_fairseq.tools.params import parameter_breakdown, setup_from_train_args
+
+from conftest import USER_DIR, run_cli
+
+WT103_VOCAB = 267_735
+COMMON = ["--optimizer", "adam", "--lr", "0.005", "--cpu", "--num-workers", "0", "--no-progress-bar",
+          "--log-format", "simple", "--seed", "1"]
+ADAPTIVE = ["--adaptive-input-cutoff", "10,30", "--adaptive-softmax-cutoff", "10,30"]
+TINY = ["--define-n", "16", "--define-k", "32", "--decoder-hidden-size", "24", "--decoder-layers", "2"]
+# Each registered arch on tiny dims, with a criterion that fits its output layer.
+ARCH_FLAGS = {
+    "lstm_lm_define": TINY + ["--decoder-embed-dim", "24", "--decoder-output-dim", "12",
+                              "--share-decoder-input-output-embed"],
+    "lstm_lm_standard_wt103": TINY + ["--criterion", "lm_regularized_loss"],
+    "lstm_lm_adaptive_wt103": TINY + ADAPTIVE + ["--criterion", "adaptive_loss", "--ddp-backend", "legacy_ddp"],
+    "lstm_lm_define_wt103_n3": TINY + ADAPTIVE + ["--criterion", "lm_regularized_loss"],
+    "lstm_lm_define_wt103_n7": TINY + ADAPTIVE + ["--criterion", "adaptive_loss", "--ddp-backend", "legacy_ddp"],
+    "lstm_lm_define_wt103_n11": TINY + ADAPTIVE + ["--criterion", "lm_regularized_loss"],
+}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread, here and in the fairseq programs started (OMP_NUM_THREADS)."""
+    threads, env = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    yield
+    torch.set_num_threads(threads)
+    if env is None:
+        del os.environ["OMP_NUM_THREADS"]
+    else:
+        os.environ["OMP_NUM_THREADS"] = env
+
+
+def lstm_params(inputs: int, hidden: int) -> int:
+    """PyTorch's single-layer LSTM: four gates, input and recurrent matrices, two bias vectors."""
+    return 4 * hidden * (inputs + hidden) + 8 * hidden
+
+
+def adaptive_io_params(vocab: int, d: int, cutoff=(20000, 40000, 200000), factor: int = 4) -> int:
+    """Adaptive input (band 0 unprojected) shared with the adaptive softmax, which adds its 3-cluster head."""
+    bounds = [0, *cutoff, vocab]
+    total = 0
+    for band in range(len(bounds) - 1):
+        dim = d // factor ** band
+        total += (bounds[band + 1] - bounds[band]) * dim + (dim * d if band else 0)
+    return total + len(cutoff) * d
+
+
+def parsed_model(data, arch, *flags, task="language_modeling"):
+    return setup_from_train_args([str(data), "--user-dir", USER_DIR, "--task", task, "--arch", arch, *flags,
+                                  "--optimizer", "adam", "--lr", "0.001", "--cpu"])
+
+
+def last_float(pattern, text):
+    found = re.findall(pattern, text)
+    assert found, f"{pattern!r} not found in:\n{text[-3000:]}"
+    return float(found[-1])
+
+
+def train(data, save_dir, arch, *flags, task="language_modeling", updates=3):
+    proc = run_cli("fairseq-train", data, "--user-dir", USER_DIR, "--task", task, "--arch", arch, *flags, *COMMON,
+                   "--max-update", updates, "--save-dir", save_dir, "--no-save-optimizer-state")
+    valid_loss = last_float(r"valid on 'valid' subset \| loss ([\d.]+)", proc.stdout + proc.stderr)
+    assert math.isfinite(valid_loss)
+    return save_dir / "checkpoint_last.pt"
+
+
+def eval_lm(data, checkpoint, *flags):
+    proc = run_cli("fairseq-eval-lm", data, "--user-dir", USER_DIR, "--path", checkpoint, "--gen-subset", "test",
+                   "--cpu", "--num-workers", "0", *flags)
+    out = proc.stdout + proc.stderr
+    return last_float(r"Loss \(base 2\): ([\d.]+)", out), last_float(r"Perplexity: ([\d.]+)", out)
+
+
+def split_stream(data, dictionary, split="test"):
+    """The split's tokens as one stream (every line ends in EOS), as read from the binarized files."""
+    from fairseq.data import data_utils
+
+    dataset = data_utils.load_indexed_dataset(str(data / split), dictionary)
+    return torch.cat([dataset[i] for i in range(len(dataset))]).long()
+
+
+def load(checkpoint):
+    from fairseq import checkpoint_utils
+
+    (model,), _, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)])
+    return model.eval(), task
+
+
+def mean_nll_base2(model, inputs, targets):
+    """Mean NLL (base 2) of ``targets [B, T]`` given ``inputs [B, T]``, every row from a zero state."""
+    with torch.no_grad():
+        net_output = model(inputs)
+        lprobs = model.get_normalized_probs(net_output, log_probs=True, sample={"target": targets})
+    return -lprobs.gather(-1, targets.unsqueeze(-1)).mean().item() / math.log(2)
+
+
+# -- parameter counts at the WikiText-103 vocabulary ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def wt103_dictionary_dir(tmp_path_factory):
+    """A data directory holding only a dict.txt of 267,735 symbols (fairseq adds its 4 special ones)."""
+    directory = tmp_path_factory.mktemp("wt103-dict")
+    (directory / "dict.txt").write_text("".join(f"w{i} 1\n" for i in range(WT103_VOCAB - 4)))
+    return directory
+
+
+def check_structure(arch, decoder):
+    if arch == "lstm_lm_standard_wt103":
+        assert isinstance(decoder.embed_tokens, torch.nn.Embedding)
+        assert decoder.output_projection.weight is decoder.embed_tokens.weight
+        assert decoder.output_projection.bias is not None and decoder.project_out_dim is None
+        assert decoder.lstm.layer_sizes == [1024, 1024, 1024, 256]
+        assert decoder.input_dropout == decoder.output_dropout == decoder.lstm.hidden_dropout == 0.1
+        return
+    embed = decoder.embed_tokens
+    cutoff = [20000, 40000, 200000, WT103_VOCAB]
+    if arch == "lstm_lm_adaptive_wt103":
+        assert isinstance(embed, AdaptiveInput) and embed.cutoff == cutoff
+    else:
+        depth = {"lstm_lm_define_wt103_n3": 3, "lstm_lm_define_wt103_n7": 7, "lstm_lm_define_wt103_n11": 11}[arch]
+        assert isinstance(embed, DeFINEEmbedding) and isinstance(embed.map, AdaptiveInput)
+        assert embed.map.cutoff == cutoff and len(embed.define.layers) == depth
+    softmax = decoder.adaptive_softmax
+    assert softmax.cutoff == cutoff and decoder.project_out_dim is None
+    assert softmax.head.word_proj.weight is embed.weights_for_band(0)[0]  # tied to the adaptive input ...
+    for band, tail in enumerate(softmax.tail, start=1):
+        table, projection = embed.weights_for_band(band)
+        assert tail[0].weight is projection and tail[2].weight is table  # ... projections included
+
+
+@pytest.mark.parametrize("arch,m,io", [
+    ("lstm_lm_standard_wt103", 256, 68.81),
+    ("lstm_lm_adaptive_wt103", 256, 9.25),
+    ("lstm_lm_define_wt103_n3", 256, 9.25),
+    ("lstm_lm_define_wt103_n7", 384, 13.90),
+    ("lstm_lm_define_wt103_n11", 512, 18.55),
+])
+def test_paper_parameter_counts(wt103_dictionary_dir, arch, m, io):
+    paper_context = {256: 23.36, 384: 24.73, 512: 26.24}[m]
+    with torch.device("meta"):  # counts only: no memory, no initialisation
+        _, task, model = parsed_model(wt103_dictionary_dir, arch)
+    vocab = len(task.target_dictionary)
+    assert vocab == WT103_VOCAB
+    counts = parameter_breakdown(model)
+    context = lstm_params(m, 1024) + 2 * lstm_params(1024, 1024) + lstm_params(1024, m)
+    assert counts["context"] == context == sum(p.numel() for p in model.decoder.lstm.parameters())
+    assert round(counts["context"] / 1e6, 2) == paper_context
+    expected_io = vocab * m + vocab if arch == "lstm_lm_standard_wt103" else adaptive_io_params(vocab, m)
+    assert counts["input/output"] == expected_io
+    assert round(counts["input/output"] / 1e6, 2) == io
+    assert counts["total"] == sum(p.numel() for p in model.parameters())
+    check_structure(arch, model.decoder)
+    print(f"{arch}: DeFINE {counts['DeFINE'] / 1e6:.2f}M, context {counts['context'] / 1e6:.2f}M, "
+          f"I/O {counts['input/output'] / 1e6:.2f}M, total {counts['total'] / 1e6:.2f}M")
+
+
+# -- the fairseq programs ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trained(lm_data, tmp_path_factory):
+    """``trained(arch)``: a checkpoint of ``arch`` (tiny dims) from fairseq-train, trained once per module."""
+    checkpoints = {}
+
+    def get(arch):
+        if arch not in checkpoints:
+            checkpoints[arch] = train(lm_data, tmp_path_factory.mktemp(arch), arch, *ARCH_FLAGS[arch],
+                                      "--tokens-per-sample", "32", "--max-tokens", "256")
+        return checkpoints[arch]
+
+    return get
+
+
+@pytest.mark.parametrize("arch", [a for a in ARCH_FLAGS if a != "lstm_lm_define_wt103_n3"])
+def test_train_and_eval_lm(lm_data, trained, arch):
+    checkpoint = trained(arch)
+    loss, ppl = eval_lm(lm_data, checkpoint, "--tokens-per-sample", "32", "--max-tokens", "256")
+    assert ppl == pytest.approx(2 ** loss, rel=1e-3)
+    if arch in ("lstm_lm_define", "lstm_lm_adaptive_wt103"):
+        # eval-lm scores blocks of 32 tokens of the stream, each block from a zero state
+        model, task = load(checkpoint)
+        stream = split_stream(lm_data, task.target_dictionary)
+        inputs = torch.cat([stream.new_tensor([task.target_dictionary.eos()]), stream[:-1]])
+        usable = len(stream) // 32 * 32
+        nll = mean_nll_base2(model, inputs[:usable].view(-1, 32), stream[:usable].view(-1, 32)) * usable
+        if usable < len(stream):
+            nll += mean_nll_base2(model, inputs[None, usable:], stream[None, usable:]) * (len(stream) - usable)
+        assert loss == pytest.approx(nll / len(stream), abs=2e-4)
+
+
+def test_stateful_training_and_eval(lm_data, tmp_path):
+    """--task stateful_lm: state carried across batches; eval-lm with one stream equals one pass over the split."""
+    arch = "lstm_lm_define_wt103_n3"
+    checkpoint = train(lm_data, tmp_path, arch, *ARCH_FLAGS[arch], "--batch-size", "4", "--tokens-per-sample", "8",
+                       task="stateful_lm", updates=6)
+    loss, _ = eval_lm(lm_data, checkpoint, "--task", "stateful_lm", "--batch-size", "1", "--tokens-per-sample", "8")
+    model, task = load(checkpoint)
+    stream = split_stream(lm_data, task.target_dictionary)
+    inputs = torch.cat([stream.new_tensor([task.target_dictionary.eos()]), stream[:-1]])
+    assert loss == pytest.approx(mean_nll_base2(model, inputs[None], stream[None]), abs=2e-4)
+
+
+def test_fairseq_generate_samples_after_a_prefix(lm_data, trained):
+    checkpoint = trained("lstm_lm_define")
+    proc = run_cli("fairseq-generate", lm_data, "--user-dir", USER_DIR, "--task", "language_modeling",
+                   "--path", checkpoint, "--gen-subset", "valid", "--cpu", "--sampling", "--sampling-topk", "5",
+                   "--beam", "2", "--nbest", "2", "--prefix-size", "2", "--max-len-b", "6", "--batch-size", "4",
+                   "--sample-break-mode", "eos", "--seed", "3")  # one sentence per sample: no EOS in the prefix
+    targets = dict(re.findall(r"^T-(\d+)\t(.*)$", proc.stdout, re.M))
+    hypotheses = re.findall(r"^H-(\d+)\t(\S+)\t(.*)$", proc.stdout, re.M)
+    assert targets and len(hypotheses) == 2 * len(targets)
+    for index, score, text in hypotheses:
+        assert text.split()[:2] == targets[index].split()[:2]  # the forced prefix
+        assert math.isfinite(float(score))
+
+
+def test_folded_checkpoint_scores_identically(lm_data, trained, tmp_path):
+    """define_fairseq.tools.fold_define on an lstm_lm_define checkpoint (DeFINE on a V x n table)."""
+    from define_fairseq.modules import FoldedDeFINEEmbedding
+    from define_fairseq.tools.fold_define import fold_checkpoint
+
+    checkpoint = trained("lstm_lm_define")
+    folded = tmp_path / "folded.pt"
+    fold_checkpoint(str(checkpoint), str(folded))
+    original, task = load(checkpoint)
+    model, _ = load(folded)
+    assert isinstance(model.decoder.embed_tokens, FoldedDeFINEEmbedding)
+    assert model.decoder.output_projection.weight is model.decoder.embed_tokens.weight
+    tokens = tokens_batch(len(task.target_dictionary))
+    torch.testing.assert_close(full_log_probs(model, tokens), full_log_probs(original, tokens), rtol=1e-5, atol=1e-5)
+
+
+# -- in-process: incremental decoding, beam search, round trip, carried state -------------------------------------
+
+IN_PROCESS = {
+    "tied full softmax with a projection": ("lstm_lm_define", ARCH_FLAGS["lstm_lm_define"]),
+    "adaptive + DeFINE": ("lstm_lm_define_wt103_n3", TINY + ADAPTIVE + ["--decoder-output-dim", "20"]),
+    "untied adaptive softmax": ("lstm_lm_define", TINY + ["--decoder-embed-dim", "24", "--adaptive-softmax-cutoff",
+                                                          "10,30"]),
+}
+
+
+def tokens_batch(vocab, batch=3, length=9, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(4, vocab, (batch, length), generator=g)
+    tokens[:, 0] = 2
+    return tokens
+
+
+def full_log_probs(model, tokens):
+    with torch.no_grad():
+        return model.get_normalized_probs(model(tokens), log_probs=True)
+
+
+@pytest.mark.parametrize("case", IN_PROCESS)
+def test_incremental_decoding_and_reordering_equal_the_full_pass(lm_data, case):
+    arch, flags = IN_PROCESS[case]
+    _, task, model = parsed_model(lm_data, arch, *flags)
+    model.eval()
+    tokens = tokens_batch(len(task.target_dictionary))
+    full = full_log_probs(model, tokens)
+    state = {}
+    with torch.no_grad():
+        steps = [model.get_normalized_probs(model.decoder(tokens[:, : t + 1], incremental_state=state),
+                                            log_probs=True) for t in range(5)]
+        order = torch.tensor([2, 0, 0, 1])  # beam search: reorder, and duplicate a row
+        model.decoder.reorder_incremental_state_scripting(state, order)
+        reordered = tokens[order]
+        more = [model.get_normalized_probs(model.decoder(reordered[:, : t + 1], incremental_state=state),
+                                           log_probs=True) for t in range(5, tokens.shape[1])]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full[:, :5], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(torch.cat(more, dim=1), full[order, 5:], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", IN_PROCESS)
+def test_beam_search_scores_equal_the_full_pass(lm_data, case):
+    from fairseq.sequence_generator import SequenceGenerator
+
+    arch, flags = IN_PROCESS[case]
+    _, task, model = parsed_model(lm_data, arch, *flags)
+    model.eval()
+    dictionary = task.target_dictionary
+    generator = SequenceGenerator([model], dictionary, beam_size=3, max_len_b=7)
+    prefix = tokens_batch(len(dictionary), batch=2, length=3, seed=1)[:, 1:]
+    sample = {"net_input": {"src_tokens": prefix, "src_lengths": torch.tensor([2, 2])}}
+    with torch.no_grad():
+        hypotheses = generator.generate([model], sample, prefix_tokens=prefix)
+    for i, beam in enumerate(hypotheses):
+        assert len(beam) == 3
+        for hypo in beam:
+            out = hypo["tokens"]
+            assert torch.equal(out[:2], prefix[i])
+            inputs = torch.cat([out.new_tensor([dictionary.eos()]), out[:-1]])[None]
+            expected = full_log_probs(model, inputs)[0].gather(-1, out[:, None])[:, 0]
+            torch.testing.assert_close(hypo["positional_scores"], expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", ["tied full softmax with a projection", "adaptive + DeFINE"])
+def test_checkpoint_round_trip(lm_data, tmp_path, case):
+    from fairseq import checkpoint_utils
+    from fairseq.trainer import Trainer
+
+    arch, flags = IN_PROCESS[case]
+    cfg, task, model = parsed_model(lm_data, arch, *flags, "--save-dir", str(tmp_path), "--no-save-optimizer-state")
+    tokens = tokens_batch(len(task.target_dictionary))
+    model.decoder(tokens, reset_state=True)  # a carried state exists, and must not be saved
+    trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
+    path = str(tmp_path / "roundtrip.pt")
+    trainer.save_checkpoint(path, {})
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    assert not any("carried" in key for key in state["model"])
+    (loaded,), _ = checkpoint_utils.load_model_ensemble([path])
+    before = full_log_probs(model.eval(), tokens)
+    after = full_log_probs(loaded.eval(), tokens)
+    torch.testing.assert_close(after, before, rtol=0, atol=0)
+    _, _, fresh = parsed_model(lm_data, arch, *flags, "--seed", "7")
+    assert not torch.allclose(full_log_probs(fresh.eval(), tokens), before)  # the comparison can fail
+    if loaded.decoder.adaptive_softmax is not None:
+        assert loaded.decoder.adaptive_softmax.head.word_proj.weight is \
+            loaded.decoder.embed_tokens.weights_for_band(0)[0]
+    else:
+        assert loaded.decoder.output_projection.weight is loaded.decoder.embed_tokens.weight
+
+
+def test_carried_state(lm_data, caplog):
+    _, task, model = parsed_model(lm_data, "lstm_lm_define", *ARCH_FLAGS["lstm_lm_define"])
+    decoder = model.decoder
+    tokens = tokens_batch(len(task.target_dictionary), length=12)
+    model.eval()
+    full = full_log_probs(model, tokens)
+    with torch.no_grad():
+        first = model(tokens[:, :5], reset_state=True)
+        second = model(tokens[:, 5:], reset_state=False)
+        windows = torch.cat([model.get_normalized_probs(o, log_probs=True) for o in (first, second)], dim=1)
+    torch.testing.assert_close(windows, full, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():  # reset_state=True starts from zeros again
+        torch.testing.assert_close(model.get_normalized_probs(model(tokens[:, 5:], reset_state=True), True),
+                                   full_log_probs(model, tokens[:, 5:]), rtol=1e-5, atol=1e-5)
+    kept = decoder.carried_state.kept_state(False)
+    assert all(not h.requires_grad and not c.requires_grad for h, c in kept)
+
+    # None keeps nothing; training keeps its own state; a missing or mismatched state means zeros, warned once
+    decoder.carried_state.clear()
+    model(tokens, reset_state=None)
+    assert not decoder.carried_state.has_state(False)
+    model.train()
+    decoder.lstm.hidden_dropout = decoder.input_dropout = decoder.output_dropout = 0.0
+    with caplog.at_level(logging.WARNING):
+        out = model(tokens[:, 5:], reset_state=False)[0]
+        model(tokens[:2], reset_state=False)
+    assert len([r for r in caplog.records if "starting from zeros" in r.getMessage()]) == 1
+    torch.testing.assert_close(torch.log_softmax(out.detach(), -1), full_log_probs(model.eval(), tokens[:, 5:]),
+                               rtol=1e-5, atol=1e-5)
+    assert decoder.carried_state.has_state(True) and not decoder.carried_state.has_state(False)
+    assert not any("carried" in key for key in model.state_dict())
+
+
+# -- criterion with an adaptive softmax -------------------------------------------------------------------------
+
+
+def test_lm_regularized_loss_with_adaptive_softmax_counts_every_target(lm_data):
+    cfg, task, model = parsed_model(lm_data, "lstm_lm_define_wt103_n3", *TINY, *ADAPTIVE, "--criterion",
+                                    "lm_regularized_loss")
+    criterion = task.build_criterion(cfg.criterion)
+    model.eval()
+    dictionary = task.target_dictionary
+    pad = dictionary.pad()
+    tokens = tokens_batch(len(dictionary), length=10)
+    target = torch.roll(tokens, -1, dims=1)
+    target[0, 0] = 10 + pad  # the tail word whose index inside its cluster equals the padding index
+    target[1, -3:] = pad
+    sample = {"net_input": {"src_tokens": tokens, "src_lengths": torch.full((3,), 10)}, "target": target,
+              "ntokens": int(target.ne(pad).sum()), "nsentences": 3}
+    with torch.no_grad():
+        loss, sample_size, logging_output = criterion(model, sample)
+        lprobs = model.get_normalized_probs(model(tokens), log_probs=True)  # the whole distribution
+    keep = target.ne(pad)
+    expected = -lprobs.gather(-1, target.unsqueeze(-1))[..., 0][keep].sum()
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-4)
+    assert sample_size == keep.sum() == logging_output["ntokens"]
+    torch.testing.assert_close(logging_output["nll_loss"], expected, rtol=1e-5, atol=1e-4)
+
+
+# -- errors ---------------------------------------------------------------------------------------------------
+
+
+def build_lstm_lm(task, **overrides):
+    """``lstm_lm_define`` built from its dataclass defaults, the tiny dims and ``overrides`` (field names)."""
+    tiny = dict(define_n=16, define_k=32, decoder_hidden_size=24, decoder_layers=2, decoder_embed_dim=24)
+    return LSTMLMDefineModel.build_model(Namespace(**{**tiny, **overrides}), task)
+
+
+@pytest.fixture(scope="module")
+def lm_task(lm_data):
+    return parsed_model(lm_data, "lstm_lm_define", *TINY)[1]
+
+
+ADAPTIVE_BOTH = dict(adaptive_input=True, adaptive_input_cutoff="10,30", adaptive_softmax_cutoff="10,30")
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (dict(adaptive_softmax_cutoff="30,10"), "--adaptive-softmax-cutoff 30,10: the cutoffs must be positive and increasing"),
+    (dict(adaptive_softmax_cutoff="10,100"), "--adaptive-softmax-cutoff 10,100: the last cutoff must be below"),
+    (dict(adaptive_softmax_cutoff="ten"), "--adaptive-softmax-cutoff 'ten': give comma separated integers"),
+    (dict(adaptive_input=True, adaptive_input_cutoff="10,80"), "--adaptive-input-cutoff 10,80"),
+    (dict(adaptive_input=True), "--adaptive-input needs --adaptive-input-cutoff"),
+    (dict(adaptive_input_cutoff="10"), "without --adaptive-input"),
+    (dict(define_depth=0), "--define-n (16) must equal --decoder-embed-dim (24)"),
+    (dict(adaptive_input=True, adaptive_input_cutoff="10,30", share_decoder_input_output_embed=True),
+     "cannot be tied to an adaptive input"),
+    (dict(**ADAPTIVE_BOTH, share_decoder_input_output_embed=True), "use --tie-adaptive-weights"),
+    (dict(adaptive_softmax_cutoff="10,30", tie_adaptive_weights=True), "--tie-adaptive-weights needs --adaptive-input"),
+    (dict(**{**ADAPTIVE_BOTH, "adaptive_softmax_cutoff": "10,40"}, tie_adaptive_weights=True),
+     "--adaptive-softmax-cutoff 10,40 differs from --adaptive-input-cutoff 10,30"),
+    (dict(**ADAPTIVE_BOTH, tie_adaptive_weights=True, adaptive_softmax_factor=2), "--adaptive-softmax-factor"),
+    (dict(tie_adaptive_weights=True), "needs an adaptive softmax"),
+    (dict(tie_adaptive_proj=True), "--tie-adaptive-proj needs --tie-adaptive-weights"),
+    (dict(dropout=1.5), "--dropout=1.5: a dropout probability must be in [0, 1)"),
+    (dict(define_weight_drop=-0.1), "--define-weight-drop=-0.1"),
+    (dict(decoder_layers=0), "--decoder-layers=0 must be at least 1"),
+])
+def test_bad_configurations_raise_clear_errors(lm_task, overrides, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build_lstm_lm(lm_task, **overrides)
+
+
+def test_errors_reach_the_command_line(lm_data):
+    with pytest.raises(ValueError, match=re.escape("--adaptive-softmax-cutoff 30,10")):
+        parsed_model(lm_data, "lstm_lm_adaptive_wt103", *TINY, "--adaptive-input-cutoff", "10,30",
+                     "--adaptive-softmax-cutoff", "30,10")
+
+
+def test_embedding_width_must_match_the_lstm_input(lm_task):
+    dictionary = lm_task.target_dictionary
+    embed = DeFINEEmbedding(len(dictionary), n=16, k=32, m=24, padding_idx=dictionary.pad())
+    with pytest.raises(ValueError, match="DeFINE output width m"):
+        RecurrentLMDecoder(dictionary, embed, LSTMStack(16, [16]),
+                           output_projection=torch.nn.Linear(16, len(dictionary)))
