@@ -32,6 +32,7 @@ bench: install
 	$(PY) -m benchmarks.group_linear
 	$(PY) -m benchmarks.train_speed
 	$(PY) -m benchmarks.generate_speed
+	$(PY) -m benchmarks.lstm_lm_speed
 
 clean:
 	rm -rf $(VENV) demo_output
