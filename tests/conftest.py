@@ -1,15 +1,32 @@
 """Shared fixtures: a tiny parallel corpus binarized with the real fairseq-preprocess."""
 
+import os
 import random
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 USER_DIR = str(REPO / "define_fairseq")
 BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(autouse=True, scope="session")
+def one_thread_per_process():
+    """The test models are tiny: one OpenMP thread per process (here and in the programs the tests start) is
+    faster than two, and keeps a 2-core machine responsive while fairseq-train runs beside pytest."""
+    threads, env = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    yield
+    torch.set_num_threads(threads)
+    if env is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
+    else:
+        os.environ["OMP_NUM_THREADS"] = env
 
 
 def run_cli(program, *args, cwd=None, check=True):
