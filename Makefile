@@ -33,6 +33,7 @@ bench: install
 	$(PY) -m benchmarks.train_speed
 	$(PY) -m benchmarks.generate_speed
 	$(PY) -m benchmarks.lstm_lm_speed
+	$(PY) -m benchmarks.mogrifier_speed
 
 clean:
 	rm -rf $(VENV) demo_output

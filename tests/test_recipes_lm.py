@@ -39,6 +39,8 @@ NEEDS = {
     "lstm_lm_define": ["models/lstm_lm_define.py", "tasks/stateful_lm.py"],
     "awd_lstm_lm": ["models/awd_lstm_lm.py", "tasks/stateful_lm.py", "criterions/lm_regularized_loss.py"],
     "transformer_lm_define": ["models/transformer_lm_define.py"],
+    "mogrifier_lstm_lm": ["models/mogrifier_lstm_lm.py", "modules/mogrifier_lstm.py", "tasks/stateful_lm.py",
+                          "criterions/lm_regularized_loss.py"],
 }
 CONFIG_MODEL = {
     **{f"wikitext-103/r{i}": "lstm_lm_define" for i in range(1, 6)},
@@ -46,7 +48,12 @@ CONFIG_MODEL = {
     "wikitext-103/transformer_lm_define_wiki103": "transformer_lm_define",
     **{f"{corpus}/{config}": "awd_lstm_lm" for corpus in ("ptb", "wikitext-2")
        for config in ("awd_lstm_lm", "awd_lstm_lm_define")},
+    **{config: "mogrifier_lstm_lm" for config in ("ptb/mogrifier_lstm_lm_ptb", "ptb/lstm_lm_ptb",
+                                                  "wikitext-2/mogrifier_lstm_lm_wt2", "wikitext-2/lstm_lm_wt2")},
 }
+# The official code's learning rate and L2 penalty of each Mogrifier-paper config (lamb's tuned trials).
+LAMB_LR_L2 = {"mogrifier_lstm_lm_ptb": ("0.0023", "0.000252"), "lstm_lm_ptb": ("0.00304", "0.000249"),
+              "mogrifier_lstm_lm_wt2": ("0.00329", "0.00019"), "lstm_lm_wt2": ("0.00318", "0.000231")}
 
 
 def missing_files(model):
@@ -60,7 +67,7 @@ def skip_unless_available(model):
 
 
 RECIPE_VARIABLES = ("WIKITEXT103_URL", "WIKITEXT2_URL", "PTB_URL", "WIKITEXT103_MD5", "WIKITEXT2_MD5", "PTB_MD5",
-                    "DATA_DIR", "SAVE_ROOT", "FORCE")
+                    "DATA_DIR", "SAVE_ROOT", "FORCE", "TEMPERATURES")
 
 
 def run_script(script, *args, env=None):
@@ -261,7 +268,8 @@ for name, argv in json.load(sys.stdin).items():
         "define_variable_bptt", "define_input_dropout", "define_hidden_dropout", "define_output_dropout",
         "define_embed_dropout", "define_weight_drop", "define_ar_alpha", "define_tar_beta", "define_n",
         "define_depth", "decoder_embed_dim", "decoder_layers", "adaptive_softmax_cutoff", "lr_patience",
-        "lr_shrink", "save_dir", "max_tokens", "update_freq", "momentum")}
+        "lr_shrink", "save_dir", "max_tokens", "update_freq", "momentum", "adam_betas", "adam_eps",
+        "sentence_avg", "mogrifier_l2_penalty", "mogrifier_drop_state_probability")}
     if args.lr_scheduler == "fixed":
         sgd = optim.build_optimizer(cfg.optimizer, [torch.nn.Parameter(torch.zeros(1))])
         scheduler = lr_scheduler.build_lr_scheduler(cfg.lr_scheduler, sgd)
@@ -314,6 +322,15 @@ def test_every_config_is_a_valid_fairseq_command_with_the_papers_settings():
         elif name.startswith("transformer"):  # fairseq's adaptive-input recipe
             assert (info["task"], info["criterion"], info["optimizer"]) == ("language_modeling", "adaptive_loss", "nag")
             assert (info["max_update"], info["tokens_per_sample"], info["max_tokens"]) == ("286000", "3072", "3072")
+        elif name in LAMB_LR_L2:  # the official Mogrifier code's settings (lamb's tuned configs)
+            lr, l2 = LAMB_LR_L2[name]
+            assert (info["task"], info["criterion"], info["sentence_avg"]) == ("stateful_lm", "lm_regularized_loss",
+                                                                               "True")
+            assert (info["optimizer"], info["adam_betas"], info["adam_eps"]) == ("adam", "(0, 0.999)", "1e-08")
+            assert (info["weight_decay"], info["clip_norm"], info["lr_scheduler"]) == ("0.0", "10.0", "fixed")
+            assert info["lr_by_epoch"] == [float(lr)] * 20 and info["mogrifier_l2_penalty"] == l2
+            assert (info["batch_size"], info["tokens_per_sample"], info["max_update"]) == ("64", "70", "200000")
+            assert (info["seed"], info["mogrifier_drop_state_probability"]) == ("1", "0.01")
         else:  # AWD-LSTM's settings for the corpus
             batch, dropouti, dropouth, epochs, seed = {"ptb": ("20", "0.4", "0.25", "500", "141"),
                                                        "wikitext-2": ("80", "0.65", "0.2", "750", "1882")}[corpus]
@@ -428,4 +445,43 @@ def test_train_then_eval(config, prepared, tmp_path):
                                env={"FORCE": "1"}))
         assert "skip" not in forced.stdout
         assert forced.stdout.strip().splitlines()[-2:] == proc.stdout.strip().splitlines()[-2:]
+    assert not leftovers(save_dir)
+
+
+# A Mogrifier config, tiny: train.sh, then eval.sh with and without the softmax temperature tuned on valid.
+MOGRIFIER_TINY = ["--mogrifier-hidden-size", "16", "--mogrifier-rank", "4", "--batch-size", "8",
+                  "--batch-size-valid", "8", "--tokens-per-sample", "35", "--max-update", "3"]
+
+
+def test_mogrifier_eval_reports_perplexity_without_and_with_the_tuned_temperature(prepared, tmp_path):
+    skip_unless_available("mogrifier_lstm_lm")
+    data_dir = prepared["ptb"][0]
+    save_root = tmp_path / "checkpoints"
+    ok(run_script("ptb/train.sh", "-d", data_dir, "-s", save_root, "mogrifier_lstm_lm_ptb", *MOGRIFIER_TINY, *CPU))
+    save_dir = save_root / "mogrifier_lstm_lm_ptb"
+    assert "done training" in (save_dir / "train.log").read_text()
+    env = {"TEMPERATURES": "1.0 1.7"}
+    proc = ok(run_script("ptb/eval.sh", "-d", data_dir, "-s", save_root, "mogrifier_lstm_lm_ptb", "--cpu", env=env))
+    searched = {float(t): float(ppl) for t, ppl in re.findall(r"^ +T = ([0-9.]+): valid perplexity ([0-9.]+)$",
+                                                              proc.stdout, re.M)}
+    assert set(searched) == {1.0, 1.7}
+    best = min(searched, key=searched.get)
+    tail = proc.stdout.strip().splitlines()[-7:]
+    assert tail[1] == "without softmax temperature (T = 1):"
+    assert tail[4] == "with the softmax temperature tuned on valid (the Mogrifier paper's protocol):"
+    plain = {line.split()[0]: float(line.split()[2]) for line in tail[2:4]}
+    tuned = {line.split()[0]: float(line.split()[2]) for line in tail[5:]}
+    assert list(plain) == list(tuned) == ["valid", "test"]
+    assert tuned["valid"] == searched[best] == min(searched.values())
+    assert plain["valid"] == pytest.approx(searched[1.0], rel=1e-3)  # T = 1 through --model-overrides: no change
+    assert tail[0].startswith("==> results of ") and f"softmax temperature T = {best}, tuned on valid" in tail[-1]
+    test_log = next(save_dir.glob("checkpoint_best.eval.temperature.test.T*.log"))
+    assert float(re.search(r"\.T([0-9.]+)\.log$", test_log.name).group(1)) == best
+    assert "Perplexity" in test_log.read_text()
+    if best != 1.0:
+        assert tuned["test"] != plain["test"]
+    # a rerun reuses both results
+    again = ok(run_script("ptb/eval.sh", "-d", data_dir, "-s", save_root, "mogrifier_lstm_lm_ptb", "--cpu", env=env))
+    assert "skip evaluation" in again.stdout and "skip temperature search" in again.stdout
+    assert again.stdout.strip().splitlines()[-7:] == tail
     assert not leftovers(save_dir)

@@ -23,3 +23,8 @@ from .lstm_stack import LSTMStack  # noqa: E402
 from .weight_drop import WeightDropLSTM, embedding_dropout  # noqa: E402
 
 __all__ += ["LSTMStack", "LockedDropout", "WeightDropLSTM", "embedding_dropout", "locked_dropout"]
+
+# Mogrifier LSTM (Melis et al., 2020).
+from .mogrifier_lstm import MogrifierDropoutMasks, MogrifierLSTM, MogrifierLSTMLayer, MogrifierRound  # noqa: E402
+
+__all__ += ["MogrifierDropoutMasks", "MogrifierLSTM", "MogrifierLSTMLayer", "MogrifierRound"]

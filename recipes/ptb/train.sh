@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Train AWD-LSTM, or AWD-LSTM with DeFINE, on the Penn Treebank with fairseq-train (see README.md).
+# Train AWD-LSTM (with or without DeFINE), the Mogrifier LSTM or its LSTM baseline on the Penn Treebank with
+# fairseq-train (see README.md).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$HERE/../lib.sh"
@@ -12,9 +13,13 @@ Train CONFIG on the binarized PTB in DATA_DIR/data-bin (made by prepare.sh) and 
 SAVE_ROOT/CONFIG (checkpoint_best.pt, checkpoint_last.pt, train.log). Arguments after CONFIG are appended to the
 fairseq-train command and win over the recipe's (e.g. --max-epoch 1, --cpu).
 
-CONFIG (Table 1c of the paper; AWD-LSTM's PTB settings for both):
-  awd_lstm_lm          AWD-LSTM: 3 layers (1150, 1150, 400), 400-d embedding tied to the softmax
-  awd_lstm_lm_define   the same with DeFINE (n=128, k=1024, N=7, m=400); last layer 128, tied to the V x 128 map
+CONFIG:
+  awd_lstm_lm            AWD-LSTM: 3 layers (1150, 1150, 400), 400-d embedding tied to the softmax (DeFINE
+                         paper, Table 1c; AWD-LSTM's PTB settings)
+  awd_lstm_lm_define     the same with DeFINE (n=128, k=1024, N=7, m=400); last layer 128, tied to the V x 128 map
+  mogrifier_lstm_lm_ptb  Mogrifier LSTM, 24M parameters: 2 layers of 912, r=5, k=84, tied (Melis et al., 2020;
+                         the official code's tuned PTB settings)
+  lstm_lm_ptb            its LSTM baseline, 24M parameters: 2 layers of 951 (r=0), tuned settings of the same code
 
 Options:
   -n            print the fairseq-train command and exit
@@ -65,9 +70,30 @@ AWD_PTB=(
     --seed 141 --no-epoch-checkpoints --log-format simple --log-interval 200
 )
 
+# The Mogrifier LSTM and its LSTM baseline as the official code (DeepMind's lamb) trains its tuned PTB configs
+# (lamb/experiment/mogrifier/config/*_tune_ptb_24m_lstm{,_fm}_d2_arms): 64 streams, BPTT 70, state carried across
+# batches (each stream's reset with probability 0.01: the archs' --mogrifier-drop-state-probability), Adam with
+# beta1 = 0 (lamb's "rmsprop"), eps 1e-8, constant learning rate, gradient norm clipped at 10, 1000 turns of 200
+# steps = 200k updates, seed 1. lamb's objective is the cross-entropy summed over the 70 steps and averaged over the
+# streams, plus l2_penalty / 2 * sum(theta^2) over all parameters: --sentence-avg gives that normalisation (so the
+# clipping threshold and eps act on the same gradient as lamb's), and --mogrifier-l2-penalty adds the L2 term
+# through lm_regularized_loss. fairseq's --weight-decay is not the same thing (in fairseq's Adam it is decoupled:
+# p <- p - lr * wd * p after the Adam step, never seen by the clipping or the second-moment estimate); it stays 0.
+LAMB_PTB=(
+    --task stateful_lm --tokens-per-sample 70 --batch-size 64 --batch-size-valid 64
+    --criterion lm_regularized_loss --sentence-avg
+    --optimizer adam --adam-betas "(0, 0.999)" --adam-eps 1e-08 --weight-decay 0 --clip-norm 10
+    --lr-scheduler fixed --max-update 200000
+    --seed 1 --no-epoch-checkpoints --log-format simple --log-interval 200
+)
+
 case $CONFIG in
     awd_lstm_lm | awd_lstm_lm_define) ARGS=(--arch "$CONFIG" "${AWD_PTB[@]}") ;;
-    *) usage >&2; die "unknown CONFIG '$CONFIG' (awd_lstm_lm or awd_lstm_lm_define)" ;;
+    # learning rate and L2 of lamb's best trials (trial_483 and trial_833)
+    mogrifier_lstm_lm_ptb) ARGS=(--arch "$CONFIG" "${LAMB_PTB[@]}" --lr 0.0023 --mogrifier-l2-penalty 2.52e-4) ;;
+    lstm_lm_ptb) ARGS=(--arch "$CONFIG" "${LAMB_PTB[@]}" --lr 0.00304 --mogrifier-l2-penalty 2.49e-4) ;;
+    *) usage >&2
+       die "unknown CONFIG '$CONFIG' (awd_lstm_lm, awd_lstm_lm_define, mogrifier_lstm_lm_ptb or lstm_lm_ptb)" ;;
 esac
 
 lib_train "$DRY_RUN" "$DATA_DIR/data-bin" "$SAVE_ROOT/$CONFIG" "${ARGS[@]}" "$@"

@@ -4,7 +4,8 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$HERE/../lib.sh"
 
-CONFIGS="awd_lstm_lm awd_lstm_lm_define"
+TEMPERATURE_CONFIGS="mogrifier_lstm_lm_wt2 lstm_lm_wt2"
+CONFIGS="awd_lstm_lm awd_lstm_lm_define $TEMPERATURE_CONFIGS"
 
 usage() {
     cat <<USAGE
@@ -18,6 +19,13 @@ checkpoint and the arguments are unchanged; FORCE=1 redoes it) with the full fai
 
 As AWD-LSTM evaluates: --task stateful_lm, BPTT 70, the state carried through the whole split, valid with 10
 parallel streams, test with 1.
+
+For the Mogrifier configs (mogrifier_lstm_lm_wt2, lstm_lm_wt2) the perplexities are given twice: as they are
+(softmax temperature T = 1), and as the Mogrifier paper reports them, with the softmax temperature T tuned on the
+valid split (the lowest valid perplexity) and then applied to test; written to <checkpoint>.eval.temperature.txt
+(logs <checkpoint>.eval.temperature.<split>.T<T>.log). T divides the logits (--model-overrides
+"{'mogrifier_softmax_temperature': T}"). The grid is the official code's: it multiplies the logits by
+t = 1.06, 1.04, ..., 0.80, i.e. T = 1/t from 0.9434 to 1.2500; TEMPERATURES="T1 T2 ..." sets another grid.
 
 Options:
   -c CONFIG     the config of a CHECKPOINT whose folder is not named after it
@@ -65,4 +73,69 @@ fi
 SPECS=("valid|stateful, BPTT 70, 10 streams|--task stateful_lm --tokens-per-sample 70 --batch-size 10"
        "test|stateful, BPTT 70, 1 stream|--task stateful_lm --tokens-per-sample 70 --batch-size 1")
 
-lib_eval "$DATA_DIR/data-bin" "$CHECKPOINT" "${CHECKPOINT%.pt}.eval.txt" "${SPECS[@]}" -- "$@"
+if [[ " $TEMPERATURE_CONFIGS " != *" $CONFIG "* ]]; then
+    lib_eval "$DATA_DIR/data-bin" "$CHECKPOINT" "${CHECKPOINT%.pt}.eval.txt" "${SPECS[@]}" -- "$@"
+    exit 0
+fi
+
+# The official code's temperature grid (lamb/evaluation.py multiplies the logits by t = 1.06 - 0.02 i down to
+# 0.80); here T divides them, so T = 1 / t.
+LAMB_TEMPERATURES=$(awk 'BEGIN { for (i = 0; i <= 13; i++) printf "%s%.4f", (i ? " " : ""), 1 / (1.06 - 0.02 * i) }')
+VALID_ARGS=(--task stateful_lm --tokens-per-sample 70 --batch-size 10)
+TEST_ARGS=(--task stateful_lm --tokens-per-sample 70 --batch-size 1)
+
+# tune_temperature DATA_BIN CHECKPOINT RESULTS EXTRA... : score the valid split at every temperature of the grid,
+# then the test split at the best one; write RESULTS (atomically: a signature line, then a valid and a test
+# line). Reused, as lib_eval's results, while the checkpoint and the arguments are unchanged (FORCE=1 redoes it).
+tune_temperature() {
+    local data_bin=$1 checkpoint=$2 results=$3
+    shift 3
+    local grid=${TEMPERATURES:-$LAMB_TEMPERATURES}
+    local signature="# temperature search with: data $data_bin, checkpoint $checkpoint; grid $grid; extra arguments: $*"
+    if [[ ${FORCE:-0} != 1 && -f $results && $results -nt $checkpoint ]] \
+        && [[ $(head -n 1 "$results") == "$signature" ]]; then
+        lib_skip "temperature search" "$results; FORCE=1 redoes it"
+        tail -n +2 "$results"
+        return 0
+    fi
+    local t count=0 best_t="" best_loss="" best_ppl="" stem="${results%.txt}"
+    for t in $grid; do
+        [[ $t =~ ^[0-9]*\.?[0-9]+$ ]] && awk -v t="$t" 'BEGIN { exit !(t > 0) }' \
+            || die "TEMPERATURES: '$t' is not a positive number (give temperatures separated by spaces, e.g. 1 1.1)"
+    done
+    for t in $grid; do
+        log "fairseq-eval-lm on valid with the softmax temperature T = $t"
+        lib_eval_split "$stem.valid.T$t.log" "$data_bin" "$checkpoint" valid "${VALID_ARGS[@]}" \
+            --model-overrides "{'mogrifier_softmax_temperature': $t}" "$@"
+        printf '    T = %s: valid perplexity %s\n' "$t" "$EVAL_PPL"
+        count=$((count + 1))
+        if [[ -z $best_loss ]] || awk -v a="$EVAL_LOSS" -v b="$best_loss" 'BEGIN { exit !(a < b) }'; then
+            best_t=$t best_loss=$EVAL_LOSS best_ppl=$EVAL_PPL
+        fi
+    done
+    log "fairseq-eval-lm on test with the softmax temperature T = $best_t (the best on valid)"
+    lib_eval_split "$stem.test.T$best_t.log" "$data_bin" "$checkpoint" test "${TEST_ARGS[@]}" \
+        --model-overrides "{'mogrifier_softmax_temperature': $best_t}" "$@"
+    lib_tmp "$results.tmp"
+    {
+        printf '%s\n' "$signature"
+        printf '%-5s perplexity %s  (loss %s bits/token; softmax temperature T = %s, the best of %s on valid)\n' \
+            valid "$best_ppl" "$best_loss" "$best_t" "$count"
+        printf '%-5s perplexity %s  (loss %s bits/token; softmax temperature T = %s, tuned on valid)\n' \
+            test "$EVAL_PPL" "$EVAL_LOSS" "$best_t"
+    } > "$results.tmp"
+    mv -f -- "$results.tmp" "$results"
+    tail -n +2 "$results"
+}
+
+SPECS[0]="valid|T = 1; ${SPECS[0]#valid|}"
+SPECS[1]="test|T = 1; ${SPECS[1]#test|}"
+PLAIN_RESULTS="${CHECKPOINT%.pt}.eval.txt"
+TEMPERATURE_RESULTS="${CHECKPOINT%.pt}.eval.temperature.txt"
+lib_eval "$DATA_DIR/data-bin" "$CHECKPOINT" "$PLAIN_RESULTS" "${SPECS[@]}" -- "$@"
+tune_temperature "$DATA_DIR/data-bin" "$CHECKPOINT" "$TEMPERATURE_RESULTS" "$@"
+log "results of $CHECKPOINT"
+printf 'without softmax temperature (T = 1):\n'
+tail -n +2 "$PLAIN_RESULTS"
+printf 'with the softmax temperature tuned on valid (the Mogrifier paper'"'"'s protocol):\n'
+tail -n +2 "$TEMPERATURE_RESULTS"

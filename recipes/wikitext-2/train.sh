@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Train AWD-LSTM, or AWD-LSTM with DeFINE, on WikiText-2 with fairseq-train (see README.md).
+# Train AWD-LSTM (with or without DeFINE), the Mogrifier LSTM or its LSTM baseline on WikiText-2 with
+# fairseq-train (see README.md).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$HERE/../lib.sh"
@@ -12,9 +13,13 @@ Train CONFIG on the binarized WikiText-2 in DATA_DIR/data-bin (made by prepare.s
 SAVE_ROOT/CONFIG (checkpoint_best.pt, checkpoint_last.pt, train.log). Arguments after CONFIG are appended to the
 fairseq-train command and win over the recipe's (e.g. --max-epoch 1, --cpu).
 
-CONFIG (AWD-LSTM's WikiText-2 settings for both; the DeFINE paper has no WikiText-2 experiment):
-  awd_lstm_lm          AWD-LSTM: 3 layers (1150, 1150, 400), 400-d embedding tied to the softmax
-  awd_lstm_lm_define   the same with DeFINE (n=128, k=1024, N=7, m=400); last layer 128, tied to the V x 128 map
+CONFIG:
+  awd_lstm_lm            AWD-LSTM: 3 layers (1150, 1150, 400), 400-d embedding tied to the softmax (AWD-LSTM's
+                         WikiText-2 settings; the DeFINE paper has no WikiText-2 experiment)
+  awd_lstm_lm_define     the same with DeFINE (n=128, k=1024, N=7, m=400); last layer 128, tied to the V x 128 map
+  mogrifier_lstm_lm_wt2  Mogrifier LSTM, 35M parameters: 2 layers of 1366, r=6, k=48, 272-d embeddings, mixture of
+                         2 softmaxes (Melis et al., 2020; the official code's tuned WikiText-2 settings)
+  lstm_lm_wt2            its LSTM baseline, 35M parameters: 2 layers of 1211 (r=0), 428-d embeddings, MoS2
 
 Options:
   -n            print the fairseq-train command and exit
@@ -64,9 +69,31 @@ AWD_WT2=(
     --seed 1882 --no-epoch-checkpoints --log-format simple --log-interval 200
 )
 
+# The Mogrifier LSTM and its LSTM baseline as the official code (DeepMind's lamb) trains its tuned WikiText-2
+# configs (lamb/experiment/mogrifier/config/*_tune_wikitext-2_35m_lstm_mos2{,_fm}_d2_arms): 64 streams, BPTT 70,
+# state carried across batches (each stream's reset with probability 0.01: the archs'
+# --mogrifier-drop-state-probability), Adam with beta1 = 0 (lamb's "rmsprop"), eps 1e-8, constant learning rate,
+# gradient norm clipped at 10, 1000 turns of 200 steps = 200k updates, seed 1. lamb's objective is the
+# cross-entropy summed over the 70 steps and averaged over the streams, plus l2_penalty / 2 * sum(theta^2) over all
+# parameters: --sentence-avg gives that normalisation (so the clipping threshold and eps act on the same gradient
+# as lamb's), and --mogrifier-l2-penalty adds the L2 term through lm_regularized_loss. fairseq's --weight-decay is
+# not the same thing (in fairseq's Adam it is decoupled: p <- p - lr * wd * p after the Adam step, never seen by
+# the clipping or the second-moment estimate); it stays 0.
+LAMB_WT2=(
+    --task stateful_lm --tokens-per-sample 70 --batch-size 64 --batch-size-valid 64
+    --criterion lm_regularized_loss --sentence-avg
+    --optimizer adam --adam-betas "(0, 0.999)" --adam-eps 1e-08 --weight-decay 0 --clip-norm 10
+    --lr-scheduler fixed --max-update 200000
+    --seed 1 --no-epoch-checkpoints --log-format simple --log-interval 200
+)
+
 case $CONFIG in
     awd_lstm_lm | awd_lstm_lm_define) ARGS=(--arch "$CONFIG" "${AWD_WT2[@]}") ;;
-    *) usage >&2; die "unknown CONFIG '$CONFIG' (awd_lstm_lm or awd_lstm_lm_define)" ;;
+    # learning rate and L2 of lamb's best trials (trial_747 and trial_763)
+    mogrifier_lstm_lm_wt2) ARGS=(--arch "$CONFIG" "${LAMB_WT2[@]}" --lr 0.00329 --mogrifier-l2-penalty 1.90e-4) ;;
+    lstm_lm_wt2) ARGS=(--arch "$CONFIG" "${LAMB_WT2[@]}" --lr 0.00318 --mogrifier-l2-penalty 2.31e-4) ;;
+    *) usage >&2
+       die "unknown CONFIG '$CONFIG' (awd_lstm_lm, awd_lstm_lm_define, mogrifier_lstm_lm_wt2 or lstm_lm_wt2)" ;;
 esac
 
 lib_train "$DRY_RUN" "$DATA_DIR/data-bin" "$SAVE_ROOT/$CONFIG" "${ARGS[@]}" "$@"

@@ -1,0 +1,441 @@
+"""``mogrifier_lstm_lm``: the Mogrifier LSTM language model (Melis, Kočiský and Blunsom, ICLR 2020).
+
+The model, from tokens to the vocabulary::
+
+    V x e table (or, with --define-depth > 0, a V x n table and a DeFINE unit n -> e)
+    -> MogrifierLSTM stack (e -> H -> ... -> H; input / inter-layer / state / output dropout inside it;
+       the output is the top layer's or, with --mogrifier-sum-layer-outputs, the sum of all layers' outputs)
+    -> output layer tied to the table (:class:`TiedOutput`):
+         one softmax:  [bias-free projection H -> e when H != e] -> dropout -> x E^T + b
+         K > 1 (--mogrifier-mos-components, mixture of softmaxes):  p_k = tanh(W_k x + c_k) in e dims, prior
+         softmax(U x); P = sum_k prior_k softmax(dropout(p_k) E^T + b)
+
+Everything follows the official code (DeepMind's lamb, whose tuned configs the archs below copy):
+
+* the mixture of softmaxes is lamb's (a tanh projection with a bias to K x e, a bias-free prior, one tied table
+  and one bias shared by the components);
+* the dropout after the projection (``--mogrifier-projection-dropout``) is lamb's ``downprojected_output_dropout``,
+  which defaults to the output dropout; with H = e and one softmax there is no projection and no second dropout;
+* ``--mogrifier-softmax-temperature T`` divides the logits by T in eval mode only (in ``get_normalized_probs``;
+  with a mixture, each component's logits in the output layer, as lamb does), so ``fairseq-eval-lm --model-overrides
+  "{'mogrifier_softmax_temperature': T}"`` scores with it. Note that lamb multiplies the logits by its
+  ``eval_softmax_temperature`` t, so lamb's t is 1 / T here;
+* ``--mogrifier-drop-state-probability p``: in training, each stream's carried state is reset to zeros with
+  probability p before a batch (lamb's ``drop_state_probability``: a Bernoulli mask over the batch rows). The draws
+  use torch's random generator, which fairseq seeds with ``--seed`` plus the update number;
+* ``--mogrifier-l2-penalty l``: lamb's ``l2_penalty``, the term ``l / 2 * sum(theta^2)`` over all parameters added
+  to the loss (not fairseq's ``--weight-decay``, which in fairseq's Adam is decoupled weight decay). It reaches the
+  loss through ``extra["regularization"]``: train with ``--criterion lm_regularized_loss``, and with
+  ``--sentence-avg`` for lamb's normalisation (its loss is the sum over the BPTT window, averaged over the
+  streams, plus the penalty once), see ``recipes/ptb/README.md``.
+
+State: with the ``stateful_lm`` task the final state of a batch starts the next one (truncated BPTT; see
+:mod:`define_fairseq.models.carried_state`); with ``language_modeling`` every batch starts from zeros. Generation
+(``fairseq-generate``/``fairseq-interactive --task language_modeling``) decodes incrementally, one token at a
+time, with the per-layer ``(h, c)`` cached and reordered by beam search.
+
+The parameter budgets of the archs follow lamb: a total budget (all parameters: table, cell, mogrifier matrices,
+projection, mixture, softmax bias) and the largest hidden size whose model fits it, computed for the paper's
+vocabulary (10,000 words for PTB, 33,278 for WikiText-2); see each arch's docstring.
+"""
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from fairseq import utils
+from fairseq.models import FairseqIncrementalDecoder, FairseqLanguageModel, register_model, register_model_architecture
+from fairseq.utils import safe_getattr
+from torch import Tensor
+
+from define_fairseq.models.carried_state import CarriedState
+from define_fairseq.models.define_config import DeFINEConfig, define_embedding_kwargs
+from define_fairseq.models.lstm_lm_define import MAX_POSITIONS, config_namespace
+from define_fairseq.modules.define_embedding import DeFINEEmbedding, FoldedDeFINEEmbedding
+from define_fairseq.modules.mogrifier_lstm import MogrifierLSTM
+
+# lamb initialises with TensorFlow's truncated normal (cut at 2 standard deviations) scaled so that the variance is
+# the intended one: stddev = sqrt(1.3 * scale / fan).
+TRUNCATED_NORMAL_FACTOR = 1.3
+
+
+def truncated_normal_(tensor: Tensor, fan: int) -> Tensor:
+    """lamb's variance scaling init (scale 1): truncated normal with variance ~ 1 / fan, cut at 2 std."""
+    std = math.sqrt(TRUNCATED_NORMAL_FACTOR / fan)
+    return nn.init.trunc_normal_(tensor, mean=0.0, std=std, a=-2 * std, b=2 * std)
+
+
+@dataclass
+class MogrifierLSTMLMConfig(DeFINEConfig):
+    """Options of ``mogrifier_lstm_lm`` (the DeFINE fields apply with ``--define-depth`` > 0 only)."""
+
+    define_depth: int = field(
+        default=0, metadata={"help": "DeFINE depth N (0: no DeFINE unit, a V x e table feeds the LSTM directly)"})
+    mogrifier_layers: int = field(default=2, metadata={"help": "number of Mogrifier LSTM layers"})
+    mogrifier_hidden_size: int = field(default=512, metadata={"help": "hidden size H of every layer"})
+    mogrifier_embed_dim: Optional[int] = field(
+        default=None, metadata={"help": "width e of the embeddings fed to the first layer (the table's width, or "
+                                        "the DeFINE output width); default: the hidden size"})
+    mogrifier_rounds: int = field(
+        default=5, metadata={"help": "mogrifier rounds r (0: a plain LSTM); odd rounds gate the input with the "
+                                     "state, even rounds the state with the input"})
+    mogrifier_rank: int = field(
+        default=0, metadata={"help": "rank k of each round's matrix (0: full rank; else 0 < k < min(e, H))"})
+    mogrifier_input_dropout: float = field(
+        default=0.0, metadata={"help": "variational dropout on the first layer's input"})
+    mogrifier_inter_layer_dropout: float = field(
+        default=0.0, metadata={"help": "variational dropout on the input of layers 2 and above"})
+    mogrifier_state_dropout: float = field(
+        default=0.0, metadata={"help": "variational dropout on the recurrent state h before the mogrifier rounds"})
+    mogrifier_output_dropout: float = field(
+        default=0.0, metadata={"help": "dropout on the stack's output, before the output layer"})
+    mogrifier_projection_dropout: Optional[float] = field(
+        default=None, metadata={"help": "dropout on the output projection's result (H -> e, or the mixture "
+                                        "components) before the softmax; default: --mogrifier-output-dropout "
+                                        "(lamb's downprojected_output_dropout)"})
+    mogrifier_no_cap_input_gate: bool = field(
+        default=False, metadata={"help": "use the textbook c = f*c + i*j instead of lamb's capped input gate "
+                                         "c = f*c + min(1 - f, i)*j"})
+    mogrifier_forget_bias: float = field(default=1.0, metadata={"help": "initial forget gate bias"})
+    mogrifier_sum_layer_outputs: bool = field(
+        default=False, metadata={"help": "the stack's output is the sum of every layer's output (lamb's skip "
+                                         "connection) instead of the top layer's"})
+    mogrifier_softmax_temperature: float = field(
+        default=1.0, metadata={"help": "eval mode only: divide the logits by this temperature (each component's "
+                                       "logits with a mixture); e.g. fairseq-eval-lm --model-overrides "
+                                       "\"{'mogrifier_softmax_temperature': 1.1}\""})
+    mogrifier_mos_components: int = field(
+        default=1, metadata={"help": "mixture of softmaxes with this many components (1: one softmax)"})
+    mogrifier_drop_state_probability: float = field(
+        default=0.0, metadata={"help": "training only: reset each stream's carried state to zeros with this "
+                                       "probability before a batch (--task stateful_lm)"})
+    mogrifier_l2_penalty: float = field(
+        default=0.0, metadata={"help": "lamb's l2_penalty: add l/2 * sum(theta^2) over all parameters to the loss "
+                                       "(needs --criterion lm_regularized_loss; it is added once per sample_size "
+                                       "unit: per stream with --sentence-avg, as lamb, per token without)"})
+
+
+def _check_rate(value: float, flag: str) -> None:
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{flag}={value}: a dropout probability must be in [0, 1)")
+
+
+class TiedOutput(nn.Module):
+    """Scores over the vocabulary from the stack's output, tied to the ``V x e`` embedding table ``table``.
+
+    ``components == 1``: ``[projection H -> e (no bias) when H != e] -> dropout -> x table^T + bias``: logits.
+    ``components == K > 1`` (lamb's mixture of softmaxes): ``p = tanh(projection(x))`` split into K vectors of
+    ``e``, ``prior = log_softmax(prior(x))``; the result is ``log sum_k exp(prior_k + log_softmax(logits_k / T))``
+    with ``logits_k = dropout(p_k) table^T + bias``: log-probabilities.
+
+    Shapes: ``x [..., H]`` -> ``[..., V]``.
+    """
+
+    def __init__(self, table: nn.Parameter, hidden_size: int, components: int = 1, dropout: float = 0.0):
+        super().__init__()
+        vocab, width = table.shape
+        self.components = components
+        self.dropout = dropout
+        self.width = width
+        self.weight = table  # tied: the embedding's parameter, registered here too
+        self.bias = nn.Parameter(torch.zeros(vocab))
+        self.prior = None
+        if components == 1:
+            self.projection = nn.Linear(hidden_size, width, bias=False) if hidden_size != width else None
+            if self.projection is not None:
+                nn.init.orthogonal_(self.projection.weight)  # lamb's init of its output projection
+        else:
+            self.projection = nn.Linear(hidden_size, components * width, bias=True)
+            self.prior = nn.Linear(hidden_size, components, bias=False)
+            truncated_normal_(self.projection.weight, hidden_size)
+            nn.init.zeros_(self.projection.bias)
+            truncated_normal_(self.prior.weight, hidden_size)
+
+    def forward(self, x: Tensor, temperature: float = 1.0) -> Tensor:
+        if self.components == 1:
+            if self.projection is not None:
+                x = F.dropout(self.projection(x), self.dropout, self.training)
+            return F.linear(x, self.weight, self.bias)
+        components = torch.tanh(self.projection(x)).unflatten(-1, (self.components, self.width))
+        components = F.dropout(components, self.dropout, self.training)
+        logits = F.linear(components, self.weight, self.bias)  # [..., K, V]
+        if temperature != 1.0:
+            logits = logits / temperature
+        log_prior = torch.log_softmax(self.prior(x).float(), dim=-1)  # [..., K]
+        return torch.logsumexp(torch.log_softmax(logits.float(), dim=-1) + log_prior.unsqueeze(-1), dim=-2)
+
+    def extra_repr(self) -> str:
+        return f"components={self.components}, width={self.width}, dropout={self.dropout}"
+
+
+class MogrifierLMDecoder(FairseqIncrementalDecoder):
+    """Embedding -> :class:`MogrifierLSTM` -> :class:`TiedOutput` (see the module docstring).
+
+    Args:
+        dictionary: the target dictionary (V symbols).
+        embed_tokens: token embedding with ``embedding_dim == lstm.input_size`` and a ``weight`` (the ``V x e``
+            table the output is tied to): an ``nn.Embedding`` or a DeFINE embedding.
+        lstm: the recurrent stack.
+        output_projection: the tied output layer.
+        softmax_temperature: eval-mode temperature.
+        drop_state_probability: training-mode probability of resetting a stream's carried state.
+        l2_penalty: lamb's L2 coefficient (``extra["regularization"]`` in training).
+
+    ``forward(tokens [B, T], src_lengths=None, reset_state=None, incremental_state=None, features_only=False)``
+    returns ``(x, extra)``: ``x`` the logits ``[B, T, V]`` (with one softmax), the log-probabilities ``[B, T, V]``
+    (with a mixture), or the stack's output ``[B, T, H]`` with ``features_only``. ``extra["regularization"]``
+    (training with an L2 penalty only) is the scalar penalty. During incremental decoding only the new tokens'
+    positions are returned.
+    """
+
+    def __init__(self, dictionary, embed_tokens: nn.Module, lstm: MogrifierLSTM, output_projection: TiedOutput,
+                 softmax_temperature: float = 1.0, drop_state_probability: float = 0.0, l2_penalty: float = 0.0):
+        super().__init__(dictionary)
+        if embed_tokens.embedding_dim != lstm.input_size:
+            raise ValueError(f"the embedding gives {embed_tokens.embedding_dim} features but the first Mogrifier "
+                             f"LSTM layer takes {lstm.input_size} (--mogrifier-embed-dim); they must match")
+        self.embed_tokens = embed_tokens
+        self.lstm = lstm
+        self.output_projection = output_projection
+        self.softmax_temperature = softmax_temperature
+        self.drop_state_probability = drop_state_probability
+        self.l2_penalty = l2_penalty
+        self.carried_state = CarriedState("Mogrifier LSTM state")  # a plain attribute: never in the state_dict
+
+    # -- incremental state: per-layer (h, c) under "h{l}" / "c{l}" ------------------------------------------
+
+    def _cached_state(self, incremental_state) -> Optional[List]:
+        cached = self.get_incremental_state(incremental_state, "lstm_state")
+        if cached is None:
+            return None
+        return [(cached[f"h{i}"], cached[f"c{i}"]) for i in range(self.lstm.num_layers)]
+
+    def _cache_state(self, incremental_state, state) -> None:
+        cached: Dict[str, Optional[Tensor]] = {}
+        for i, (h, c) in enumerate(state):
+            cached[f"h{i}"], cached[f"c{i}"] = h, c
+        self.set_incremental_state(incremental_state, "lstm_state", cached)
+
+    def reorder_incremental_state(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]],
+                                  new_order: Tensor):
+        cached = self.get_incremental_state(incremental_state, "lstm_state")
+        if cached is None:
+            return
+        self.set_incremental_state(incremental_state, "lstm_state",
+                                   {key: value.index_select(0, new_order) for key, value in cached.items()})
+
+    # -- forward -------------------------------------------------------------------------------------------
+
+    def forward(self, prev_output_tokens, src_lengths=None, reset_state=None, incremental_state=None,
+                features_only: bool = False, **unused):
+        x, extra = self.extract_features(prev_output_tokens, reset_state=reset_state,
+                                         incremental_state=incremental_state)
+        if not features_only:
+            x = self.output_layer(x)
+        return x, extra
+
+    def drop_state(self, state: Optional[List]) -> Optional[List]:
+        """In training, zero each stream's carried ``(h, c)`` with probability ``drop_state_probability``."""
+        if state is None or not self.training or self.drop_state_probability <= 0:
+            return state
+        batch_size = state[0][0].size(0)
+        keep = torch.rand(batch_size, 1) >= self.drop_state_probability  # CPU generator: seeded by fairseq
+        keep = keep.to(device=state[0][0].device, dtype=state[0][0].dtype)
+        return [(h * keep, c * keep) for h, c in state]
+
+    def extract_features(self, prev_output_tokens, reset_state=None, incremental_state=None, **unused):
+        tokens = prev_output_tokens
+        if incremental_state is not None:
+            state = self._cached_state(incremental_state)
+            if state is not None:
+                tokens = tokens[:, -1:]
+        else:
+            state = self.carried_state.initial(reset_state, self.training, tokens.size(0))
+            state = self.drop_state(state)
+
+        x, final_state = self.lstm(self.embed_tokens(tokens), state)
+
+        if incremental_state is not None:
+            self._cache_state(incremental_state, final_state)
+        else:
+            self.carried_state.keep(reset_state, self.training, tokens.size(0), final_state)
+
+        extra = {"attn": None}
+        if self.training and self.l2_penalty > 0:
+            extra["regularization"] = self.l2_regularization()
+        return x, extra
+
+    def l2_regularization(self) -> Tensor:
+        """lamb's ``l2_penalty / 2 * sum(theta^2)`` over every (trainable) parameter, each shared one once."""
+        squares = [p.float().pow(2).sum() for p in self.parameters() if p.requires_grad]
+        return 0.5 * self.l2_penalty * torch.stack(squares).sum()
+
+    def output_layer(self, features, **kwargs):
+        # A mixture has no single logits to divide by T: its components are divided here (in eval mode only).
+        temperature = 1.0 if self.training else self.softmax_temperature
+        return self.output_projection(features, temperature if self.output_projection.components > 1 else 1.0)
+
+    def get_normalized_probs_scriptable(self, net_output, log_probs: bool, sample=None):
+        """``softmax(logits / T)`` in eval mode, ``softmax(logits)`` in training (a mixture's output already is
+        log-probabilities, with its temperature applied)."""
+        scores = net_output[0]
+        if self.output_projection.components == 1 and not self.training and self.softmax_temperature != 1.0:
+            scores = scores / self.softmax_temperature
+        if log_probs:
+            return utils.log_softmax(scores, dim=-1)
+        return utils.softmax(scores, dim=-1)
+
+    def max_positions(self):
+        return MAX_POSITIONS
+
+
+def build_mogrifier_decoder(cfg, dictionary) -> MogrifierLMDecoder:
+    """The decoder described by ``cfg`` (a namespace of :class:`MogrifierLSTMLMConfig` fields).
+
+    Raises ``ValueError`` naming the flag for every impossible setting.
+    """
+    vocab, pad = len(dictionary), dictionary.pad()
+    hidden = cfg.mogrifier_hidden_size
+    embed_dim = hidden if cfg.mogrifier_embed_dim is None else cfg.mogrifier_embed_dim
+    for flag, value in (("--mogrifier-layers", cfg.mogrifier_layers), ("--mogrifier-hidden-size", hidden),
+                        ("--mogrifier-embed-dim", embed_dim)):
+        if value < 1:
+            raise ValueError(f"{flag}={value} must be at least 1")
+    if cfg.mogrifier_rounds < 0:
+        raise ValueError(f"--mogrifier-rounds={cfg.mogrifier_rounds} must be >= 0 (0: a plain LSTM)")
+    smallest = min(embed_dim, hidden)
+    if cfg.mogrifier_rank < 0 or (cfg.mogrifier_rounds > 0 and cfg.mogrifier_rank >= smallest):
+        raise ValueError(f"--mogrifier-rank={cfg.mogrifier_rank}: give 0 (full rank) or a rank below "
+                         f"min(--mogrifier-embed-dim, --mogrifier-hidden-size) = {smallest}")
+    projection_dropout = cfg.mogrifier_projection_dropout
+    if projection_dropout is None:
+        projection_dropout = cfg.mogrifier_output_dropout
+    for flag, value in (("--mogrifier-input-dropout", cfg.mogrifier_input_dropout),
+                        ("--mogrifier-inter-layer-dropout", cfg.mogrifier_inter_layer_dropout),
+                        ("--mogrifier-state-dropout", cfg.mogrifier_state_dropout),
+                        ("--mogrifier-output-dropout", cfg.mogrifier_output_dropout),
+                        ("--mogrifier-projection-dropout", projection_dropout),
+                        ("--mogrifier-drop-state-probability", cfg.mogrifier_drop_state_probability)):
+        _check_rate(value, flag)
+    temperature = cfg.mogrifier_softmax_temperature
+    if not (temperature > 0 and math.isfinite(temperature)):
+        raise ValueError(f"--mogrifier-softmax-temperature={temperature} must be a positive number "
+                         f"(1: no temperature)")
+    if cfg.mogrifier_mos_components < 1:
+        raise ValueError(f"--mogrifier-mos-components={cfg.mogrifier_mos_components} must be at least 1 "
+                         f"(1: one softmax)")
+    if not (cfg.mogrifier_l2_penalty >= 0 and math.isfinite(cfg.mogrifier_l2_penalty)):
+        raise ValueError(f"--mogrifier-l2-penalty={cfg.mogrifier_l2_penalty} must be >= 0")
+    depth = cfg.define_depth
+    if depth < 0:
+        raise ValueError(f"--define-depth={depth} must be >= 0 (0: no DeFINE unit)")
+    if depth == 0 and cfg.define_folded:
+        raise ValueError("--define-folded needs a DeFINE unit (--define-depth > 0)")
+
+    # input: a V x e table, or a V x n table and DeFINE n -> e; the output ties to the table
+    if depth == 0:
+        embed = nn.Embedding(vocab, embed_dim, padding_idx=pad)
+        truncated_normal_(embed.weight, embed_dim)  # lamb: variance scaling, fan_out = e
+        with torch.no_grad():
+            embed.weight[pad].zero_()
+    elif cfg.define_folded:
+        embed = FoldedDeFINEEmbedding(vocab, cfg.define_n, embed_dim, padding_idx=pad)
+    else:
+        if cfg.define_n < 1:
+            raise ValueError(f"--define-n={cfg.define_n} must be at least 1")
+        embed = DeFINEEmbedding(vocab, padding_idx=pad, **define_embedding_kwargs(cfg, embed_dim))
+
+    lstm = MogrifierLSTM(
+        embed_dim, hidden, num_layers=cfg.mogrifier_layers, rounds=cfg.mogrifier_rounds, rank=cfg.mogrifier_rank,
+        cap_input_gate=not cfg.mogrifier_no_cap_input_gate, forget_bias=cfg.mogrifier_forget_bias,
+        input_dropout=cfg.mogrifier_input_dropout, inter_layer_dropout=cfg.mogrifier_inter_layer_dropout,
+        state_dropout=cfg.mogrifier_state_dropout, output_dropout=cfg.mogrifier_output_dropout,
+        sum_layer_outputs=cfg.mogrifier_sum_layer_outputs)
+    output = TiedOutput(embed.weight, hidden, components=cfg.mogrifier_mos_components, dropout=projection_dropout)
+    return MogrifierLMDecoder(dictionary, embed, lstm, output, softmax_temperature=temperature,
+                              drop_state_probability=cfg.mogrifier_drop_state_probability,
+                              l2_penalty=cfg.mogrifier_l2_penalty)
+
+
+@register_model("mogrifier_lstm_lm", dataclass=MogrifierLSTMLMConfig)
+class MogrifierLSTMLMModel(FairseqLanguageModel):
+    """Mogrifier LSTM language model (see the module docstring).
+
+    ``forward(src_tokens [B, T], src_lengths=None, reset_state=None, incremental_state=None)`` as
+    :class:`MogrifierLMDecoder`.
+    """
+
+    @classmethod
+    def build_model(cls, cfg, task):
+        args = config_namespace(cfg, MogrifierLSTMLMConfig)
+        return cls(build_mogrifier_decoder(args, task.target_dictionary))
+
+
+def _lamb_config(args, hidden: int, rounds: int, rank: int, dropouts, embed_dim: Optional[int] = None,
+                 mos: int = 1):
+    """Defaults shared by lamb's tuned 2-layer configs: capped input gate, forget bias 1, the sum of both layers'
+    outputs, state dropped with probability 0.01; ``dropouts`` = (input, inter-layer, state, output)."""
+    args.mogrifier_layers = safe_getattr(args, "mogrifier_layers", 2)
+    args.mogrifier_hidden_size = safe_getattr(args, "mogrifier_hidden_size", hidden)
+    args.mogrifier_embed_dim = safe_getattr(args, "mogrifier_embed_dim", embed_dim)
+    args.mogrifier_rounds = safe_getattr(args, "mogrifier_rounds", rounds)
+    args.mogrifier_rank = safe_getattr(args, "mogrifier_rank", rank)
+    for name, value in zip(("input", "inter_layer", "state", "output"), dropouts):
+        setattr(args, f"mogrifier_{name}_dropout", safe_getattr(args, f"mogrifier_{name}_dropout", value))
+    args.mogrifier_forget_bias = safe_getattr(args, "mogrifier_forget_bias", 1.0)
+    args.mogrifier_sum_layer_outputs = safe_getattr(args, "mogrifier_sum_layer_outputs", True)
+    args.mogrifier_mos_components = safe_getattr(args, "mogrifier_mos_components", mos)
+    args.mogrifier_drop_state_probability = safe_getattr(args, "mogrifier_drop_state_probability", 0.01)
+
+
+@register_model_architecture("mogrifier_lstm_lm", "mogrifier_lstm_lm_ptb")
+def mogrifier_lstm_lm_ptb(args):
+    """lamb's tuned PTB Mogrifier (``tune_ptb_24m_lstm_fm_d2_arms/trial_483``): 2 layers, r = 5, k = 84,
+    embeddings as wide as the hidden state, one softmax tied to the embeddings, dropout input .729 / inter-layer
+    .291 / state .387 / output .716 (lr 2.30e-3 and L2 2.52e-4 are in ``recipes/ptb/train.sh``).
+
+    Budget 24M at V = 10,000: with H = e = n the model has V n + V (table, softmax bias) and per layer 8 n^2 + 4 n
+    (LSTM) + 5 (2 k n + n) (five rounds of rank-k factors with a bias), i.e. 16 n^2 + (V + 18 + 20 k) n + V
+    parameters; n = 912 is the largest that fits (23,986,480); n = 913 would give 24,027,378.
+    """
+    _lamb_config(args, hidden=912, rounds=5, rank=84, dropouts=(0.729, 0.291, 0.387, 0.716))
+
+
+@register_model_architecture("mogrifier_lstm_lm", "lstm_lm_ptb")
+def lstm_lm_ptb(args):
+    """lamb's tuned PTB LSTM baseline (``tune_ptb_24m_lstm_d2_arms/trial_833``): the same model with r = 0 (a
+    plain LSTM with the capped input gate), dropout input .628 / inter-layer .307 / state .369 / output .690
+    (lr 3.04e-3 and L2 2.49e-4 are in ``recipes/ptb/train.sh``).
+
+    Budget 24M at V = 10,000: 16 n^2 + (V + 8) n + V parameters; n = 951 is the largest that fits (23,998,024;
+    n = 952 would give 24,038,480).
+    """
+    _lamb_config(args, hidden=951, rounds=0, rank=0, dropouts=(0.628, 0.307, 0.369, 0.690))
+
+
+@register_model_architecture("mogrifier_lstm_lm", "mogrifier_lstm_lm_wt2")
+def mogrifier_lstm_lm_wt2(args):
+    """lamb's tuned WikiText-2 Mogrifier (``tune_wikitext-2_35m_lstm_mos2_fm_d2_arms/trial_747``): 2 layers, r = 6,
+    k = 48, embeddings e = round(0.1993 n), a mixture of 2 softmaxes tied to the embeddings, dropout input .547 /
+    inter-layer .199 / state .221 / output .348 (lr 3.29e-3 and L2 1.90e-4 are in ``recipes/wikitext-2/train.sh``).
+
+    Budget 35M at V = 33,278: table V e + softmax bias V; layer 1 4 n (e + n) + 4 n + 6 k (e + n) + 3 (e + n);
+    layer 2 8 n^2 + 4 n + 12 k n + 6 n; mixture 2 e n + 2 e (projection) + 2 n (prior). n = 1366 with e = 272 is
+    the largest that fits (34,991,552 parameters; n = 1367, e = 272 would give 35,026,863).
+    """
+    _lamb_config(args, hidden=1366, rounds=6, rank=48, dropouts=(0.547, 0.199, 0.221, 0.348), embed_dim=272, mos=2)
+
+
+@register_model_architecture("mogrifier_lstm_lm", "lstm_lm_wt2")
+def lstm_lm_wt2(args):
+    """lamb's tuned WikiText-2 LSTM baseline (``tune_wikitext-2_35m_lstm_mos2_d2_arms/trial_763``): r = 0,
+    embeddings e = round(0.3531 n), a mixture of 2 softmaxes, dropout input .609 / inter-layer .091 / state .271 /
+    output .348 (lr 3.18e-3 and L2 2.31e-4 are in ``recipes/wikitext-2/train.sh``).
+
+    Budget 35M at V = 33,278: the Mogrifier WT2 count without the rounds; n = 1211 with e = 428 is the largest
+    that fits (34,997,328 parameters; n = 1212, e = 428 would give 35,028,982).
+    """
+    _lamb_config(args, hidden=1211, rounds=0, rank=0, dropouts=(0.609, 0.091, 0.271, 0.348), embed_dim=428, mos=2)
