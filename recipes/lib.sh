@@ -381,3 +381,77 @@ lib_eval() {
     mv -f -- "$results.tmp" "$results"
     tail -n +2 "$results"
 }
+
+# lib_eval_target TARGET CONFIG CONFIGS SAVE_ROOT TRAIN_SCRIPT : what an eval.sh argument names. TARGET is a
+# checkpoint file or one of CONFIGS (space-separated); CONFIG is what -c gave (may be empty). Sets CONFIG and
+# CHECKPOINT (SAVE_ROOT/CONFIG/checkpoint_best.pt for a config), or stops with a message saying what to give.
+lib_eval_target() {
+    local target=$1 configs=$3 save_root=$4 train_script=$5
+    CONFIG=$2
+    if [[ -f $target ]]; then
+        CHECKPOINT=$target
+        [[ -n $CONFIG ]] || CONFIG=$(basename "$(dirname "$target")")
+        [[ " $configs " == *" $CONFIG "* ]] || die "cannot tell which config $target belongs to (its folder is not" \
+            "named after one); give it with -c CONFIG ($configs)"
+    elif [[ " $configs " == *" $target "* ]]; then
+        [[ -z $CONFIG || $CONFIG == "$target" ]] || die "-c $CONFIG contradicts CONFIG $target"
+        CONFIG=$target
+        CHECKPOINT="$save_root/$CONFIG/checkpoint_best.pt"
+        [[ -f $CHECKPOINT ]] || die "$CHECKPOINT not found; train it first: $train_script $CONFIG" \
+            "(or give -s SAVE_ROOT / a checkpoint file)"
+    else
+        die "'$target' is neither a checkpoint file nor a config ($configs)"
+    fi
+}
+
+# The official Mogrifier code's softmax-temperature grid (lamb/evaluation.py multiplies the logits by
+# t = 1.06 - 0.02 i down to 0.80); --mogrifier-softmax-temperature T divides them, so T = 1 / t.
+LIB_LAMB_TEMPERATURES=$(awk 'BEGIN { for (i = 0; i <= 13; i++) printf "%s%.4f", (i ? " " : ""), 1 / (1.06 - 0.02 * i) }')
+
+# lib_tune_temperature DATA_BIN CHECKPOINT RESULTS VALID_ARGS TEST_ARGS EXTRA... : score the valid split at every
+# temperature of the grid ($TEMPERATURES, default the official code's), then the test split at the best one;
+# VALID_ARGS / TEST_ARGS are fairseq-eval-lm arguments split on spaces. Writes RESULTS atomically (a signature
+# line, then a valid and a test line), reused like lib_eval's while the checkpoint and the arguments are
+# unchanged (FORCE=1 redoes it).
+lib_tune_temperature() {
+    local data_bin=$1 checkpoint=$2 results=$3 valid_args test_args
+    read -r -a valid_args <<< "$4"
+    read -r -a test_args <<< "$5"
+    shift 5
+    local grid=${TEMPERATURES:-$LIB_LAMB_TEMPERATURES}
+    local signature="# temperature search with: data $data_bin, checkpoint $checkpoint; grid $grid; extra arguments: $*"
+    if [[ ${FORCE:-0} != 1 && -f $results && $results -nt $checkpoint ]] \
+        && [[ $(head -n 1 "$results") == "$signature" ]]; then
+        lib_skip "temperature search" "$results; FORCE=1 redoes it"
+        tail -n +2 "$results"
+        return 0
+    fi
+    local t count=0 best_t="" best_loss="" best_ppl="" stem="${results%.txt}"
+    for t in $grid; do
+        [[ $t =~ ^[0-9]*\.?[0-9]+$ ]] && awk -v t="$t" 'BEGIN { exit !(t > 0) }' \
+            || die "TEMPERATURES: '$t' is not a positive number (give temperatures separated by spaces, e.g. 1 1.1)"
+    done
+    for t in $grid; do
+        log "fairseq-eval-lm on valid with the softmax temperature T = $t"
+        lib_eval_split "$stem.valid.T$t.log" "$data_bin" "$checkpoint" valid "${valid_args[@]}" \
+            --model-overrides "{'mogrifier_softmax_temperature': $t}" "$@"
+        printf '    T = %s: valid perplexity %s\n' "$t" "$EVAL_PPL"
+        count=$((count + 1))
+        if [[ -z $best_loss ]] || awk -v a="$EVAL_LOSS" -v b="$best_loss" 'BEGIN { exit !(a < b) }'; then
+            best_t=$t best_loss=$EVAL_LOSS best_ppl=$EVAL_PPL
+        fi
+    done
+    log "fairseq-eval-lm on test with the softmax temperature T = $best_t (the best on valid)"
+    lib_eval_split "$stem.test.T$best_t.log" "$data_bin" "$checkpoint" test "${test_args[@]}" \
+        --model-overrides "{'mogrifier_softmax_temperature': $best_t}" "$@"
+    lib_tmp "$results.tmp"
+    {
+        printf '%s\n' "$signature"
+        printf '%-5s perplexity %s  (loss %s bits/token; softmax temperature T = %s, the best of %s on valid)\n' \
+            valid "$best_ppl" "$best_loss" "$best_t" "$count"
+        printf '%-5s perplexity %s  (loss %s bits/token; softmax temperature T = %s, tuned on valid)\n' \
+            test "$EVAL_PPL" "$EVAL_LOSS" "$best_t"
+    } > "$results.tmp"
+    mv -f -- "$results.tmp" "$results"
+    tail -n +2 "$results"
+}

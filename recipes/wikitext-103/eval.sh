@@ -50,21 +50,7 @@ shift $((OPTIND - 1))
 TARGET=$1
 shift
 
-is_config() { [[ " $CONFIGS " == *" $1 "* ]]; }
-if [[ -f $TARGET ]]; then
-    CHECKPOINT=$TARGET
-    [[ -n $CONFIG ]] || CONFIG=$(basename "$(dirname "$TARGET")")
-    is_config "$CONFIG" || die "cannot tell which config $TARGET belongs to (its folder is not named after one);" \
-        "give it with -c CONFIG ($CONFIGS)"
-elif is_config "$TARGET"; then
-    [[ -z $CONFIG || $CONFIG == "$TARGET" ]] || die "-c $CONFIG contradicts CONFIG $TARGET"
-    CONFIG=$TARGET
-    CHECKPOINT="$SAVE_ROOT/$CONFIG/checkpoint_best.pt"
-    [[ -f $CHECKPOINT ]] || die "$CHECKPOINT not found; train it first: $HERE/train.sh $CONFIG" \
-        "(or give -s SAVE_ROOT / a checkpoint file)"
-else
-    die "'$TARGET' is neither a checkpoint file nor a config ($CONFIGS)"
-fi
+lib_eval_target "$TARGET" "$CONFIG" "$CONFIGS" "$SAVE_ROOT" "$HERE/train.sh"
 
 case $CONFIG in
     r*)
