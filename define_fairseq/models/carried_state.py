@@ -14,7 +14,7 @@ The kept state is a plain attribute of the decoder, never part of its ``state_di
 """
 
 import logging
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -78,3 +78,29 @@ class CarriedState:
         """The state kept for the mode ``training`` (detached), or None."""
         kept = self._kept.get(bool(training))
         return None if kept is None else kept[1]
+
+
+class IncrementalLSTMState:
+    """Mixin for a ``FairseqIncrementalDecoder`` whose recurrent state is a list of per-layer ``(h [B, H],
+    c [B, H])``: keeps it in fairseq's incremental state (under ``"lstm_state"``, keys ``h{l}`` / ``c{l}``) and
+    reorders it for beam search. Put it before ``FairseqIncrementalDecoder`` in the bases."""
+
+    def _cached_state(self, incremental_state) -> Optional[List]:
+        cached = self.get_incremental_state(incremental_state, "lstm_state")
+        if cached is None:
+            return None
+        return [(cached[f"h{i}"], cached[f"c{i}"]) for i in range(len(cached) // 2)]
+
+    def _cache_state(self, incremental_state, state) -> None:
+        cached: Dict[str, Optional[torch.Tensor]] = {}
+        for i, (h, c) in enumerate(state):
+            cached[f"h{i}"], cached[f"c{i}"] = h, c
+        self.set_incremental_state(incremental_state, "lstm_state", cached)
+
+    def reorder_incremental_state(self, incremental_state: Dict[str, Dict[str, Optional[torch.Tensor]]],
+                                  new_order: torch.Tensor):
+        cached = self.get_incremental_state(incremental_state, "lstm_state")
+        if cached is None:
+            return
+        self.set_incremental_state(incremental_state, "lstm_state",
+                                   {key: value.index_select(0, new_order) for key, value in cached.items()})

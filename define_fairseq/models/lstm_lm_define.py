@@ -35,7 +35,7 @@ Generation (``fairseq-generate``/``fairseq-interactive --task language_modeling`
 import ast
 from argparse import Namespace
 from dataclasses import dataclass, field, fields
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 import torch
 import torch.nn as nn
@@ -44,7 +44,7 @@ from fairseq.modules import AdaptiveSoftmax
 from fairseq.utils import safe_getattr
 from torch import Tensor
 
-from define_fairseq.models.carried_state import CarriedState
+from define_fairseq.models.carried_state import CarriedState, IncrementalLSTMState
 from define_fairseq.models.define_config import DeFINEConfig, define_embedding_kwargs
 from define_fairseq.modules.adaptive_input import AdaptiveInput, check_cutoff
 from define_fairseq.modules.define_embedding import DeFINEEmbedding, FoldedDeFINEEmbedding
@@ -141,7 +141,7 @@ def _check_rate(value: float, flag: str):
         raise ValueError(f"{flag}={value}: a dropout probability must be in [0, 1)")
 
 
-class RecurrentLMDecoder(FairseqIncrementalDecoder):
+class RecurrentLMDecoder(IncrementalLSTMState, FairseqIncrementalDecoder):
     """Embedding -> (word and locked dropout) -> :class:`LSTMStack` -> (locked dropout) -> output layer.
 
     Args:
@@ -191,28 +191,6 @@ class RecurrentLMDecoder(FairseqIncrementalDecoder):
         self.tar_beta = tar_beta
         self.padding_idx = dictionary.pad()
         self.carried_state = CarriedState("LSTM state")  # a plain attribute: never in the state_dict
-
-    # -- incremental state: per-layer (h, c) under "h{l}" / "c{l}" ------------------------------------------
-
-    def _cached_state(self, incremental_state) -> Optional[List]:
-        cached = self.get_incremental_state(incremental_state, "lstm_state")
-        if cached is None:
-            return None
-        return [(cached[f"h{i}"], cached[f"c{i}"]) for i in range(len(self.lstm.layers))]
-
-    def _cache_state(self, incremental_state, state):
-        cached: Dict[str, Optional[Tensor]] = {}
-        for i, (h, c) in enumerate(state):
-            cached[f"h{i}"], cached[f"c{i}"] = h, c
-        self.set_incremental_state(incremental_state, "lstm_state", cached)
-
-    def reorder_incremental_state(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]],
-                                  new_order: Tensor):
-        cached = self.get_incremental_state(incremental_state, "lstm_state")
-        if cached is None:
-            return
-        self.set_incremental_state(incremental_state, "lstm_state",
-                                   {key: value.index_select(0, new_order) for key, value in cached.items()})
 
     # -- forward -------------------------------------------------------------------------------------------
 

@@ -41,7 +41,7 @@ vocabulary (10,000 words for PTB, 33,278 for WikiText-2); see each arch's docstr
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 import torch
 import torch.nn as nn
@@ -51,7 +51,7 @@ from fairseq.models import FairseqIncrementalDecoder, FairseqLanguageModel, regi
 from fairseq.utils import safe_getattr
 from torch import Tensor
 
-from define_fairseq.models.carried_state import CarriedState
+from define_fairseq.models.carried_state import CarriedState, IncrementalLSTMState
 from define_fairseq.models.define_config import DeFINEConfig, define_embedding_kwargs
 from define_fairseq.models.lstm_lm_define import MAX_POSITIONS, config_namespace
 from define_fairseq.modules.define_embedding import DeFINEEmbedding, FoldedDeFINEEmbedding
@@ -171,7 +171,7 @@ class TiedOutput(nn.Module):
         return f"components={self.components}, width={self.width}, dropout={self.dropout}"
 
 
-class MogrifierLMDecoder(FairseqIncrementalDecoder):
+class MogrifierLMDecoder(IncrementalLSTMState, FairseqIncrementalDecoder):
     """Embedding -> :class:`MogrifierLSTM` -> :class:`TiedOutput` (see the module docstring).
 
     Args:
@@ -204,28 +204,6 @@ class MogrifierLMDecoder(FairseqIncrementalDecoder):
         self.drop_state_probability = drop_state_probability
         self.l2_penalty = l2_penalty
         self.carried_state = CarriedState("Mogrifier LSTM state")  # a plain attribute: never in the state_dict
-
-    # -- incremental state: per-layer (h, c) under "h{l}" / "c{l}" ------------------------------------------
-
-    def _cached_state(self, incremental_state) -> Optional[List]:
-        cached = self.get_incremental_state(incremental_state, "lstm_state")
-        if cached is None:
-            return None
-        return [(cached[f"h{i}"], cached[f"c{i}"]) for i in range(self.lstm.num_layers)]
-
-    def _cache_state(self, incremental_state, state) -> None:
-        cached: Dict[str, Optional[Tensor]] = {}
-        for i, (h, c) in enumerate(state):
-            cached[f"h{i}"], cached[f"c{i}"] = h, c
-        self.set_incremental_state(incremental_state, "lstm_state", cached)
-
-    def reorder_incremental_state(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]],
-                                  new_order: Tensor):
-        cached = self.get_incremental_state(incremental_state, "lstm_state")
-        if cached is None:
-            return
-        self.set_incremental_state(incremental_state, "lstm_state",
-                                   {key: value.index_select(0, new_order) for key, value in cached.items()})
 
     # -- forward -------------------------------------------------------------------------------------------
 
