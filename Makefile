@@ -6,6 +6,8 @@ PIP := $(PY) -m pip --disable-pip-version-check
 STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 FAIRSEQ := fairseq-fixed==0.12.3.1
+# Test processes in parallel (pytest-xdist); each file's tests stay in one process (shared fixtures).
+TEST_WORKERS ?= 2
 
 .PHONY: install test demo bench clean
 
@@ -23,7 +25,7 @@ $(STAMP): setup.py requirements.txt Makefile
 	@touch $(STAMP)
 
 test: install
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 demo: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash examples/demo/run.sh
@@ -34,6 +36,7 @@ bench: install
 	$(PY) -m benchmarks.generate_speed
 	$(PY) -m benchmarks.lstm_lm_speed
 	$(PY) -m benchmarks.mogrifier_speed
+	$(PY) -m benchmarks.gcnn_speed
 
 clean:
 	rm -rf $(VENV) demo_output

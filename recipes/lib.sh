@@ -106,8 +106,11 @@ lib_mark_done() {
     mv -f "$dir/.done/$step.tmp" "$dir/.done/$step"
 }
 
-# lib_unmark DIR STEP: forget that STEP finished.
-lib_unmark() { rm -f -- "$1/.done/$2"; }
+# lib_unmark DIR STEP: forget that STEP finished (and remove DIR/.done when no marker is left in it).
+lib_unmark() {
+    rm -f -- "$1/.done/$2"
+    rmdir -- "$1/.done" 2>/dev/null || true
+}
 
 lib_skip() { log "skip $1: already done ($2)"; }
 
@@ -193,9 +196,10 @@ lib_unpack() {
     esac || { rm -rf -- "$dir"; return 1; }
 }
 
-# lib_listing DIR: up to 8 paths found in DIR, for error messages.
+# lib_listing DIR: up to 8 paths found in DIR, for error messages. (awk reads to the end where head would stop
+# early and fail the pipeline, under pipefail, by the broken pipe of a long listing.)
 lib_listing() {
-    (cd "$1" && find . -mindepth 1 | sed 's|^\./||' | sort | head -n 8 | paste -sd ' ' -)
+    (cd "$1" && find . -mindepth 1 | sed 's|^\./||' | sort | awk 'NR <= 8' | paste -sd ' ' -)
 }
 
 # -------------------------------------------------------------------------------------- corpus preparation
@@ -208,8 +212,28 @@ lib_listing() {
 #   CORPUS_MEMBER_DIR  the folder inside the archive that holds the splits, e.g. wikitext-103
 #   CORPUS_SPLITS      array of the three file names (train, valid, test) inside CORPUS_MEMBER_DIR
 #   CORPUS_TEXT_DIR    the folder under DATA_DIR the three files are kept in
+# and, optionally (both empty unless the recipe sets them):
+#   CORPUS_SPLIT_MEMBERS    for a corpus whose splits are several files each (e.g. shards): array of three
+#                           space-separated lists of files inside CORPUS_MEMBER_DIR; each list is concatenated, in
+#                           the order given, into the train, valid and test files that CORPUS_SPLITS names
+#   CORPUS_PREPROCESS_ARGS  array of extra fairseq-preprocess arguments (e.g. --thresholdsrc 3)
 # Steps (each skipped on a rerun once done): download -> DATA_DIR/CORPUS_ARCHIVE; unpack ->
 # DATA_DIR/CORPUS_TEXT_DIR/<the three files>; binarize (fairseq-preprocess --only-source) -> DATA_DIR/data-bin.
+CORPUS_SPLIT_MEMBERS=()
+CORPUS_PREPROCESS_ARGS=()
+
+# _lib_split_members INDEX: the files inside CORPUS_MEMBER_DIR that make split INDEX (0 train, 1 valid, 2 test),
+# one a line: CORPUS_SPLIT_MEMBERS[INDEX] when the recipe gives members, else the split's own file name.
+_lib_split_members() {
+    if (( ${#CORPUS_SPLIT_MEMBERS[@]} )); then
+        local names
+        read -r -a names <<< "${CORPUS_SPLIT_MEMBERS[$1]}"
+        printf '%s\n' "${names[@]}"
+    else
+        printf '%s\n' "${CORPUS_SPLITS[$1]}"
+    fi
+}
+
 lib_prepare_corpus() {
     local data_dir=$1
     local archive="$data_dir/$CORPUS_ARCHIVE" text_dir="$data_dir/$CORPUS_TEXT_DIR" bin_dir="$data_dir/data-bin"
@@ -244,23 +268,40 @@ lib_prepare_corpus() {
             die "cannot unpack $archive (${reason:-not a valid archive}); deleted it. Is $CORPUS_URL_VAR" \
                 "($CORPUS_URL) the right file?"
         fi
-        for split in "$train" "$valid" "$test"; do
-            if [[ ! -s $unpacked/$CORPUS_MEMBER_DIR/$split ]]; then
-                local found
-                found=$(lib_listing "$unpacked")
-                rm -f -- "$archive"
-                lib_unmark "$data_dir" download
-                die "unexpected layout of $CORPUS_ARCHIVE from $CORPUS_URL: $CORPUS_MEMBER_DIR/$split is missing or" \
-                    "empty (the archive holds: ${found:-nothing}). Expected $CORPUS_MEMBER_DIR/{$train,$valid,$test};" \
-                    "deleted the download. Point $CORPUS_URL_VAR at the original $CORPUS_ARCHIVE."
-            fi
+        local index member members expected="$CORPUS_MEMBER_DIR/{$train,$valid,$test}"
+        if (( ${#CORPUS_SPLIT_MEMBERS[@]} )); then
+            members=$(for index in 0 1 2; do _lib_split_members "$index"; done)
+            expected="the $(wc -l <<< "$members" | tr -d ' ') files $CORPUS_MEMBER_DIR/{$(head -n 1 <<< "$members"),"
+            expected+="...,$(tail -n 1 <<< "$members")}"
+        fi
+        for index in 0 1 2; do
+            while IFS= read -r member; do
+                if [[ ! -s $unpacked/$CORPUS_MEMBER_DIR/$member ]]; then
+                    local found
+                    found=$(lib_listing "$unpacked")
+                    rm -f -- "$archive"
+                    lib_unmark "$data_dir" download
+                    die "unexpected layout of $CORPUS_ARCHIVE from $CORPUS_URL: $CORPUS_MEMBER_DIR/$member is missing" \
+                        "or empty (the archive holds: ${found:-nothing}). Expected $expected; deleted the download." \
+                        "Point $CORPUS_URL_VAR at the original $CORPUS_ARCHIVE."
+                fi
+            done < <(_lib_split_members "$index")
         done
         rm -rf -- "$staged" "$text_dir"
         mkdir -p "$staged"
-        for split in "$train" "$valid" "$test"; do
-            mv -- "$unpacked/$CORPUS_MEMBER_DIR/$split" "$staged/$split"
+        for index in 0 1 2; do
+            split=${CORPUS_SPLITS[$index]}
+            if (( ${#CORPUS_SPLIT_MEMBERS[@]} )); then
+                local parts=()
+                mapfile -t parts < <(_lib_split_members "$index")
+                (cd "$unpacked/$CORPUS_MEMBER_DIR" && cat -- "${parts[@]}") > "$staged/$split" \
+                    || die "cannot write $split (${#parts[@]} files of $CORPUS_ARCHIVE concatenated); is the disk full?"
+            else
+                mv -- "$unpacked/$CORPUS_MEMBER_DIR/$split" "$staged/$split"
+            fi
         done
         mv -- "$staged" "$text_dir"
+        rm -rf -- "$unpacked"  # now, not at exit: the rest of a large archive need not wait for the binarization
         lib_mark_done "$data_dir" unpack "$(wc -l < "$text_dir/$train") training lines"
     fi
 
@@ -270,17 +311,19 @@ lib_prepare_corpus() {
     else
         local workers=${PREPROCESS_WORKERS:-$(nproc 2>/dev/null || echo 1)}
         (( workers > 20 )) && workers=20
-        log "fairseq-preprocess --only-source -> $bin_dir ($workers workers)"
+        local extra=("${CORPUS_PREPROCESS_ARGS[@]+"${CORPUS_PREPROCESS_ARGS[@]}"}")
+        log "fairseq-preprocess --only-source ${extra[*]+${extra[*]} }-> $bin_dir ($workers workers)"
         local staged_bin="$bin_dir.tmp" prep_log="$data_dir/preprocess.log.tmp"
         lib_tmp "$staged_bin"
         lib_tmp "$prep_log"
         rm -rf -- "$staged_bin" "$bin_dir"
         fairseq-preprocess --only-source --trainpref "$text_dir/$train" --validpref "$text_dir/$valid" \
-            --testpref "$text_dir/$test" --destdir "$staged_bin" --workers "$workers" > "$prep_log" 2>&1 \
+            --testpref "$text_dir/$test" --destdir "$staged_bin" --workers "$workers" \
+            "${extra[@]+"${extra[@]}"}" > "$prep_log" 2>&1 \
             || { tail -n 20 "$prep_log" >&2; die "fairseq-preprocess failed on $text_dir (its output is above)"; }
         grep -E "Dictionary|\[None\] .*sents" "$prep_log" | sed -E 's/^.*\[None\] /    /' | awk '!seen[$0]++' || true
         mv -- "$staged_bin" "$bin_dir"
-        lib_mark_done "$data_dir" binarize "$(wc -l < "$bin_dir/dict.txt") dictionary entries"
+        lib_mark_done "$data_dir" binarize "$(wc -l < "$bin_dir/dict.txt") dictionary entries${extra[*]+ (${extra[*]})}"
     fi
     log "done: binarized data in $bin_dir"
 }
@@ -324,7 +367,9 @@ lib_train() {
 # ------------------------------------------------------------------------------------------------ evaluation
 
 # lib_eval_split LOG DATA_BIN CHECKPOINT SPLIT ARGS... : run fairseq-eval-lm on SPLIT (output in LOG, written
-# through LOG.tmp) and set EVAL_LOSS (bits per token) and EVAL_PPL (perplexity).
+# through LOG.tmp) and set EVAL_LOSS (bits per token) and EVAL_PPL (perplexity). fairseq-eval-lm silently drops
+# the samples longer than the model's max positions (it only logs a warning); with EVAL_FORBID_SKIPPED=1 that
+# stops the script instead, so a perplexity always covers the whole split.
 lib_eval_split() {
     local log_file=$1 data_bin=$2 checkpoint=$3 split=$4
     shift 4
@@ -333,6 +378,12 @@ lib_eval_split() {
         --gen-subset "$split" "$@" > "$log_file.tmp" 2>&1 \
         || { tail -n 20 "$log_file.tmp" >&2; die "fairseq-eval-lm failed on the $split split (its output is above)"; }
     local line
+    if [[ ${EVAL_FORBID_SKIPPED:-0} == 1 ]]; then
+        line=$(grep -Eo '[0-9,]+ samples have invalid sizes and will be skipped.*' "$log_file.tmp" | head -n 1) || true
+        [[ -z $line ]] || die "fairseq-eval-lm did not score the whole $split split: $line. The perplexity would" \
+            "leave those samples out; give the model more positions (e.g. --model-overrides) or evaluate shorter" \
+            "samples (--tokens-per-sample, --sample-break-mode)."
+    fi
     line=$(grep -Eo 'Loss \(base 2\): [^,]+, Perplexity: [^[:space:]]+' "$log_file.tmp" | tail -n 1) || true
     [[ -n $line ]] || { tail -n 20 "$log_file.tmp" >&2; die "no perplexity in the fairseq-eval-lm output for $split"; }
     mv -f -- "$log_file.tmp" "$log_file"

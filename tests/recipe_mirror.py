@@ -5,9 +5,14 @@ The archives have the real file names and layout of the originals, with a few hu
 - ``wikitext-103-v1.zip`` / ``wikitext-2-v1.zip``: ``wikitext-103/wiki.{train,valid,test}.tokens`` (WikiText
   style: `` = Heading = `` lines, blank lines, `` @-@ `` joins, ``<unk>``);
 - ``simple-examples.tgz``: ``simple-examples/data/ptb.{train,valid,test}.txt`` (Mikolov's PTB style: lower case,
-  ``<unk>``, ``N`` for numbers), next to a few of the other files of the real archive.
+  ``<unk>``, ``N`` for numbers), next to a few of the other files of the real archive;
+- ``1-billion-word-language-modeling-benchmark-r13output.tar.gz`` (Google Billion Word): the 99 training shards
+  ``training-monolingual.tokenized.shuffled/news.en-000{01..99}-of-00100`` and the 50 held-out shards
+  ``heldout-monolingual.tokenized.shuffled/news.en.heldout-000{00..49}-of-00050``, a few news-style sentences
+  each (cased, tokenized, a long tail of rare words, and one long sentence in each of the first two held-out
+  shards).
 
-Run ``python tests/recipe_mirror.py DIR`` to write all three into DIR, then e.g.
+Run ``python tests/recipe_mirror.py DIR`` to write all of them into DIR, then e.g.
 ``WIKITEXT2_URL=file://$PWD/DIR/wikitext-2-v1.zip WIKITEXT2_MD5= recipes/wikitext-2/prepare.sh /tmp/wt2``.
 """
 
@@ -99,6 +104,57 @@ def write_ptb_tgz(path: Path, seed: int = 0) -> Path:
     return path
 
 
+GBW_TOP = "1-billion-word-language-modeling-benchmark-r13output"
+GBW_TRAIN_SHARDS = [f"training-monolingual.tokenized.shuffled/news.en-{i:05d}-of-00100" for i in range(1, 100)]
+GBW_HELDOUT_SHARDS = [f"heldout-monolingual.tokenized.shuffled/news.en.heldout-{i:05d}-of-00050" for i in range(50)]
+GBW_LONG_SENTENCE = 90  # words of the long sentence in held-out shards 0 and 1
+
+
+def gbw_lines(count: int, seed: int, vocab: int = 400, long_sentence: int = 0):
+    """News-style sentences as in the One Billion Word benchmark: cased, tokenized (`` , `` `` 's `` `` n't ``),
+    one a line, over ``vocab`` Zipf-distributed words (a long tail of words seen once or twice), and
+    ``long_sentence`` words in one sentence placed second when it is not 0."""
+    rng = random.Random(seed)
+    words = ["the", ",", "of", "said", "'s", "\"", "n't", "$", "1.5", "2012"] + _vocabulary(vocab, 2)
+    weights = [1.0 / (rank + 1) for rank in range(len(words))]
+
+    def sentence(length):
+        tokens = rng.choices(words, weights, k=length)
+        return " ".join([tokens[0].capitalize()] + tokens[1:] + ["."]) + "\n"
+
+    lines = [sentence(rng.randint(4, 30)) for _ in range(count)]
+    if long_sentence:
+        lines.insert(1, sentence(long_sentence - 1))
+    return "".join(lines)
+
+
+def write_gbw_tgz(path: Path, seed: int = 0, train_lines: int = 4, heldout_lines: int = 40,
+                  missing: tuple = ()) -> Path:
+    """A gzipped tar laid out as 1-billion-word-language-modeling-benchmark-r13output.tar.gz: ``train_lines``
+    sentences in each training shard, ``heldout_lines`` (and a long one) in held-out shards 0 and 1, 3 in the
+    others. Members named in ``missing`` (paths below the top folder) are left out, as in a damaged re-pack."""
+    files = {name: gbw_lines(train_lines, seed + index) for index, name in enumerate(GBW_TRAIN_SHARDS)}
+    for index, name in enumerate(GBW_HELDOUT_SHARDS):
+        files[name] = (gbw_lines(heldout_lines, seed + 1000 + index, long_sentence=GBW_LONG_SENTENCE) if index < 2
+                       else gbw_lines(3, seed + 1000 + index))
+    with tarfile.open(path, "w:gz") as archive:
+        for directory in (GBW_TOP, f"{GBW_TOP}/training-monolingual.tokenized.shuffled",
+                          f"{GBW_TOP}/heldout-monolingual.tokenized.shuffled"):
+            info = tarfile.TarInfo(directory)
+            info.type = tarfile.DIRTYPE
+            info.mode = 0o755
+            archive.addfile(info)
+        for name, text in files.items():
+            if name in missing:
+                continue
+            data = text.encode()
+            info = tarfile.TarInfo(f"{GBW_TOP}/{name}")
+            info.size = len(data)
+            info.mode = 0o644
+            archive.addfile(info, io.BytesIO(data))
+    return path
+
+
 def write_wrong_layout_zip(path: Path) -> Path:
     """A zip whose files sit at the top level instead of inside ``wikitext-*/`` (e.g. a re-packed copy)."""
     with zipfile.ZipFile(path, "w") as archive:
@@ -108,12 +164,13 @@ def write_wrong_layout_zip(path: Path) -> Path:
 
 
 def write_all(directory: Path):
-    """Write the three stand-in archives into ``directory`` under their real names; return their paths."""
+    """Write the stand-in archives into ``directory`` under their real names; return their paths."""
     directory.mkdir(parents=True, exist_ok=True)
     return {
         "wikitext-103": write_wikitext_zip(directory / "wikitext-103-v1.zip", "wikitext-103", seed=0),
         "wikitext-2": write_wikitext_zip(directory / "wikitext-2-v1.zip", "wikitext-2", seed=10),
         "ptb": write_ptb_tgz(directory / "simple-examples.tgz", seed=20),
+        "gbw": write_gbw_tgz(directory / f"{GBW_TOP}.tar.gz", seed=30),
     }
 
 

@@ -32,9 +32,8 @@ Generation (``fairseq-generate``/``fairseq-interactive --task language_modeling`
 :class:`RecurrentLMDecoder` and :func:`build_recurrent_decoder` are shared with ``awd_lstm_lm``.
 """
 
-import ast
 from argparse import Namespace
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import List, Optional
 
 import torch
@@ -45,6 +44,7 @@ from fairseq.utils import safe_getattr
 from torch import Tensor
 
 from define_fairseq.models.carried_state import CarriedState, IncrementalLSTMState
+from define_fairseq.models.config_helpers import check_rate as _check_rate, config_namespace, parse_cutoff  # noqa: F401
 from define_fairseq.models.define_config import DeFINEConfig, define_embedding_kwargs
 from define_fairseq.modules.adaptive_input import AdaptiveInput, check_cutoff
 from define_fairseq.modules.define_embedding import DeFINEEmbedding, FoldedDeFINEEmbedding
@@ -106,39 +106,6 @@ class LSTMLMDefineConfig(RecurrentLMConfig):
         default=False, metadata={"help": "tie the adaptive softmax tail projections to the adaptive input's too"})
     share_decoder_input_output_embed: bool = field(
         default=False, metadata={"help": "tie the full softmax to the V x n table"})
-
-
-def config_namespace(cfg, config_cls) -> Namespace:
-    """The fields of ``config_cls`` read from ``cfg`` (a DictConfig or Namespace); unset or None -> default."""
-    values = {}
-    for f in fields(config_cls):
-        if f.name.startswith("_"):
-            continue
-        value = safe_getattr(cfg, f.name, None)
-        if value is None or (isinstance(value, str) and value.startswith("${")):
-            value = f.default
-        values[f.name] = value
-    return Namespace(**values)
-
-
-def parse_cutoff(value, flag: str) -> List[int]:
-    """``"20000,40000"`` (or a list) -> ``[20000, 40000]``; a clear error naming ``flag`` otherwise."""
-    error = ValueError(f"{flag} {value!r}: give comma separated integers, e.g. 20000,40000,200000")
-    if isinstance(value, str):
-        try:
-            value = ast.literal_eval(value.strip())
-        except (ValueError, SyntaxError):
-            raise error from None
-    if not isinstance(value, (list, tuple)):
-        value = [value]
-    if not value or not all(isinstance(c, int) and not isinstance(c, bool) for c in value):
-        raise error
-    return [int(c) for c in value]
-
-
-def _check_rate(value: float, flag: str):
-    if not 0.0 <= value < 1.0:
-        raise ValueError(f"{flag}={value}: a dropout probability must be in [0, 1)")
 
 
 class RecurrentLMDecoder(IncrementalLSTMState, FairseqIncrementalDecoder):

@@ -28,3 +28,8 @@ __all__ += ["LSTMStack", "LockedDropout", "WeightDropLSTM", "embedding_dropout",
 from .mogrifier_lstm import MogrifierDropoutMasks, MogrifierLSTM, MogrifierLSTMLayer, MogrifierRound  # noqa: E402
 
 __all__ += ["MogrifierDropoutMasks", "MogrifierLSTM", "MogrifierLSTMLayer", "MogrifierRound"]
+
+# Gated convolutional LM (Dauphin et al., 2017).
+from .gated_conv import CausalConv1d, GatedConvBlock, GatedConvLayer, GatedConvStack, parse_layer_spec  # noqa: E402
+
+__all__ += ["CausalConv1d", "GatedConvBlock", "GatedConvLayer", "GatedConvStack", "parse_layer_spec"]

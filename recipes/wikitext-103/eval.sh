@@ -4,7 +4,8 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$HERE/../lib.sh"
 
-CONFIGS="r1 r2 r3 r4 r5 transformer_lm_wiki103 transformer_lm_define_wiki103"
+CONFIGS="r1 r2 r3 r4 r5 transformer_lm_wiki103 transformer_lm_define_wiki103 gcnn_lm_8 gcnn_lm_14"
+CONFIGS+=" fconv_lm_dauphin_wikitext103"
 
 usage() {
     cat <<USAGE
@@ -22,6 +23,15 @@ How each CONFIG is evaluated:
   transformer_lm_wiki103, transformer_lm_define_wiki103
                --task language_modeling as fairseq's adaptive-input README: complete sentences, blocks of 3072
                tokens of which the last 512 are scored with a 2560-token context, 3072 tokens a batch
+  gcnn_lm_8, gcnn_lm_14, fconv_lm_dauphin_wikitext103
+               --task language_modeling, the split as one stream cut into rows of 960 scored tokens, each row
+               preceded by the 64 tokens before it as context (--tokens-per-sample 1024 --context-window 64).
+               The models see at most 47 tokens (their receptive field), so every token gets its full context:
+               the perplexity of the whole split scored as one sequence (the paper started each paragraph or
+               article from zero padding instead; see README.md). Stops if fairseq skips any row. For
+               fconv_lm_dauphin_wikitext103 it sets TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1: fairseq's fconv_lm
+               checkpoints hold an argparse.Namespace, which torch >= 2.6 does not load otherwise (use it only on
+               checkpoints you trust).
 
 Options:
   -c CONFIG     the config of a CHECKPOINT whose folder is not named after it
@@ -53,6 +63,21 @@ shift
 lib_eval_target "$TARGET" "$CONFIG" "$CONFIGS" "$SAVE_ROOT" "$HERE/train.sh"
 
 case $CONFIG in
+    gcnn_lm_8 | gcnn_lm_14 | fconv_lm_dauphin_wikitext103)
+        # fairseq-eval-lm's --context-window C cuts rows of --tokens-per-sample minus C new tokens and puts the C
+        # tokens before each row in front of it as context (scored once, in order). C = 64 covers the receptive
+        # field of every one of these models (47 tokens at most, GCNN-14), so each token is scored exactly as in
+        # one pass over the whole split; 4 rows a batch, the log-probabilities of 1024 tokens at a time.
+        CONV="--task language_modeling --sample-break-mode none --tokens-per-sample 1024 --context-window 64"
+        CONV+=" --max-tokens 4096 --softmax-batch 1024"
+        SPECS=("valid|one stream, rows of 960 tokens after a 64-token context|$CONV"
+               "test|one stream, rows of 960 tokens after a 64-token context|$CONV")
+        EVAL_FORBID_SKIPPED=1
+        if [[ $CONFIG == fconv_lm_* ]]; then
+            # fconv_lm's checkpoints hold an argparse.Namespace, which torch >= 2.6 refuses to load by default; the
+            # unrestricted loader is for checkpoints you trust (e.g. those of train.sh)
+            export TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
+        fi ;;
     r*)
         SPECS=("valid|stateful, BPTT 140, 10 streams|--task stateful_lm --tokens-per-sample 140 --batch-size 10"
                "test|stateful, BPTT 140, 1 stream|--task stateful_lm --tokens-per-sample 140 --batch-size 1") ;;

@@ -21,6 +21,14 @@ CONFIG (Table 1a of the paper: LSTM LMs; SGD lr 20, BPTT 140, batch 60, 20 epoch
 Transformer LMs (fairseq's adaptive-input recipe of Baevski & Auli 2019, made for 8 GPUs):
   transformer_lm_wiki103          fairseq's stock adaptive-input Transformer LM (the baseline)
   transformer_lm_define_wiki103   the same with DeFINE (n=256, N=3, k=4096) under the adaptive input
+Gated convolutional LMs (Dauphin et al. 2017: Nesterov momentum 0.99, lr 1, clip 0.1, weight norm; the batch,
+blocks and epochs, which the paper does not give, are fairseq's README.conv.md: 1024-token blocks, 1024 tokens
+per GPU, lr halved when the validation loss stalls, 35 epochs):
+  gcnn_lm_8                       --arch gcnn_lm_8: GCNN-8, 8 x (800 units, k=4), no dropout, no weight decay
+  gcnn_lm_14                      --arch gcnn_lm_14: GCNN-14, fairseq's layer table, no dropout, no weight decay
+  fconv_lm_dauphin_wikitext103    fairseq's own GCNN-14 (the baseline), README.conv.md's command as it is
+                                  (dropout 0.2, weight decay 5e-6); its checkpoints need
+                                  TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1, which this script sets for it
 
 Options:
   -n            print the fairseq-train command and exit
@@ -82,6 +90,30 @@ TRANSFORMER_COMMON=(
     --no-epoch-checkpoints --log-format simple --log-interval 100
 )
 
+# Gated convolutional LMs. From the paper (Dauphin et al. 2017, section 4.3): Nesterov momentum 0.99
+# (fairseq's nag), learning rate 1 (its random search drew it from [1, 2]), gradient norm clipped at 0.1, and
+# weight normalisation (inside the gcnn_lm model); it mentions no dropout and no weight decay. It gives no batch
+# size, sequence length, learning-rate schedule or epoch count; those are the values of fairseq's README.conv.md
+# command for fconv_lm_dauphin_wikitext103: contiguous 1024-token blocks (--sample-break-mode none), one block
+# (1024 tokens) per GPU per update, the learning rate halved whenever the validation loss does not improve,
+# 35 epochs.
+GCNN_COMMON=(
+    --task language_modeling --sample-break-mode none --tokens-per-sample 1024 --max-tokens 1024
+    --criterion adaptive_loss --ddp-backend legacy_ddp
+    --optimizer nag --momentum 0.99 --lr 1.0 --clip-norm 0.1 --weight-decay 0
+    --lr-scheduler reduce_lr_on_plateau --lr-shrink 0.5 --max-epoch 35
+    --seed 1 --no-epoch-checkpoints --log-format simple --log-interval 100
+)
+# fairseq's own GCNN-14, trained with README.conv.md's command as it is (nag's momentum is 0.99 by default; its
+# --ddp-backend no_c10d is called legacy_ddp since fairseq 0.10): it adds dropout 0.2 and weight decay 5e-6.
+FCONV_COMMON=(
+    --task language_modeling --sample-break-mode none --tokens-per-sample 1024 --max-tokens 1024
+    --adaptive-softmax-cutoff 10000,20000,200000 --dropout 0.2 --criterion adaptive_loss --ddp-backend legacy_ddp
+    --optimizer nag --clip-norm 0.1 --weight-decay 5e-06
+    --lr 1.0 --lr-scheduler reduce_lr_on_plateau --lr-shrink 0.5 --max-epoch 35
+    --seed 1 --no-epoch-checkpoints --log-format simple --log-interval 100
+)
+
 case $CONFIG in
     r1) ARGS=(--arch lstm_lm_standard_wt103 "${LSTM_COMMON[@]}" --criterion cross_entropy) ;;
     r2) ARGS=(--arch lstm_lm_adaptive_wt103 "${LSTM_COMMON[@]}" "${LSTM_ADAPTIVE[@]}") ;;
@@ -89,6 +121,13 @@ case $CONFIG in
     r4) ARGS=(--arch lstm_lm_define_wt103_n7 "${LSTM_COMMON[@]}" "${LSTM_ADAPTIVE[@]}") ;;
     r5) ARGS=(--arch lstm_lm_define_wt103_n11 "${LSTM_COMMON[@]}" "${LSTM_ADAPTIVE[@]}") ;;
     transformer_lm_wiki103 | transformer_lm_define_wiki103) ARGS=(--arch "$CONFIG" "${TRANSFORMER_COMMON[@]}") ;;
+    gcnn_lm_8 | gcnn_lm_14) ARGS=(--arch "$CONFIG" "${GCNN_COMMON[@]}") ;;
+    fconv_lm_dauphin_wikitext103)
+        ARGS=(--arch "$CONFIG" "${FCONV_COMMON[@]}")
+        # fairseq's fconv_lm keeps its settings as an argparse.Namespace in the checkpoint, which torch >= 2.6
+        # refuses to load by default: resuming from checkpoint_last.pt needs the unrestricted loader. Only for the
+        # checkpoints this recipe wrote itself.
+        export TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 ;;
     *) usage >&2; die "unknown CONFIG '$CONFIG' (see the list above)" ;;
 esac
 

@@ -1,0 +1,389 @@
+"""gcnn_lm: the layer spec, causal gated convolutions against a plain re-computation, incremental decoding,
+parameter counts, the fairseq programs and clear errors."""
+
+import math
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import define_fairseq  # noqa: F401  (registers the models, tasks and criteria)
+from define_fairseq.models import gcnn_lm
+from define_fairseq.modules.gated_conv import (
+    ACTIVATIONS, CausalConv1d, GatedConvLayer, GatedConvStack, parse_layer_spec, receptive_field)
+from define_fairseq.tools.params import parameter_breakdown, setup_from_train_args
+from conftest import USER_DIR, run_cli
+
+WT103_VOCAB = 267_735
+TINY = ["--decoder-embed-dim", "16", "--gcnn-layers", "[(16, 3)] * 2 + [[(8, 1), (8, 3), (24, 1)]]"]
+ADAPTIVE = ["--adaptive-softmax-cutoff", "20,40", "--criterion", "adaptive_loss", "--ddp-backend", "legacy_ddp"]
+COMMON = ["--optimizer", "nag", "--lr", "0.5", "--clip-norm", "0.1", "--cpu", "--num-workers", "0",
+          "--no-progress-bar", "--log-format", "simple", "--seed", "1"]
+
+
+def parsed_model(data, arch, *flags):
+    return setup_from_train_args([str(data), "--user-dir", USER_DIR, "--task", "language_modeling", "--arch", arch,
+                                  *flags, "--optimizer", "nag", "--lr", "1", "--cpu"])
+
+
+def tokens_batch(vocab, batch=3, length=12, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(4, vocab, (batch, length), generator=g)
+    tokens[:, 0] = 2
+    return tokens
+
+
+def log_probs(model, tokens):
+    with torch.no_grad():
+        return model.get_normalized_probs(model(tokens), log_probs=True)
+
+
+# -- the layer specification -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("spec,blocks,convs,field", [
+    (gcnn_lm.GCNN_8, 8, 8, 25),
+    (gcnn_lm.GCNN_14, 14, 14, 47),
+    (gcnn_lm.GCNN_13, 13, 13, 40),
+    (gcnn_lm.GCNN_8B, 8, 22, 25),
+    (gcnn_lm.GCNN_14B, 14, 40, 57),
+])
+def test_arch_tables_give_the_papers_depths_and_receptive_fields(spec, blocks, convs, field):
+    parsed = parse_layer_spec(spec)
+    assert len(parsed) == blocks and sum(len(b) for b in parsed) == convs
+    assert receptive_field(parsed) == field
+
+
+def test_spec_forms():
+    assert parse_layer_spec("[(8, 3)] * 2 + [[(4, 1), (4, 3), (8, 1)]]") == [[(8, 3)], [(8, 3)],
+                                                                            [(4, 1), (4, 3), (8, 1)]]
+    assert parse_layer_spec([(8, 3), [(4, 1), (8, 1)]]) == [[(8, 3)], [(4, 1), (8, 1)]]
+    assert parse_layer_spec("(8, 2)") == [[(8, 2)]]
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("[(8, 0)]", "kernel width 0"),
+    ("[(0, 3)]", "width 0"),
+    ("[[(16, 1), (16, 3), (8, 1)]]", "bottleneck block 0 widens to 16"),
+    ("[(8, 3, 1)]", "a layer is a (width, kernel) tuple"),
+    ("[(8, 3)] * 2 + __import__('os')", "only integers"),
+    ("[(8, 3)", "is not a Python list"),
+    ("[]", "non-empty list"),
+    ("[[]]", "block 0 is empty"),
+])
+def test_impossible_specs_raise_naming_the_flag(spec, message):
+    with pytest.raises(ValueError, match=re.escape(message)) as error:
+        parse_layer_spec(spec)
+    assert "--gcnn-layers" in str(error.value)
+
+
+# -- numerics against a plain re-computation ---------------------------------------------------------------------
+
+def reference_conv(x, v, g, bias, kernel):
+    """y[t] = bias + sum_j W_j x[t - (kernel - 1) + j], zeros before the start; W = g v / ||v|| per output row."""
+    weight = torch.stack([g[o] * v[o] / v[o].norm() for o in range(v.shape[0])])
+    B, T, C = x.shape
+    out = []
+    for t in range(T):
+        acc = bias.clone().expand(B, -1)
+        for j in range(kernel):
+            s = t - (kernel - 1) + j
+            if s >= 0:
+                acc = acc + x[:, s] @ weight[:, j * C:(j + 1) * C].T
+        out.append(acc)
+    return torch.stack(out, dim=1)
+
+
+@pytest.mark.parametrize("kernel", [1, 4])
+def test_weight_normalised_causal_conv_equals_the_plain_formula(kernel):
+    torch.manual_seed(0)
+    conv = CausalConv1d(5, 6, kernel)
+    with torch.no_grad():
+        conv.weight_g.mul_(torch.rand(6) + 0.5)  # g no longer equals ||v||
+        conv.bias.normal_()
+    x = torch.randn(2, 7, 5, requires_grad=True)
+    y = conv(x)
+    expected = reference_conv(x, conv.weight_v, conv.weight_g, conv.bias, kernel)
+    torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-5)
+    grad = torch.randn_like(y)
+    got = torch.autograd.grad(y, (x, conv.weight_v, conv.weight_g), grad)
+    want = torch.autograd.grad(expected, (x, conv.weight_v, conv.weight_g), grad)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_gates_equal_the_papers_formulas(activation):
+    torch.manual_seed(1)
+    layer = GatedConvLayer(4, 3, 2, activation=activation)
+    conv = layer.conv
+    with torch.no_grad():
+        conv.bias.normal_()
+    x = torch.randn(2, 5, 4)
+    y = reference_conv(x, conv.weight_v, conv.weight_g, conv.bias, 2)
+    if activation in ("glu", "gtu", "bilinear"):
+        a, b = y[..., :3], y[..., 3:]  # value (X*W + b), gate (X*V + c)
+        expected = {"glu": a * torch.sigmoid(b), "gtu": torch.tanh(a) * torch.sigmoid(b), "bilinear": a * b}
+    else:
+        expected = {"relu": y.clamp(min=0), "tanh": torch.tanh(y), "linear": y}
+    torch.testing.assert_close(layer(x), expected[activation], rtol=1e-5, atol=1e-6)
+
+
+def test_blocks_add_the_input_and_project_where_the_width_changes():
+    torch.manual_seed(2)
+    stack = GatedConvStack(6, "[(6, 3)] + [[(4, 1), (4, 2), (10, 1)]]", residual_scale=0.5)
+    x = torch.randn(2, 5, 6)
+    first, second = stack.blocks
+    h = 0.5 * (x + first.layers[0](x))
+    inner = second.layers[2](second.layers[1](second.layers[0](h)))
+    proj = second.projection
+    assert first.projection is None and proj.kernel == 1
+    expected = 0.5 * (inner + reference_conv(h, proj.weight_v, proj.weight_g, proj.bias, 1))
+    torch.testing.assert_close(stack(x)[0], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_inference_reuses_the_normalised_weight_until_a_parameter_changes():
+    torch.manual_seed(3)
+    conv = CausalConv1d(4, 4, 3).eval()
+    x = torch.randn(1, 6, 4)
+    with torch.no_grad():
+        before = conv(x)
+        assert conv._cached_weight is not None
+        conv.weight_g.mul_(2.0)  # e.g. an optimizer step in between
+        after = conv(x)
+        torch.testing.assert_close(after - conv.bias, 2 * (before - conv.bias))
+        conv.load_state_dict({k: torch.randn_like(v) for k, v in conv.state_dict().items()})
+        expected = reference_conv(x, conv.weight_v, conv.weight_g, conv.bias, 3)
+        torch.testing.assert_close(conv(x), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_without_weight_norm_the_weight_is_the_parameter():
+    conv = CausalConv1d(3, 2, 2, weight_norm=False)
+    assert {name for name, _ in conv.named_parameters()} == {"weight", "bias"}
+    x = torch.randn(1, 4, 3)
+    expected = reference_conv(x, conv.weight, conv.weight.norm(dim=1), conv.bias, 2)
+    torch.testing.assert_close(conv(x), expected, rtol=1e-5, atol=1e-6)
+
+
+# -- the model: causality, incremental decoding, beam search -----------------------------------------------------
+
+CASES = {
+    "full softmax": TINY,
+    "adaptive softmax, bottleneck": TINY + ["--adaptive-softmax-cutoff", "20,40"],
+    "DeFINE input, gtu": TINY + ["--gcnn-define-input", "--define-n", "8", "--define-k", "32", "--define-depth",
+                                 "2", "--gcnn-activation", "gtu", "--gcnn-residual-scale", "0.7071"],
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_changing_a_token_never_changes_an_earlier_output(lm_data, case):
+    _, task, model = parsed_model(lm_data, "gcnn_lm", *CASES[case])
+    model.eval()
+    vocab = len(task.target_dictionary)
+    tokens = tokens_batch(vocab, batch=2, length=14)
+    base = log_probs(model, tokens)
+    field = model.decoder.convolutions.receptive_field
+    for t in (1, 6, 13):
+        changed = tokens.clone()
+        changed[:, t] = 4 + (changed[:, t] - 3) % (vocab - 4)
+        out = log_probs(model, changed)
+        assert torch.equal(out[:, :t], base[:, :t])
+        assert (out[:, t] - base[:, t]).abs().max() > 1e-4  # the output at t reads token t ...
+        if t + field < tokens.shape[1]:
+            assert torch.equal(out[:, t + field:], base[:, t + field:])  # ... and nothing beyond its field does
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_incremental_decoding_and_reordering_equal_the_full_pass(lm_data, case):
+    _, task, model = parsed_model(lm_data, "gcnn_lm", *CASES[case])
+    model.eval()
+    tokens = tokens_batch(len(task.target_dictionary))
+    full = log_probs(model, tokens)
+    state = {}
+    with torch.no_grad():
+        first = model.get_normalized_probs(model.decoder(tokens[:, :3], incremental_state=state), log_probs=True)
+        steps = [model.get_normalized_probs(model.decoder(tokens[:, : t + 1], incremental_state=state),
+                                            log_probs=True) for t in range(3, 6)]
+        order = torch.tensor([2, 0, 0, 1])  # beam search: reorder, and duplicate a row
+        model.decoder.reorder_incremental_state_scripting(state, order)
+        reordered = tokens[order]
+        more = [model.get_normalized_probs(model.decoder(reordered[:, : t + 1], incremental_state=state),
+                                           log_probs=True) for t in range(6, tokens.shape[1])]
+    torch.testing.assert_close(torch.cat([first, *steps], dim=1), full[:, :6], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(torch.cat(more, dim=1), full[order, 6:], rtol=1e-5, atol=1e-5)
+
+
+def test_beam_search_scores_equal_the_full_pass(lm_data):
+    from fairseq.sequence_generator import SequenceGenerator
+
+    _, task, model = parsed_model(lm_data, "gcnn_lm", *CASES["adaptive softmax, bottleneck"])
+    model.eval()
+    dictionary = task.target_dictionary
+    generator = SequenceGenerator([model], dictionary, beam_size=3, max_len_b=7)
+    prefix = tokens_batch(len(dictionary), batch=2, length=3, seed=1)[:, 1:]
+    sample = {"net_input": {"src_tokens": prefix, "src_lengths": torch.tensor([2, 2])}}
+    with torch.no_grad():
+        hypotheses = generator.generate([model], sample, prefix_tokens=prefix)
+    for i, beam in enumerate(hypotheses):
+        assert len(beam) == 3
+        for hypo in beam:
+            out = hypo["tokens"]
+            assert torch.equal(out[:2], prefix[i])
+            inputs = torch.cat([out.new_tensor([dictionary.eos()]), out[:-1]])[None]
+            expected = log_probs(model, inputs)[0].gather(-1, out[:, None])[:, 0]
+            torch.testing.assert_close(hypo["positional_scores"], expected, rtol=1e-4, atol=1e-4)
+
+
+# -- parameter counts and the arch defaults ----------------------------------------------------------------------
+
+def gated_conv_params(in_dim, width, kernel, gated=True):
+    out = 2 * width if gated else width
+    return out * kernel * in_dim + 2 * out  # weight_v, then weight_g and the bias
+
+
+def body_params(embed, spec):
+    total, width = 0, embed
+    for block in parse_layer_spec(spec):
+        block_in = width
+        for out, kernel in block:
+            total += gated_conv_params(width, out, kernel)
+            width = out
+        if width != block_in:
+            total += width * block_in + 2 * width  # the weight-normalised 1x1 projection of the skip
+    return total
+
+
+@pytest.fixture(scope="module")
+def big_dictionary_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("wt103-dict")
+    (directory / "dict.txt").write_text("".join(f"w{i} 1\n" for i in range(WT103_VOCAB - 4)))
+    return directory
+
+
+@pytest.mark.parametrize("arch,embed,spec,cutoff", [
+    ("gcnn_lm_8", 280, gcnn_lm.GCNN_8, [10000, 20000, 200000]),
+    ("gcnn_lm_14", 280, gcnn_lm.GCNN_14, [10000, 20000, 200000]),
+    ("gcnn_lm_13", 128, gcnn_lm.GCNN_13, [10000, 50000, 200000]),
+    ("gcnn_lm_8b", 128, gcnn_lm.GCNN_8B, [10000, 50000, 200000]),
+    ("gcnn_lm_14b", 128, gcnn_lm.GCNN_14B, [10000, 50000, 200000]),
+])
+def test_arch_parameter_counts(big_dictionary_dir, arch, embed, spec, cutoff):
+    with torch.device("meta"):
+        _, task, model = parsed_model(big_dictionary_dir, arch)
+    decoder = model.decoder
+    vocab = len(task.target_dictionary)
+    assert decoder.embed_tokens.weight.shape == (vocab, embed)
+    assert decoder.adaptive_softmax.cutoff == cutoff + [vocab]
+    assert decoder.dropout == 0.0
+    counts = parameter_breakdown(model)
+    assert counts["context"] == body_params(embed, spec) == sum(p.numel() for p in decoder.convolutions.parameters())
+    print(f"{arch}: body {counts['context'] / 1e6:.2f}M, input/output {counts['input/output'] / 1e6:.2f}M")
+
+
+def test_gcnn_lm_14_has_fairseqs_wikitext103_layers_with_the_first_reading_the_lookup(big_dictionary_dir):
+    """fconv_lm_dauphin_wikitext103 has the same layer table, but projects the lookup (e = 280) to 850 with fc1
+    before the first convolution; ours convolves the lookup itself, and the first block's skip has the
+    projection instead (the size of fc1)."""
+    with torch.device("meta"):
+        _, _, ours = parsed_model(big_dictionary_dir, "gcnn_lm_14")
+        _, _, theirs = parsed_model(big_dictionary_dir, "fconv_lm_dauphin_wikitext103", "--criterion",
+                                    "adaptive_loss", "--adaptive-softmax-cutoff", "10000,20000,200000")
+    layers = ours.decoder.convolutions.layers()
+    assert len(layers) == len(theirs.decoder.convolutions) == 14
+    for i, (layer, conv) in enumerate(zip(layers, theirs.decoder.convolutions)):
+        kernel, in_dim, out_dim = conv.weight_v.shape  # fairseq's ConvTBC layout
+        assert (layer.kernel, 2 * layer.out_dim) == (kernel, out_dim)
+        assert layer.in_dim == (280 if i == 0 else in_dim)
+    assert in_dim == 1024 and theirs.decoder.convolutions[0].weight_v.shape[1] == 850
+    fc1 = sum(p.numel() for p in theirs.decoder.fc1.parameters())
+    assert sum(p.numel() for p in ours.decoder.convolutions.blocks[0].projection.parameters()) == fc1
+
+
+# -- the fairseq programs ----------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def checkpoint(lm_data, tmp_path_factory):
+    save_dir = tmp_path_factory.mktemp("gcnn")
+    proc = run_cli("fairseq-train", lm_data, "--user-dir", USER_DIR, "--task", "language_modeling",
+                   "--arch", "gcnn_lm", *TINY, *ADAPTIVE, *COMMON, "--tokens-per-sample", "32",
+                   "--max-tokens", "256", "--max-update", "4", "--save-dir", save_dir, "--no-save-optimizer-state")
+    out = proc.stdout + proc.stderr
+    assert math.isfinite(float(re.findall(r"valid on 'valid' subset \| loss ([\d.]+)", out)[-1]))
+    return save_dir / "checkpoint_last.pt"
+
+
+def load(path):
+    from fairseq import checkpoint_utils
+
+    (model,), _, task = checkpoint_utils.load_model_ensemble_and_task([str(path)])
+    return model.eval(), task
+
+
+def test_eval_lm_equals_scoring_each_block_in_process(lm_data, checkpoint):
+    from fairseq.data import data_utils
+
+    proc = run_cli("fairseq-eval-lm", lm_data, "--user-dir", USER_DIR, "--path", checkpoint, "--gen-subset", "test",
+                   "--cpu", "--num-workers", "0", "--tokens-per-sample", "32", "--max-tokens", "256")
+    loss = float(re.findall(r"Loss \(base 2\): ([\d.]+)", proc.stdout + proc.stderr)[-1])
+    model, task = load(checkpoint)
+    dictionary = task.target_dictionary
+    data = data_utils.load_indexed_dataset(str(lm_data / "test"), dictionary)
+    stream = torch.cat([data[i] for i in range(len(data))]).long()
+    inputs = torch.cat([stream.new_tensor([dictionary.eos()]), stream[:-1]])
+    nll = 0.0
+    for start in range(0, len(stream), 32):  # eval-lm's blocks of 32 tokens, each from a zero-padded start
+        block_in, block_out = inputs[None, start:start + 32], stream[None, start:start + 32]
+        lp = model.get_normalized_probs(model(block_in), log_probs=True, sample={"target": block_out})
+        nll -= lp.gather(-1, block_out[..., None]).sum().item()
+    assert loss == pytest.approx(nll / len(stream) / math.log(2), abs=2e-4)
+
+
+def test_fairseq_generate_continues_a_prefix(lm_data, checkpoint):
+    proc = run_cli("fairseq-generate", lm_data, "--user-dir", USER_DIR, "--task", "language_modeling",
+                   "--path", checkpoint, "--gen-subset", "valid", "--cpu", "--beam", "3", "--nbest", "2",
+                   "--prefix-size", "2", "--max-len-b", "6", "--batch-size", "4", "--sample-break-mode", "eos")
+    targets = dict(re.findall(r"^T-(\d+)\t(.*)$", proc.stdout, re.M))
+    hypotheses = re.findall(r"^H-(\d+)\t(\S+)\t(.*)$", proc.stdout, re.M)
+    assert targets and len(hypotheses) == 2 * len(targets)
+    for index, score, text in hypotheses:
+        assert text.split()[:2] == targets[index].split()[:2]
+        assert math.isfinite(float(score))
+
+
+def test_checkpoint_round_trip(lm_data, checkpoint, tmp_path):
+    from fairseq import checkpoint_utils
+
+    model, task = load(checkpoint)
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    assert state["cfg"]["model"]["_name"] == "gcnn_lm"
+    tokens = tokens_batch(len(task.target_dictionary))
+    before = log_probs(model, tokens)
+    path = tmp_path / "again.pt"
+    checkpoint_utils.torch_persistent_save(state, str(path))  # what fairseq-train writes, re-read from disk
+    again, _ = load(path)
+    torch.testing.assert_close(log_probs(again, tokens), before, rtol=0, atol=0)
+    fresh = parsed_model(lm_data, "gcnn_lm", *TINY, "--adaptive-softmax-cutoff", "20,40")[2].eval()
+    assert not torch.allclose(log_probs(fresh, tokens), before)  # the weights are the trained ones
+    fresh.load_state_dict(state["model"])
+    torch.testing.assert_close(log_probs(fresh, tokens), before, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--gcnn-layers", "[(16, 0)]"], "kernel width 0"),
+    (["--gcnn-layers", "[[(32, 1), (32, 3), (16, 1)]]"], "inner layers of a bottleneck"),
+    (["--adaptive-softmax-cutoff", "20,400"], "--adaptive-softmax-cutoff"),
+    (["--dropout", "1.0"], "--dropout"),
+    (["--gcnn-residual-scale", "0"], "--gcnn-residual-scale"),
+    (["--gcnn-define-input", "--define-depth", "0"], "--gcnn-define-input needs --define-depth"),
+])
+def test_impossible_configs_fail_clearly(lm_data, flags, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parsed_model(lm_data, "gcnn_lm", "--decoder-embed-dim", "16", *flags)
+
+
+def test_fairseq_train_reports_a_bad_spec_by_its_flag(lm_data, tmp_path):
+    proc = run_cli("fairseq-train", lm_data, "--user-dir", USER_DIR, "--task", "language_modeling", "--arch",
+                   "gcnn_lm_8", "--gcnn-layers", "[(16, 0)]", *COMMON, "--max-tokens", "256", "--max-update", "1", "--save-dir", tmp_path,
+                   check=False)
+    assert proc.returncode != 0
+    assert "--gcnn-layers" in proc.stderr and "kernel width 0" in proc.stderr
