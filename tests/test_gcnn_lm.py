@@ -142,6 +142,18 @@ def test_blocks_add_the_input_and_project_where_the_width_changes():
     torch.testing.assert_close(stack(x)[0], expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("spec,embed", [(gcnn_lm.GCNN_14, 280), (gcnn_lm.GCNN_14B, 128)])
+def test_deep_stacks_start_at_the_scale_of_their_input(spec, embed):
+    """Identity skips add the residual branches' variance up; each branch starts scaled by 1/sqrt(blocks), so the
+    output of the deepest tables stays within a small factor of the input (unscaled: x500 and x50,000)."""
+    torch.manual_seed(4)
+    stack = GatedConvStack(embed, spec)
+    x = 0.1 * torch.randn(1, 24, embed)
+    with torch.no_grad():
+        y, _ = stack(x)
+    assert 0.5 < (y.std() / x.std()).item() < 4.0
+
+
 def test_inference_reuses_the_normalised_weight_until_a_parameter_changes():
     torch.manual_seed(3)
     conv = CausalConv1d(4, 4, 3).eval()

@@ -162,8 +162,9 @@ class CausalConv1d(nn.Module):
         return self._cached_weight[1]
 
     def _normalize(self) -> Tensor:
-        v, g = self.weight_v, self.weight_g
-        return v * (g / v.norm(dim=1)).unsqueeze(1)
+        # g · v / ||v|| per row, as one fused kernel with a fused backward (the op behind PyTorch's own weight
+        # norm): half the time of the same formula written with norm, div and mul for GCNN-14's layers
+        return torch._weight_norm(self.weight_v, self.weight_g.unsqueeze(1), 0)
 
     def forward(self, x: Tensor, history: Optional[Tensor] = None) -> Tensor:
         """``x [B, T, in_dim]``; ``history [B, kernel - 1, in_dim]``: the inputs just before ``x`` (None: the
@@ -231,16 +232,23 @@ class GatedConvLayer(nn.Module):
 
 class GatedConvBlock(nn.Module):
     """A pre-activation residual block: ``scale · (skip(x) + layers(x))``, ``skip`` the identity or, where the
-    width changes, a weight-normalised 1×1 projection. Shapes: ``x [B, T, in_dim] -> [B, T, out_dim]``."""
+    width changes, a weight-normalised 1×1 projection. Shapes: ``x [B, T, in_dim] -> [B, T, out_dim]``.
+
+    ``branch_init_scale`` multiplies the initial output of ``layers`` (the value weights of the last layer)."""
 
     def __init__(self, in_dim: int, layers: Block, activation: str = "glu", weight_norm: bool = True,
-                 dropout: float = 0.0, residual_scale: float = 1.0):
+                 dropout: float = 0.0, residual_scale: float = 1.0, branch_init_scale: float = 1.0):
         super().__init__()
         self.layers = nn.ModuleList()
         width = in_dim
         for out, kernel in layers:
             self.layers.append(GatedConvLayer(width, out, kernel, activation, weight_norm, dropout))
             width = out
+        if branch_init_scale != 1.0:  # scale the block's output at initialisation: the value half of a gated layer
+            last = self.layers[-1].conv
+            rows = slice(0, width)
+            with torch.no_grad():
+                (last.weight_g if weight_norm else last.weight)[rows] *= branch_init_scale
         self.in_dim, self.out_dim = in_dim, width
         self.projection = CausalConv1d(in_dim, width, 1, weight_norm) if width != in_dim else None
         self.residual_scale = residual_scale
@@ -274,6 +282,13 @@ class GatedConvStack(nn.Module):
     """The residual blocks of a gated convolutional LM. Shapes: ``x [B, T, input_dim] -> [B, T, output_dim]``.
 
     ``blocks`` is a list from :func:`parse_layer_spec` (it is parsed here when given as text).
+
+    Initialisation: each of the L blocks starts with its residual branch scaled by 1/√L (unless
+    ``residual_scale`` is not 1: fairseq's √0.5 scaling keeps the variance by itself). Identity skips add
+    the branches' variance up, so with unscaled branches the output of GCNN-14 would start about 500 times larger
+    than its input, and that of GCNN-14B about 50,000 times (sigmoid gates then saturate into denormal
+    numbers, which also makes every step several times slower on CPU). With 1/√L the stack's output starts within
+    a factor of two of its input for every arch; weight normalisation's ``g`` learns the scale from there.
     ``forward(x, state=None)``: with ``state=None`` a full pass where every sequence starts at ``x[:, 0]``;
     for incremental decoding pass the list of per-layer histories from :meth:`initial_state` (or from the
     previous call); the updated list is returned with the output.
@@ -287,8 +302,9 @@ class GatedConvStack(nn.Module):
         blocks = parse_layer_spec(blocks)
         self.blocks = nn.ModuleList()
         width = input_dim
+        branch_init_scale = len(blocks) ** -0.5 if residual_scale == 1.0 else 1.0
         for spec in blocks:
-            block = GatedConvBlock(width, spec, activation, weight_norm, dropout, residual_scale)
+            block = GatedConvBlock(width, spec, activation, weight_norm, dropout, residual_scale, branch_init_scale)
             self.blocks.append(block)
             width = block.out_dim
         self.input_dim, self.output_dim = input_dim, width
