@@ -1,0 +1,176 @@
+"""transformer_c2s with the translation_c2s task: source characters in every batch, noise while training,
+unknown strings embedded from their letters, the fairseq programs, round trip and clear errors."""
+
+import re
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+import define_fairseq  # noqa: F401
+from define_fairseq.data.char_noise import CharNoise, sample_rng
+from define_fairseq.modules.char2subword import Char2SubwordEmbedding, encode_characters
+from define_fairseq.tools.params import setup_from_train_args
+from conftest import BIN, TINY_MODEL, TRAIN_FLAGS, USER_DIR, run_cli
+
+C2S = ["--c2s-char-dim", "16", "--c2s-ffn-dim", "32", "--c2s-heads", "2", "--c2s-max-chars", "12"]
+
+
+def setup(data, *flags, arch="transformer_c2s"):
+    return setup_from_train_args([str(data), "--user-dir", USER_DIR, "--task", "translation_c2s", "--arch", arch,
+                                  *TINY_MODEL, *C2S, *flags, "--optimizer", "adam", "--lr", "0.001", "--cpu"])
+
+
+@pytest.fixture(scope="module")
+def checkpoint(translation_data, tmp_path_factory):
+    save_dir = tmp_path_factory.mktemp("c2s")
+    proc = run_cli("fairseq-train", translation_data, "--user-dir", USER_DIR, "--task", "translation_c2s",
+                   "--arch", "transformer_c2s", *TINY_MODEL, *C2S, *TRAIN_FLAGS, "--c2s-noise-rate", "0.1",
+                   "--max-update", "6", "--save-dir", save_dir, "--no-save-optimizer-state",
+                   "--share-decoder-input-output-embed")
+    assert "source characters noised with rate 0.1" in proc.stdout + proc.stderr
+    return save_dir / "checkpoint_last.pt"
+
+
+def test_the_encoder_embeds_with_char2subword_and_the_decoder_choices(translation_data):
+    _, _, model = setup(translation_data, "--share-decoder-input-output-embed")
+    assert isinstance(model.encoder.embed_tokens, Char2SubwordEmbedding)
+    assert model.decoder.output_projection.weight is model.decoder.embed_tokens.weight
+    # fairseq multiplies by sqrt(d); the module divides it out of its unit-scale LayerNorm output
+    assert model.encoder.embed_tokens.output_scale == pytest.approx(32 ** -0.5)
+    _, _, model = setup(translation_data, "--c2s-decoder")
+    assert isinstance(model.decoder.embed_tokens, Char2SubwordEmbedding)
+    assert model.decoder.output_projection.weight is not None and model.decoder.share_input_output_embed is False
+    _, _, model = setup(translation_data, "--c2s-define-decoder")
+    from define_fairseq.modules import DeFINEEmbedding
+    assert isinstance(model.decoder.embed_tokens, DeFINEEmbedding)
+    assert model.decoder.output_projection.weight is model.decoder.embed_tokens.weight  # tied in n dimensions
+    assert model.encoder.embed_tokens.output_scale == 1.0  # --no-scale-embedding with DeFINE
+
+
+def batch_of(task, split, indices):
+    dataset = task.dataset(split)
+    return dataset.collater([dataset[i] for i in indices])
+
+
+def test_batches_carry_each_source_tokens_characters(translation_data):
+    _, task, _ = setup(translation_data)
+    task.load_dataset("valid")
+    batch = batch_of(task, "valid", [0, 1, 2, 3])
+    tokens, chars = batch["net_input"]["src_tokens"], batch["net_input"]["src_chars"]
+    assert chars.shape[:2] == tokens.shape
+    dictionary = task.source_dictionary
+    for row in range(tokens.size(0)):
+        for t in range(tokens.size(1)):
+            token = int(tokens[row, t])
+            ids = [c for c in chars[row, t].tolist() if c]
+            if token < dictionary.nspecial:  # padding (left) and EOS
+                assert ids == []
+            else:
+                assert ids == encode_characters(dictionary[token])
+
+
+def test_training_noise_is_deterministic_per_epoch_and_keeps_the_characters(translation_data):
+    _, task, _ = setup(translation_data, "--c2s-noise-rate", "0.3", "--seed", "7")
+    task.load_dataset("train")
+    dataset = task.dataset("train")
+    dataset.set_epoch(1)
+    first = [dataset[i] for i in range(40)]
+    again = [dataset[i] for i in range(40)]
+    assert all(torch.equal(a["source"], b["source"]) for a, b in zip(first, again))
+    dataset.set_epoch(2)
+    second = [dataset[i] for i in range(40)]
+    assert any(not torch.equal(a["source"], b["source"]) for a, b in zip(first, second))
+    dictionary = task.source_dictionary
+    clean = task.dataset("train").dataset[0]["source"]
+    expected = CharNoise(0.3).noise_tokens([dictionary[int(t)] for t in clean[:-1]], sample_rng(7, 1, 0))
+    assert [dictionary.index(p) for p in expected] == first[0]["source"][:-1].tolist()
+    assert first[0]["source_chars"][:-1] == [encode_characters(p) for p in expected]
+    unknown = [(item, t) for item in first for t, token in enumerate(item["source"].tolist())
+               if token == dictionary.unk()]
+    assert unknown, "a 30% rate should produce pieces the dictionary lacks"
+    for item, t in unknown:
+        assert item["source_chars"][t]  # an unknown piece keeps its characters
+
+
+def test_raw_text_splits_keep_unknown_strings(translation_data, checkpoint, tmp_path):
+    """--dataset-impl raw: the characters come from the text, so a string the dictionary lacks is embedded
+    from its letters, not as <unk>."""
+    data = tmp_path / "raw"
+    data.mkdir()
+    for name in ("dict.en.txt", "dict.de.txt"):
+        shutil.copy(translation_data / name, data / name)
+    (data / "test.en-de.en").write_text("w1 w2x w3\nw4 w5\n")  # "w2x" is not in the dictionary
+    (data / "test.en-de.de").write_text("w3 w2 w1\nw5 w4\n")
+    cfg, task, model = setup(data, "--dataset-impl", "raw")
+    model.eval()
+    task.load_dataset("test")
+    batch = batch_of(task, "test", [0, 1])
+    row = batch["id"].tolist().index(0)
+    tokens, chars = batch["net_input"]["src_tokens"][row], batch["net_input"]["src_chars"][row]
+    position = tokens.tolist().index(task.source_dictionary.unk())
+    assert [c for c in chars[position].tolist() if c] == encode_characters("w2x")
+    with torch.no_grad():
+        with_chars = model.encoder.embed_tokens(tokens[None], chars[None])[0, position]
+        as_unk = model.encoder.embed_tokens(tokens[None])[0, position]
+        torch.testing.assert_close(with_chars, model.encoder.embed_tokens.compose(chars[position][None])[0]
+                                   * model.encoder.embed_tokens.output_scale, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(with_chars, as_unk)
+    proc = run_cli("fairseq-generate", data, "--user-dir", USER_DIR, "--task", "translation_c2s", "--dataset-impl",
+                   "raw", "--path", checkpoint, "--cpu", "--beam", "2", "--batch-size", "2", "--gen-subset", "test",
+                   "--required-batch-size-multiple", "1")
+    assert len(re.findall(r"^H-\d+\t", proc.stdout, re.M)) == 2
+
+
+def test_fairseq_generate_and_interactive(translation_data, checkpoint):
+    proc = run_cli("fairseq-generate", translation_data, "--user-dir", USER_DIR, "--task", "translation_c2s",
+                   "--path", checkpoint, "--cpu", "--beam", "2", "--batch-size", "8", "--gen-subset", "test",
+                   "--required-batch-size-multiple", "1")
+    hypotheses = re.findall(r"^H-\d+\t(\S+)\t", proc.stdout, re.M)
+    assert len(hypotheses) == 20 and all(float(h) <= 0 for h in hypotheses)
+    assert "BLEU4" in proc.stdout + proc.stderr
+    proc = subprocess.run([str(BIN / "fairseq-interactive"), str(translation_data), "--user-dir", USER_DIR, "--task",
+                           "translation_c2s", "--path", str(checkpoint), "--cpu", "--beam", "2"],
+                          input="w1 w2 w3\nw4 w5\n", capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(re.findall(r"^H-\d+\t", proc.stdout, re.M)) == 2
+
+
+def test_checkpoint_round_trip(translation_data, checkpoint):
+    from fairseq import checkpoint_utils
+
+    (model,), _, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)])
+    model.eval()
+    task.load_dataset("valid")
+    sample = batch_of(task, "valid", [0, 1, 2])
+    with torch.no_grad():
+        before = model(**sample["net_input"])[0]
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    assert state["cfg"]["model"]["_name"] == "transformer_c2s"
+    _, _, fresh = setup(translation_data, "--share-decoder-input-output-embed")
+    fresh.eval()
+    with torch.no_grad():
+        assert not torch.allclose(fresh(**sample["net_input"])[0], before)
+        fresh.load_state_dict(state["model"])
+        torch.testing.assert_close(fresh(**sample["net_input"])[0], before, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--share-all-embeddings"], "cannot --share-all-embeddings"),
+    (["--c2s-decoder", "--c2s-define-decoder"], "give one"),
+    (["--c2s-decoder", "--share-decoder-input-output-embed"], "needs a decoder table"),
+    (["--c2s-noise-rate", "1.5"], "--c2s-noise-rate"),
+    (["--c2s-noise-types", "insert,typo"], "--c2s-noise-types"),
+])
+def test_impossible_settings_fail_clearly(translation_data, flags, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        setup(translation_data, *flags)
+
+
+def test_noise_never_edits_special_symbols(translation_data):
+    _, task, _ = setup(translation_data, "--c2s-noise-rate", "1.0", "--c2s-noise-types", "substitute")
+    task.load_dataset("train")
+    dataset = task.dataset("train")
+    noised = dataset._noised(["w1", "w2", "<unk>", "w3"], sample_rng(1, 1, 0))
+    assert noised[2] == "<unk>" and noised[:2] != ["w1", "w2"] and noised[3] != "w3"
