@@ -33,3 +33,8 @@ __all__ += ["MogrifierDropoutMasks", "MogrifierLSTM", "MogrifierLSTMLayer", "Mog
 from .gated_conv import CausalConv1d, GatedConvBlock, GatedConvLayer, GatedConvStack, parse_layer_spec  # noqa: E402
 
 __all__ += ["CausalConv1d", "GatedConvBlock", "GatedConvLayer", "GatedConvStack", "parse_layer_spec"]
+
+# Char2Subword (Aguilar et al., 2021).
+from .char2subword import Char2SubwordEmbedding, encode_characters, token_characters  # noqa: E402
+
+__all__ += ["Char2SubwordEmbedding", "encode_characters", "token_characters"]
