@@ -185,17 +185,24 @@ class Char2SubwordEmbedding(nn.Module):
 
     def forward(self, tokens: Tensor, chars: Optional[Tensor] = None) -> Tensor:
         flat = tokens.reshape(-1)
+        given = None
         if chars is not None:
             chars = chars.reshape(flat.size(0), -1)
             given = chars.ne(PAD_CHAR).any(dim=1)
+        by_id = None if given is None else (~given).nonzero().squeeze(1)
+        ids = flat if by_id is None else flat[by_id]
         if not self.training and not torch.is_grad_enabled():
-            out = self._cached_table()[flat]
+            from_ids = self._cached_table()[ids]
         else:
-            out = self._lookup(flat)
-        if chars is not None and bool(given.any()):
+            from_ids = self._lookup(ids) if ids.numel() else self.special.new_zeros(0, self.embedding_dim)
+        if by_id is None:
+            out = from_ids
+        else:
+            out = from_ids.new_zeros(flat.size(0), self.embedding_dim).index_copy(0, by_id, from_ids)
             rows = given.nonzero().squeeze(1)
-            unique, inverse = torch.unique(chars[rows], dim=0, return_inverse=True)
-            out = out.index_copy(0, rows, self.compose(unique)[inverse].to(out.dtype))
+            if rows.numel():
+                unique, inverse = torch.unique(chars[rows], dim=0, return_inverse=True)
+                out = out.index_copy(0, rows, self.compose(unique)[inverse].to(out.dtype))
         out = out.view(*tokens.shape, self.embedding_dim)
         return out * self.output_scale if self.output_scale != 1.0 else out
 
