@@ -399,3 +399,15 @@ def test_fairseq_train_reports_a_bad_spec_by_its_flag(lm_data, tmp_path):
                    check=False)
     assert proc.returncode != 0
     assert "--gcnn-layers" in proc.stderr and "kernel width 0" in proc.stderr
+
+
+@pytest.mark.parametrize("arch", ["gcnn_lm_8", "gcnn_lm_14", "gcnn_lm_13", "gcnn_lm_8b", "gcnn_lm_14b"])
+def test_every_arch_trains_through_fairseq_train(lm_data, tmp_path, arch):
+    """Each registered arch by name, its sizes overridden to fit the toy corpus."""
+    proc = run_cli("fairseq-train", lm_data, "--user-dir", USER_DIR, "--task", "language_modeling", "--arch", arch,
+                   *TINY, *ADAPTIVE, *COMMON, "--tokens-per-sample", "32", "--max-tokens", "256", "--max-update", "2",
+                   "--save-dir", tmp_path, "--no-save-optimizer-state")
+    out = proc.stdout + proc.stderr
+    assert math.isfinite(float(re.findall(r"valid on 'valid' subset \| loss ([\d.]+)", out)[-1]))
+    state = torch.load(tmp_path / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    assert state["cfg"]["model"]["_name"] == arch  # fairseq records the arch name there

@@ -174,3 +174,13 @@ def test_noise_never_edits_special_symbols(translation_data):
     dataset = task.dataset("train")
     noised = dataset._noised(["w1", "w2", "<unk>", "w3"], sample_rng(1, 1, 0))
     assert noised[2] == "<unk>" and noised[:2] != ["w1", "w2"] and noised[3] != "w3"
+
+
+@pytest.mark.parametrize("arch", ["transformer_c2s_iwslt_de_en", "transformer_c2s_small"])
+def test_every_arch_trains_through_fairseq_train(translation_data, tmp_path, arch):
+    proc = run_cli("fairseq-train", translation_data, "--user-dir", USER_DIR, "--task", "translation_c2s",
+                   "--arch", arch, *TINY_MODEL, *C2S, *TRAIN_FLAGS, "--max-update", "2", "--save-dir", tmp_path,
+                   "--no-save-optimizer-state")
+    assert re.search(r"valid on 'valid' subset \| loss [\d.]+", proc.stdout + proc.stderr)
+    state = torch.load(tmp_path / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    assert state["cfg"]["model"]["_name"] == arch  # fairseq records the arch name there

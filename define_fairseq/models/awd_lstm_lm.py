@@ -24,12 +24,8 @@ from dataclasses import dataclass, field
 from fairseq.models import register_model, register_model_architecture
 from fairseq.utils import safe_getattr
 
-from define_fairseq.models.lstm_lm_define import (
-    LSTMLMDefineModel,
-    RecurrentLMConfig,
-    build_recurrent_decoder,
-    config_namespace,
-)
+from define_fairseq.models.config_helpers import config_namespace
+from define_fairseq.models.lstm_lm_define import LSTMLMDefineModel, RecurrentLMConfig, build_recurrent_decoder
 
 
 @dataclass

@@ -39,3 +39,13 @@ def parse_cutoff(value, flag: str) -> List[int]:
 def check_rate(value: float, flag: str):
     if not 0.0 <= value < 1.0:
         raise ValueError(f"{flag}={value}: a dropout probability must be in [0, 1)")
+
+
+def check_tail_widths(cutoff: List[int], dim: int, factor: float, flag_value) -> None:
+    """An adaptive softmax over ``dim`` features with bands ``cutoff`` (ending with V) gives tail cluster ``i``
+    ``dim // factor**i`` dimensions; raise a ValueError naming ``--adaptive-softmax-cutoff`` if one has none."""
+    for band in range(1, len(cutoff)):
+        if int(dim // factor ** band) < 1:
+            raise ValueError(f"--adaptive-softmax-cutoff {flag_value}: tail cluster {band} would have {dim} // "
+                             f"{factor}**{band} = 0 dimensions; use fewer cutoffs or a smaller "
+                             f"--adaptive-softmax-factor")

@@ -44,7 +44,7 @@ from fairseq.modules import AdaptiveSoftmax
 from fairseq.utils import safe_getattr
 from torch import Tensor
 
-from define_fairseq.models.config_helpers import check_rate, config_namespace, parse_cutoff
+from define_fairseq.models.config_helpers import check_rate, check_tail_widths, config_namespace, parse_cutoff
 from define_fairseq.models.define_config import DeFINEConfig, define_embedding_kwargs
 from define_fairseq.modules.adaptive_input import check_cutoff
 from define_fairseq.modules.define_embedding import DeFINEEmbedding
@@ -201,11 +201,7 @@ def build_gated_conv_decoder(cfg, dictionary) -> GatedConvLMDecoder:
     if cfg.adaptive_softmax_cutoff:
         cutoff = check_cutoff(parse_cutoff(cfg.adaptive_softmax_cutoff, "--adaptive-softmax-cutoff"), vocab,
                               "--adaptive-softmax-cutoff")
-        for band in range(1, len(cutoff)):
-            if int(d // cfg.adaptive_softmax_factor ** band) < 1:
-                raise ValueError(f"--adaptive-softmax-cutoff {cfg.adaptive_softmax_cutoff}: tail cluster {band} "
-                                 f"would have {d} // {cfg.adaptive_softmax_factor}**{band} = 0 dimensions; use "
-                                 f"fewer cutoffs or a smaller --adaptive-softmax-factor")
+        check_tail_widths(cutoff, d, cfg.adaptive_softmax_factor, cfg.adaptive_softmax_cutoff)
         adaptive_softmax = AdaptiveSoftmax(vocab, d, cutoff, cfg.adaptive_softmax_dropout,
                                            factor=cfg.adaptive_softmax_factor)
     else:

@@ -44,7 +44,8 @@ from fairseq.utils import safe_getattr
 from torch import Tensor
 
 from define_fairseq.models.carried_state import CarriedState, IncrementalLSTMState
-from define_fairseq.models.config_helpers import check_rate as _check_rate, config_namespace, parse_cutoff  # noqa: F401
+from define_fairseq.models.config_helpers import (
+    check_rate as _check_rate, check_tail_widths, config_namespace, parse_cutoff)
 from define_fairseq.models.define_config import DeFINEConfig, define_embedding_kwargs
 from define_fairseq.modules.adaptive_input import AdaptiveInput, check_cutoff
 from define_fairseq.modules.define_embedding import DeFINEEmbedding, FoldedDeFINEEmbedding
@@ -312,11 +313,7 @@ def build_recurrent_decoder(cfg: Namespace, dictionary, adaptive: bool, tie_full
                                                factor=cfg.adaptive_softmax_factor, adaptive_inputs=embed,
                                                tie_proj=cfg.tie_adaptive_proj)
         else:
-            for band in range(1, len(cutoff)):
-                if int(last // cfg.adaptive_softmax_factor ** band) < 1:
-                    raise ValueError(f"--adaptive-softmax-cutoff {softmax_cutoff}: tail cluster {band} would have "
-                                     f"{last} // {cfg.adaptive_softmax_factor}**{band} = 0 dimensions; use fewer "
-                                     f"cutoffs or a smaller --adaptive-softmax-factor")
+            check_tail_widths(cutoff, last, cfg.adaptive_softmax_factor, softmax_cutoff)
             adaptive_softmax = AdaptiveSoftmax(vocab, last, cutoff, cfg.adaptive_softmax_dropout,
                                                factor=cfg.adaptive_softmax_factor)
     else:

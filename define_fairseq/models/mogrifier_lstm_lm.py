@@ -53,7 +53,8 @@ from torch import Tensor
 
 from define_fairseq.models.carried_state import CarriedState, IncrementalLSTMState
 from define_fairseq.models.define_config import DeFINEConfig, define_embedding_kwargs
-from define_fairseq.models.lstm_lm_define import MAX_POSITIONS, config_namespace
+from define_fairseq.models.config_helpers import check_rate as _check_rate, config_namespace
+from define_fairseq.models.lstm_lm_define import MAX_POSITIONS
 from define_fairseq.modules.define_embedding import DeFINEEmbedding, FoldedDeFINEEmbedding
 from define_fairseq.modules.mogrifier_lstm import MogrifierLSTM
 
@@ -116,11 +117,6 @@ class MogrifierLSTMLMConfig(DeFINEConfig):
         default=0.0, metadata={"help": "lamb's l2_penalty: add l/2 * sum(theta^2) over all parameters to the loss "
                                        "(needs --criterion lm_regularized_loss; it is added once per sample_size "
                                        "unit: per stream with --sentence-avg, as lamb, per token without)"})
-
-
-def _check_rate(value: float, flag: str) -> None:
-    if not 0.0 <= value < 1.0:
-        raise ValueError(f"{flag}={value}: a dropout probability must be in [0, 1)")
 
 
 class TiedOutput(nn.Module):

@@ -169,15 +169,17 @@ class CausalConv1d(nn.Module):
     def forward(self, x: Tensor, history: Optional[Tensor] = None) -> Tensor:
         """``x [B, T, in_dim]``; ``history [B, kernel - 1, in_dim]``: the inputs just before ``x`` (None: the
         sequence starts with ``x``, i.e. zeros). Returns ``[B, T, out_dim]``."""
-        k = self.kernel
-        weight = self.normalized_weight()
-        if k == 1:
-            return F.linear(x, weight, self.bias)
+        if self.kernel == 1:
+            return F.linear(x, self.normalized_weight(), self.bias)
         if history is None:
-            window = F.pad(x, (0, 0, k - 1, 0))
-        else:
-            window = torch.cat([history, x], dim=1)
-        B, T = x.shape[:2]
+            return self.over_window(F.pad(x, (0, 0, self.kernel - 1, 0)))
+        return self.over_window(torch.cat([history, x], dim=1))
+
+    def over_window(self, window: Tensor) -> Tensor:
+        """The outputs whose whole receptive field lies in ``window [B, T + kernel - 1, in_dim]``: ``[B, T,
+        out_dim]`` (no padding)."""
+        k, weight = self.kernel, self.normalized_weight()
+        B, T = window.size(0), window.size(1) - k + 1
         if T == 1:  # one decoding step: a matrix-vector product per sequence
             return F.linear(window.reshape(B, 1, k * self.in_dim), weight, self.bias)
         columns = window.unfold(1, k, 1).transpose(2, 3).reshape(B, T, k * self.in_dim)  # [B, T, k * in]
@@ -229,6 +231,14 @@ class GatedConvLayer(nn.Module):
         x = F.dropout(x, self.dropout, self.training)
         return gate(self.conv(x, history), self.activation)
 
+    def step(self, x: Tensor, history: Tensor) -> Tuple[Tensor, Tensor]:
+        """Incremental decoding: ``(output [B, T, out_dim], history after x [B, kernel - 1, in_dim])`` for the new
+        inputs ``x [B, T, in_dim]`` following ``history [B, kernel - 1, in_dim]`` (dropout off)."""
+        if self.kernel == 1:
+            return gate(self.conv(x), self.activation), history
+        window = torch.cat([history, x], dim=1)
+        return gate(self.conv.over_window(window), self.activation), window[:, -(self.kernel - 1):]
+
 
 class GatedConvBlock(nn.Module):
     """A pre-activation residual block: ``scale · (skip(x) + layers(x))``, ``skip`` the identity or, where the
@@ -260,22 +270,14 @@ class GatedConvBlock(nn.Module):
         updated = None if histories is None else []
         for i, layer in enumerate(self.layers):
             if histories is not None:
-                updated.append(_advance(histories[i], x))
-                x = layer(x, histories[i])
+                x, history = layer.step(x, histories[i])
+                updated.append(history)
             else:
                 x = layer(x)
         x = x + skip
         if self.residual_scale != 1.0:
             x = x * self.residual_scale
         return x, updated
-
-
-def _advance(history: Tensor, x: Tensor) -> Tensor:
-    """The last ``history.size(1)`` inputs once ``x [B, T, C]`` follows ``history [B, k-1, C]``."""
-    keep = history.size(1)
-    if keep == 0:
-        return history
-    return torch.cat([history, x], dim=1)[:, -keep:]
 
 
 class GatedConvStack(nn.Module):
