@@ -92,6 +92,28 @@ def test_output_scale_multiplies_the_layer_norm_output():
     torch.testing.assert_close(module(tokens), 0.25 * reference(tokens))
 
 
+def test_set_output_scale_keeps_every_output():
+    module = make(output_scale=0.1)
+    with torch.no_grad():  # a trained LayerNorm: gain and bias away from their initial 1 and 0
+        module.layer_norm.weight.uniform_(0.5, 1.5)
+        module.layer_norm.bias.uniform_(-0.2, 0.2)
+    tokens = torch.tensor([[4, 2, 5, 1], [6, 3, 0, 7]])
+    chars = torch.zeros(2, 4, 12, dtype=torch.long)
+    chars[1, 2, :3] = torch.tensor(encode_characters("wrd"))  # an unknown string at one position
+    before = module(tokens, chars).detach()
+    module.eval()
+    with torch.no_grad():
+        table_before = module(tokens)
+    module.set_output_scale(0.5)
+    assert module.output_scale == 0.5
+    with torch.no_grad():
+        torch.testing.assert_close(module(tokens), table_before)  # the cached table was rebuilt
+    module.train()
+    torch.testing.assert_close(module(tokens, chars), before)
+    with pytest.raises(ValueError, match="output_scale=0"):
+        module.set_output_scale(0)
+
+
 @pytest.mark.parametrize("kwargs,message", [
     (dict(char_dim=15, heads=2), "divisible by heads"),
     (dict(max_chars=0), "max_chars=0"),

@@ -375,6 +375,35 @@ def test_noise_text_writes_the_noised_copy_and_prints_the_rate(tmp_path, capsys)
     assert stats.words_changed == sum(a != b for x, y in zip(lines, got) for a, b in zip(x.split(), y.split()))
 
 
+def test_noise_text_segmented_keeps_the_cuts_and_matches_the_training_noise(tmp_path, capsys):
+    """--segmented: a BPE-segmented file noised as translation_c2s noises its training source (noise_tokens with
+    sample_rng(seed, 0, line)); each word gets the same edits as noising the unsegmented line."""
+    words = [make_words(8, seed=i) for i in range(60)]
+    plain = [" ".join(w) for w in words]
+    # subword-nmt style: every word longer than 3 characters cut after its third character
+    pieces = [[p for word in w for p in ([word[:3] + "@@", word[3:]] if len(word) > 3 else [word])] for w in words]
+    segmented = [" ".join(p) for p in pieces]
+    segmented[5] = ""
+    plain[5] = ""
+    source, target = tmp_path / "in.bpe", tmp_path / "out.bpe"
+    source.write_text("".join(line + "\n" for line in segmented), encoding="utf-8")
+    noise_text.main(["--segmented", "--rate", "0.1", "--seed", "3", str(source), str(target)])
+    out = capsys.readouterr().out
+    got = target.read_text(encoding="utf-8").split("\n")[:-1]
+    noise, stats = CharNoise(0.1), NoiseStats()
+    expected = [" ".join(noise.noise_tokens(line.split(), sample_rng(3, 0, i), stats)) if line else ""
+                for i, line in enumerate(segmented)]
+    assert got == expected and got != segmented and got[5] == ""
+    assert f"words changed: {stats.words_changed} of {stats.words}" in out
+    # the same edits as on the unsegmented text: joining the pieces gives the plain run's output
+    (tmp_path / "in.txt").write_text("".join(line + "\n" for line in plain), encoding="utf-8")
+    noise_text.main(["--rate", "0.1", "--seed", "3", str(tmp_path / "in.txt"), str(tmp_path / "out.txt")])
+    joined = [line.replace("@@ ", "") for line in got]
+    assert joined == (tmp_path / "out.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    # while a cut word keeps a cut wherever both its pieces kept characters
+    assert sum(line.count("@@") for line in got) >= 0.8 * sum(line.count("@@") for line in segmented)
+
+
 def test_noise_text_rejects_bad_flags(tmp_path, capsys):
     source = tmp_path / "in.txt"
     source.write_text("hello world\n")

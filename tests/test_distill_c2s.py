@@ -242,3 +242,77 @@ def test_bad_neighbours_and_a_side_without_table(checkpoint, tmp_path):
     with pytest.raises(ValueError, match="no decoder embedding table"):
         main(["--checkpoint", str(stripped), "--output", out, "--side", "decoder", *SMALL_C2S])
     assert not Path(out).exists()
+
+
+# -- the distilled module swapped into the trained model (tools/c2s_checkpoint) --------------------------------
+
+
+def test_c2s_checkpoint_gives_transformer_c2s_the_model_with_the_module_for_the_table(checkpoint, tmp_path):
+    from fairseq import checkpoint_utils, tasks
+
+    from conftest import USER_DIR
+    from define_fairseq.tools import c2s_checkpoint
+    from define_fairseq.tools.params import setup_from_train_args
+
+    # the fixture's table rows have norm 1 (RMS d^-0.5, the scale transformer_c2s builds with): a table three
+    # times larger, so that the module must be rescaled when it is swapped in
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        saved = torch.load(checkpoint, weights_only=True)
+    saved["model"]["encoder.embed_tokens.weight"] *= 3
+    data, checkpoint = checkpoint.parent, tmp_path / checkpoint.name
+    torch.save(saved, checkpoint)
+    module_path, start = tmp_path / "c2s.pt", tmp_path / "start.pt"
+    main(["--checkpoint", str(checkpoint), "--output", str(module_path), "--epochs", "2", "--batch-size", "16",
+          "--lr", "0.01", "--cpu", *SMALL_C2S])
+    c2s_checkpoint.main(["--checkpoint", str(checkpoint), "--c2s", str(module_path), "--output", str(start)])
+    assert not Path(str(start) + ".tmp").exists()
+
+    # the reference: the checkpoint's own Transformer with its encoder table replaced by the distilled module
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        state = checkpoint_utils.load_checkpoint_to_cpu(str(checkpoint))
+    task = tasks.setup_task(state["cfg"].task)
+    reference = task.build_model(state["cfg"].model)
+    reference.load_state_dict(state["model"])
+    reference.encoder.embed_tokens = load_distilled(str(module_path), task.source_dictionary)
+    assert reference.encoder.embed_tokens.output_scale == pytest.approx(3 * DIM ** -0.5, rel=1e-3)  # E's scale
+
+    # transformer_c2s as fairseq-train builds it, loaded (strictly) from the written start
+    _, _, model = setup_from_train_args([
+        str(data), "--user-dir", USER_DIR, "--task", "translation_c2s", "-s", "en", "-t", "de",
+        "--arch", "transformer_c2s", "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim",
+        str(DIM), "--decoder-embed-dim", str(DIM), "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
+        "--encoder-attention-heads", "2", "--decoder-attention-heads", "2", *SMALL_C2S, "--optimizer", "adam",
+        "--lr", "0.001", "--cpu"])
+    model.load_state_dict(checkpoint_utils.load_checkpoint_to_cpu(str(start))["model"], strict=True)
+    assert model.encoder.embed_tokens.output_scale == pytest.approx(DIM ** -0.5)
+
+    reference.eval()
+    model.eval()
+    gen = torch.Generator().manual_seed(3)
+    dictionary = task.source_dictionary
+    src = torch.randint(dictionary.nspecial, len(dictionary), (3, 6), generator=gen)
+    src[:, -1] = dictionary.eos()
+    prev = torch.randint(dictionary.nspecial, len(dictionary), (3, 4), generator=gen)
+    lengths = torch.full((3,), 6)
+    with torch.no_grad():
+        expected = reference(src, lengths, prev)[0]
+        torch.testing.assert_close(model(src, lengths, prev)[0], expected, rtol=1e-4, atol=1e-5)
+        # and it is not the table's model
+        original = task.build_model(state["cfg"].model)
+        original.load_state_dict(state["model"])
+        assert not torch.allclose(original.eval()(src, lengths, prev)[0], expected, atol=1e-3)
+
+
+def test_c2s_checkpoint_refuses_a_decoder_module_and_names_missing_files(checkpoint, tmp_path):
+    from define_fairseq.tools import c2s_checkpoint
+
+    decoder_module = tmp_path / "decoder.pt"
+    main(["--checkpoint", str(checkpoint), "--output", str(decoder_module), "--side", "decoder", "--epochs", "0",
+          "--cpu", *SMALL_C2S])
+    out = tmp_path / "start.pt"
+    with pytest.raises(ValueError, match="distilled from a decoder table"):
+        c2s_checkpoint.main(["--checkpoint", str(checkpoint), "--c2s", str(decoder_module), "--output", str(out)])
+    with pytest.raises(FileNotFoundError, match="no_such.pt: no such file"):
+        c2s_checkpoint.main(["--checkpoint", str(checkpoint), "--c2s", str(tmp_path / "no_such.pt"),
+                             "--output", str(out)])
+    assert not out.exists()

@@ -184,3 +184,32 @@ def test_every_arch_trains_through_fairseq_train(translation_data, tmp_path, arc
     assert re.search(r"valid on 'valid' subset \| loss [\d.]+", proc.stdout + proc.stderr)
     state = torch.load(tmp_path / "checkpoint_last.pt", map_location="cpu", weights_only=False)
     assert state["cfg"]["model"]["_name"] == arch  # fairseq records the arch name there
+
+
+def test_the_papers_route_table_distil_swap_then_train_the_module_only(translation_data, tmp_path):
+    """transformer -> distill_c2s -> c2s_checkpoint -> fairseq-train transformer_c2s --finetune-from-model with
+    --c2s-train-embedding-only: only the module's weights move; then fairseq-generate reads the result."""
+    from conftest import run_module
+
+    base = tmp_path / "transformer"
+    run_cli("fairseq-train", translation_data, "--task", "translation", "--arch", "transformer", *TINY_MODEL[:-4],
+            *TRAIN_FLAGS, "--max-update", "4", "--save-dir", base, "--no-save-optimizer-state",
+            "--share-all-embeddings")
+    run_module("define_fairseq.tools.distill_c2s", "--checkpoint", base / "checkpoint_last.pt", "--output",
+               tmp_path / "c2s.pt", "--epochs", "1", "--cpu", *C2S)
+    run_module("define_fairseq.tools.c2s_checkpoint", "--checkpoint", base / "checkpoint_last.pt", "--c2s",
+               tmp_path / "c2s.pt", "--output", tmp_path / "start.pt")
+    tuned = tmp_path / "c2s"
+    run_cli("fairseq-train", translation_data, "--user-dir", USER_DIR, "--task", "translation_c2s", "--arch",
+            "transformer_c2s", *TINY_MODEL, *C2S, *TRAIN_FLAGS, "--max-update", "3", "--save-dir", tuned,
+            "--share-decoder-input-output-embed", "--c2s-noise-rate", "0.1", "--c2s-train-embedding-only",
+            "--finetune-from-model", tmp_path / "start.pt", "--no-save-optimizer-state")
+    start = torch.load(tmp_path / "start.pt", map_location="cpu", weights_only=True)["model"]
+    final = torch.load(tuned / "checkpoint_last.pt", map_location="cpu", weights_only=False)["model"]
+    assert set(start) == set(final)
+    moved = {name for name in start if not torch.equal(start[name], final[name])}
+    assert moved and all(name.startswith("encoder.embed_tokens.") for name in moved)
+    proc = run_cli("fairseq-generate", translation_data, "--user-dir", USER_DIR, "--task", "translation_c2s",
+                   "--path", tuned / "checkpoint_last.pt", "--gen-subset", "valid", "--beam", "2",
+                   "--max-tokens", "400", "--cpu")
+    assert re.search(r"BLEU4? = [\d.]+", proc.stdout + proc.stderr)

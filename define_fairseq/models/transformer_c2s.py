@@ -42,6 +42,10 @@ C2S_FIELDS = [
         "help": "Char2Subword: characters kept per token (BPE markers included); longer tokens are cut"})),
     ("c2s_dropout", float, dataclasses.field(default=0.0, metadata={
         "help": "Char2Subword: dropout inside the character Transformer"})),
+    ("c2s_train_embedding_only", bool, dataclasses.field(default=False, metadata={
+        "help": "train only the encoder's Char2Subword module and keep every other weight as it is (the paper's "
+                "second stage: a trained model whose table was swapped for a distilled module, see "
+                "define_fairseq.tools.c2s_checkpoint)"})),
     ("c2s_decoder", bool, dataclasses.field(default=False, metadata={
         "help": "embed the decoder input with Char2Subword too (the output layer is then untied)"})),
     ("c2s_define_decoder", bool, dataclasses.field(default=False, metadata={
@@ -124,7 +128,11 @@ class TransformerC2SModel(TransformerModel):
                                            1.0 if args.no_scale_embedding else args.encoder_embed_dim ** -0.5)
         encoder = cls.build_encoder(args, src_dict, encoder_embed)
         decoder = cls.build_decoder(args, tgt_dict, decoder_embed)
-        return cls(args, encoder, decoder)
+        model = cls(args, encoder, decoder)
+        if args.c2s_train_embedding_only:
+            for name, parameter in model.named_parameters():
+                parameter.requires_grad_(name.startswith("encoder.embed_tokens."))
+        return model
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):

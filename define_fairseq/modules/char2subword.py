@@ -124,7 +124,8 @@ class Char2SubwordEmbedding(nn.Module):
         slot = torch.full((len(symbols),), -1, dtype=torch.long)
         slot[specials] = torch.arange(len(specials))
         self.register_buffer("special_slot", slot, persistent=False)
-        self.special = nn.Parameter(torch.randn(len(specials), embedding_dim) * embedding_dim ** -0.5)
+        # (unit scale per dimension, as the LayerNorm gives the composed vectors)
+        self.special = nn.Parameter(torch.randn(len(specials), embedding_dim))
         self._pad_slot = specials.index(padding_idx) if padding_idx is not None else None
 
         self.char_embed = nn.Embedding(NUM_CHARS, char_dim, padding_idx=PAD_CHAR)
@@ -170,6 +171,19 @@ class Char2SubwordEmbedding(nn.Module):
             out = out.index_copy(0, regular, torch.cat(chunks))
         specials = self.is_special.nonzero().squeeze(1)
         return out.index_copy(0, specials, self._special_vectors(self.special_slot[specials]))
+
+    @torch.no_grad()
+    def set_output_scale(self, output_scale: float) -> None:
+        """Change ``output_scale`` and keep every output as it was: the ratio of the old scale to the new one is
+        folded into the final LayerNorm's gain and bias and into the special vectors (e.g. to put a module distilled
+        at a table's scale into a model that expects unit scale)."""
+        if not output_scale > 0:
+            raise ValueError(f"Char2SubwordEmbedding: output_scale={output_scale} must be positive")
+        ratio = self.output_scale / output_scale
+        for tensor in (self.layer_norm.weight, self.layer_norm.bias, self.special):
+            tensor.mul_(ratio)
+        self.output_scale = float(output_scale)
+        self._table = None
 
     def train(self, mode: bool = True):
         self._table = None

@@ -183,16 +183,17 @@ def symbols_md5(symbols: Sequence[str]) -> str:
     return hashlib.md5("\n".join(symbols).encode("utf-8")).hexdigest()
 
 
-def load_table(checkpoint: str, side: str, data: Optional[str] = None):
-    """``(dictionary, E [V, d] float)`` of ``side`` (``encoder``/``decoder``) from a fairseq checkpoint."""
-    from fairseq import checkpoint_utils, tasks, utils
+def load_checkpoint_state(checkpoint: str, data: Optional[str] = None) -> Dict:
+    """The state of a fairseq checkpoint, read with ``torch.load(weights_only=True)`` (``argparse.Namespace``
+    allowed); ``data`` overrides the data directory it records."""
+    from fairseq import checkpoint_utils
 
     if not os.path.isfile(checkpoint):
         raise FileNotFoundError(f"--checkpoint {checkpoint}: no such file")
     overrides = {"data": data} if data else None
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
-            state = checkpoint_utils.load_checkpoint_to_cpu(checkpoint, arg_overrides=overrides)
+            return checkpoint_utils.load_checkpoint_to_cpu(checkpoint, arg_overrides=overrides)
     except pickle.UnpicklingError as error:
         lines = [line.strip() for line in str(error).splitlines() if line.strip()]
         reason = next((line for line in lines if "Unsupported global" in line), lines[-1] if lines else "")
@@ -200,6 +201,13 @@ def load_table(checkpoint: str, side: str, data: Optional[str] = None):
             f"--checkpoint {checkpoint}: torch.load(weights_only=True) refused it (it holds Python objects other "
             f"than tensors, containers and argparse.Namespace). If you trust this file, rerun with the environment "
             f"variable TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1. torch said: {reason}") from error
+
+
+def checkpoint_table(state: Dict, checkpoint: str, side: str, data: Optional[str] = None):
+    """``(dictionary, E [V, d] float)`` of ``side`` (``encoder``/``decoder``) from a loaded checkpoint ``state``
+    (``checkpoint``: its path, for messages)."""
+    from fairseq import tasks, utils
+
     key = f"{side}.embed_tokens.weight"
     model_state = state.get("model") or {}
     if key not in model_state:
@@ -231,6 +239,11 @@ def load_table(checkpoint: str, side: str, data: Optional[str] = None):
                          f"{key} has {table.size(0)} rows; pass the data directory the model was trained on "
                          f"with --data")
     return dictionary, table
+
+
+def load_table(checkpoint: str, side: str, data: Optional[str] = None):
+    """``(dictionary, E [V, d] float)`` of ``side`` (``encoder``/``decoder``) from a fairseq checkpoint."""
+    return checkpoint_table(load_checkpoint_state(checkpoint, data), checkpoint, side, data)
 
 
 def build_module(dictionary, embedding_dim: int, c2s_args: Dict, output_scale: float) -> Char2SubwordEmbedding:

@@ -1,10 +1,16 @@
 """Write a copy of a word-tokenized text file with synthetic character noise (typos).
 
     python -m define_fairseq.tools.noise_text --rate 0.05 --seed 1 [--types insert,delete,...]
-        [--min-chars N] INPUT OUTPUT
+        [--min-chars N] [--segmented] INPUT OUTPUT
 
 Use it on plain (pre-BPE) text, e.g. to build a noisy-source test set for a robustness evaluation: noise
-the raw source side, then apply the same BPE and ``fairseq-preprocess`` as for the clean one.
+the raw source side, then apply the same BPE and ``fairseq-preprocess`` as for the clean one. The BPE then
+segments a misspelled word afresh, usually into shorter pieces that the dictionary has.
+
+With ``--segmented`` the input is already BPE-segmented (subword-nmt ``@@`` or sentencepiece ``▁``
+pieces): the characters of each word are edited and every segmentation point is kept, exactly as the
+``translation_c2s`` task noises its training source (``CharNoise.noise_tokens``). An edited piece is then
+often missing from the dictionary: fairseq reads it as ``<unk>``, Char2Subword from its letters.
 
 Each line is split at whitespace; every word is noised with ``define_fairseq.data.char_noise.CharNoise``
 (see there for the edit types and the exact model), line ``i`` (counting from 0) with the random generator
@@ -34,8 +40,21 @@ def noise_line(noise: CharNoise, line: str, seed: int, index: int, stats: Option
                    for k, part in enumerate(parts))
 
 
-def noise_file(noise: CharNoise, input_path: str, output_path: str, seed: int) -> NoiseStats:
-    """Noise ``input_path`` line by line into ``output_path`` (via ``output_path + ".tmp"``)."""
+def noise_segmented_line(noise: CharNoise, line: str, seed: int, index: int,
+                         stats: Optional[NoiseStats] = None) -> str:
+    """Line ``index`` of a BPE-segmented file, its words noised with ``sample_rng(seed, 0, index)`` and every
+    segmentation point kept; pieces are written separated by single spaces, the line end kept."""
+    body = line.rstrip("\r\n")
+    pieces = body.split()
+    if not pieces:
+        return line
+    return " ".join(noise.noise_tokens(pieces, sample_rng(seed, 0, index), stats)) + line[len(body):]
+
+
+def noise_file(noise: CharNoise, input_path: str, output_path: str, seed: int,
+               segmented: bool = False) -> NoiseStats:
+    """Noise ``input_path`` line by line into ``output_path`` (via ``output_path + ".tmp"``); ``segmented``:
+    the lines are BPE pieces (see :func:`noise_segmented_line`)."""
     if not os.path.isfile(input_path):
         raise FileNotFoundError(f"input file not found: {input_path}")
     tmp_path = output_path + ".tmp"
@@ -44,7 +63,8 @@ def noise_file(noise: CharNoise, input_path: str, output_path: str, seed: int) -
         with open(input_path, encoding="utf-8", newline="") as source, \
                 open(tmp_path, "w", encoding="utf-8", newline="") as target:
             for index, line in enumerate(source):
-                target.write(noise_line(noise, line, seed, index, stats))
+                noised = noise_segmented_line if segmented else noise_line
+                target.write(noised(noise, line, seed, index, stats))
         os.replace(tmp_path, output_path)
     except BaseException:
         if os.path.exists(tmp_path):
@@ -94,10 +114,13 @@ def main(argv: Optional[List[str]] = None) -> None:
                         help=f"comma-separated edit types (default: {','.join(NOISE_TYPES)})")
     parser.add_argument("--min-chars", type=_min_chars, default=1,
                         help="leave words with fewer characters unchanged (default: 1)")
+    parser.add_argument("--segmented", action="store_true",
+                        help="INPUT is BPE-segmented (@@ or ▁ pieces): edit each word's characters and keep "
+                             "every segmentation point, as translation_c2s does while training")
     args = parser.parse_args(argv)
     noise = CharNoise(args.rate, args.types, args.min_chars)
     try:
-        stats = noise_file(noise, args.input, args.output, args.seed)
+        stats = noise_file(noise, args.input, args.output, args.seed, args.segmented)
     except UnicodeDecodeError as e:
         raise SystemExit(f"error: {args.input} is not UTF-8 text ({e})")
     except OSError as e:  # the message names the file (missing input, unwritable output, ...)
