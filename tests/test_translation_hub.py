@@ -1,0 +1,69 @@
+"""transformer_define from Python (fairseq's hub interface, ``from_pretrained`` with the BPE codes) and from
+``fairseq-interactive`` with the same codes: both translate raw sentences, and give the same translations."""
+
+import subprocess
+
+import pytest
+
+from conftest import BIN, TINY_MODEL, TRAIN_FLAGS, USER_DIR, run_cli, write_tiny_corpus
+
+SENTENCES = ["w1 w22 w3", "w17 w5 w38 w0", "w9"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """``(data-bin, BPE codes, save dir)``: a joint subword-nmt BPE learned on the toy corpus, the corpus
+    binarized with it, and transformer_define trained on it for a few updates."""
+    from subword_nmt.apply_bpe import BPE
+    from subword_nmt.learn_bpe import learn_bpe
+
+    raw = tmp_path_factory.mktemp("hub-raw")
+    write_tiny_corpus(raw)
+    joined = raw / "train.joined"
+    joined.write_text((raw / "train.en").read_text() + (raw / "train.de").read_text())
+    codes = raw / "codes"
+    with open(joined) as infile, open(codes, "w") as outfile:
+        learn_bpe(infile, outfile, 12)  # few merges: most words stay split into pieces
+    with open(codes) as handle:
+        bpe = BPE(handle)
+    for split in ("train", "valid", "test"):
+        for lang in ("en", "de"):
+            lines = (raw / f"{split}.{lang}").read_text().splitlines()
+            (raw / f"{split}.bpe.{lang}").write_text("".join(bpe.process_line(line) + "\n" for line in lines))
+    assert "@@" in (raw / "train.bpe.en").read_text()
+    data = tmp_path_factory.mktemp("hub-bin")
+    run_cli("fairseq-preprocess", "--source-lang", "en", "--target-lang", "de", "--trainpref", raw / "train.bpe",
+            "--validpref", raw / "valid.bpe", "--destdir", data, "--joined-dictionary", "--workers", "1")
+    save_dir = tmp_path_factory.mktemp("hub-model")
+    run_cli("fairseq-train", data, "--user-dir", USER_DIR, "--arch", "transformer_define", *TINY_MODEL,
+            *TRAIN_FLAGS, "--max-update", "40", "--save-dir", save_dir, "--no-save-optimizer-state")
+    return data, codes, save_dir
+
+
+def test_hub_interface_and_fairseq_interactive_translate_alike(trained):
+    from define_fairseq.models.transformer_define import TransformerDefineModel
+
+    data, codes, save_dir = trained
+    hub = TransformerDefineModel.from_pretrained(str(save_dir), "checkpoint_last.pt", data_name_or_path=str(data),
+                                                 bpe="subword_nmt", bpe_codes=str(codes), user_dir=USER_DIR)
+    hub.eval()
+    assert type(hub.models[0]) is TransformerDefineModel
+    assert "@@" in hub.apply_bpe(SENTENCES[1])  # the sentence is segmented on the way in
+    from_python = hub.translate(SENTENCES, beam=2)
+    assert len(from_python) == len(SENTENCES)
+    for text in from_python:
+        assert text and "@@" not in text
+        assert all(word.startswith("w") for word in text.split())  # the toy target language's words
+
+    proc = subprocess.run(
+        [str(BIN / "fairseq-interactive"), str(data), "--user-dir", USER_DIR, "--path",
+         str(save_dir / "checkpoint_last.pt"), "--source-lang", "en", "--target-lang", "de", "--bpe", "subword_nmt",
+         "--bpe-codes", str(codes), "--beam", "2", "--cpu"],
+        input="".join(s + "\n" for s in SENTENCES), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    detokenized = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("D-"):
+            key, _, text = line.split("\t")
+            detokenized[int(key[2:])] = text
+    assert [detokenized[i] for i in range(len(SENTENCES))] == from_python
