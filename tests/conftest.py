@@ -29,9 +29,11 @@ def one_thread_per_process():
         os.environ["OMP_NUM_THREADS"] = env
 
 
-# PyTorch's interpreter shutdown can race a background thread (here: fairseq's data iterator thread) and abort a
-# process that has finished its work: SIGABRT with this line as the last output. Seen rarely, only with the 2
-# cores fully loaded by the parallel test run. Such a run is repeated once; a second abort fails the test.
+# fairseq's training iterator collates batches in a daemon thread (BufferedIterator). A run that stops after a
+# couple of updates exits while that thread may still be collating, and PyTorch's shutdown can then abort the
+# finished process: SIGABRT with the line below as the last output (seen with gcnn runs of 2 updates under the full
+# load of the parallel test run). The tests' fairseq-train runs therefore collate in the main thread
+# (--data-buffer-size 0), and a program that still aborts that way is run once more; a second abort fails.
 SHUTDOWN_ABORT = "terminate called without an active exception"
 
 
@@ -41,7 +43,10 @@ def _shutdown_abort(proc) -> bool:
 
 def run_cli(program, *args, cwd=None, check=True):
     """Run a fairseq console script of this environment; fail with its output when it fails."""
-    command = [str(BIN / program), *map(str, args)]
+    args = [str(a) for a in args]
+    if program == "fairseq-train" and "--data-buffer-size" not in args:
+        args += ["--data-buffer-size", "0"]
+    command = [str(BIN / program), *args]
     proc = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
     if _shutdown_abort(proc):
         proc = subprocess.run(command, cwd=cwd, capture_output=True, text=True)

@@ -257,9 +257,10 @@ def test_every_config_carries_the_papers_settings():
 
 # ------------------------------------------------------------------------------------- train.sh + eval.sh
 
+# (--data-buffer-size 0: batches collated in the main thread, see SHUTDOWN_ABORT in conftest.py)
 TINY = ["--decoder-embed-dim", "16", "--gcnn-layers", "[(16, 3)] * 2 + [[(8, 1), (8, 3), (24, 1)]]",
         "--adaptive-softmax-cutoff", "20,40", "--max-update", "2", "--cpu", "--num-workers", "0",
-        "--no-save-optimizer-state"]
+        "--no-save-optimizer-state", "--data-buffer-size", "0"]
 
 
 def load_model(checkpoint):

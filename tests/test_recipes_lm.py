@@ -389,7 +389,8 @@ TINY = {
                                       "--decoder-embed-dim", "16", "--decoder-hidden-size", "32",
                                       "--decoder-layers", "2", "--batch-size", "10", "--max-epoch", "1"],
 }
-CPU = ["--cpu", "--num-workers", "0"]
+# (--data-buffer-size 0: batches collated in the main thread, see SHUTDOWN_ABORT in conftest.py)
+CPU = ["--cpu", "--num-workers", "0", "--data-buffer-size", "0"]
 # the transformer's evaluation blocks (3072 tokens, context 2560) shrunk to the tiny model's 64 positions
 EVAL_EXTRA = {"wikitext-103/transformer_lm_define_wiki103": ["--tokens-per-sample", "64", "--context-window", "32",
                                                             "--max-tokens", "256"]}
