@@ -30,36 +30,30 @@ TRANSLATION = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embe
 C2S = TRANSLATION + ["--c2s-char-dim", "16", "--c2s-ffn-dim", "32", "--c2s-heads", "2", "--c2s-max-chars", "12",
                      "--c2s-noise-rate", "0.1"]
 
-# arch -> (data, task, flags): each registered arch on tiny sizes, with a criterion that fits its output layer
+LM, MT, MT_C2S = "language_modeling", "translation", "translation_c2s"
+REGULARIZED = ["--criterion", "lm_regularized_loss"]
+MOGRIFIER_LSTM = MOGRIFIER[:4]  # the plain LSTM baselines: no --mogrifier-rank
+
+# arch -> (task, flags): each registered arch on tiny sizes, with a criterion that fits its output layer
 CASES = {
-    "awd_lstm_lm": ("lm", "language_modeling", AWD + ["--criterion", "lm_regularized_loss"]),
-    "awd_lstm_lm_define": ("lm", "language_modeling", AWD_DEFINE + ["--criterion", "lm_regularized_loss"]),
-    "gcnn_lm": ("lm", "language_modeling", GCNN),
-    "gcnn_lm_8": ("lm", "language_modeling", GCNN),
-    "gcnn_lm_8b": ("lm", "language_modeling", GCNN),
-    "gcnn_lm_13": ("lm", "language_modeling", GCNN),
-    "gcnn_lm_14": ("lm", "language_modeling", GCNN),
-    "gcnn_lm_14b": ("lm", "language_modeling", GCNN),
-    "lstm_lm_define": ("lm", "language_modeling", LSTM + ["--decoder-embed-dim", "24", "--decoder-output-dim", "12",
-                                                          "--share-decoder-input-output-embed"]),
-    "lstm_lm_standard_wt103": ("lm", "language_modeling", LSTM + ["--criterion", "lm_regularized_loss"]),
-    "lstm_lm_adaptive_wt103": ("lm", "language_modeling", LSTM + LM_ADAPTIVE + ADAPTIVE_LOSS),
-    "lstm_lm_define_wt103_n3": ("lm", "language_modeling", LSTM + LM_ADAPTIVE + ["--criterion", "lm_regularized_loss"]),
-    "lstm_lm_define_wt103_n7": ("lm", "language_modeling", LSTM + LM_ADAPTIVE + ADAPTIVE_LOSS),
-    "lstm_lm_define_wt103_n11": ("lm", "language_modeling", LSTM + LM_ADAPTIVE + ADAPTIVE_LOSS),
-    "mogrifier_lstm_lm": ("lm", "language_modeling", MOGRIFIER),
-    "mogrifier_lstm_lm_ptb": ("lm", "language_modeling", MOGRIFIER),
-    "mogrifier_lstm_lm_wt2": ("lm", "language_modeling", MOGRIFIER),
-    "lstm_lm_ptb": ("lm", "language_modeling", MOGRIFIER[:2] + MOGRIFIER[2:4]),
-    "lstm_lm_wt2": ("lm", "language_modeling", MOGRIFIER[:4]),
-    "transformer_lm_define": ("lm", "language_modeling", TRANSFORMER_LM),
-    "transformer_lm_define_wiki103": ("lm", "language_modeling", TRANSFORMER_LM + LM_ADAPTIVE + ADAPTIVE_LOSS),
-    "transformer_define": ("mt", "translation", TRANSLATION),
-    "transformer_define_iwslt_de_en": ("mt", "translation", TRANSLATION),
-    "transformer_define_wmt_en_de_big": ("mt", "translation", TRANSLATION),
-    "transformer_c2s": ("mt", "translation_c2s", C2S),
-    "transformer_c2s_iwslt_de_en": ("mt", "translation_c2s", C2S),
-    "transformer_c2s_small": ("mt", "translation_c2s", C2S),
+    "awd_lstm_lm": (LM, AWD + REGULARIZED),
+    "awd_lstm_lm_define": (LM, AWD_DEFINE + REGULARIZED),
+    **{arch: (LM, GCNN) for arch in ("gcnn_lm", "gcnn_lm_8", "gcnn_lm_8b", "gcnn_lm_13", "gcnn_lm_14", "gcnn_lm_14b")},
+    "lstm_lm_define": (LM, LSTM + ["--decoder-embed-dim", "24", "--decoder-output-dim", "12",
+                                   "--share-decoder-input-output-embed"]),
+    "lstm_lm_standard_wt103": (LM, LSTM + REGULARIZED),
+    "lstm_lm_adaptive_wt103": (LM, LSTM + LM_ADAPTIVE + ADAPTIVE_LOSS),
+    "lstm_lm_define_wt103_n3": (LM, LSTM + LM_ADAPTIVE + REGULARIZED),
+    "lstm_lm_define_wt103_n7": (LM, LSTM + LM_ADAPTIVE + ADAPTIVE_LOSS),
+    "lstm_lm_define_wt103_n11": (LM, LSTM + LM_ADAPTIVE + ADAPTIVE_LOSS),
+    **{arch: (LM, MOGRIFIER) for arch in ("mogrifier_lstm_lm", "mogrifier_lstm_lm_ptb", "mogrifier_lstm_lm_wt2")},
+    "lstm_lm_ptb": (LM, MOGRIFIER_LSTM),
+    "lstm_lm_wt2": (LM, MOGRIFIER_LSTM),
+    "transformer_lm_define": (LM, TRANSFORMER_LM),
+    "transformer_lm_define_wiki103": (LM, TRANSFORMER_LM + LM_ADAPTIVE + ADAPTIVE_LOSS),
+    **{arch: (MT, TRANSLATION) for arch in ("transformer_define", "transformer_define_iwslt_de_en",
+                                            "transformer_define_wmt_en_de_big")},
+    **{arch: (MT_C2S, C2S) for arch in ("transformer_c2s", "transformer_c2s_iwslt_de_en", "transformer_c2s_small")},
 }
 
 
@@ -79,7 +73,7 @@ def bf16_trainer(data, arch, task_name, flags):
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.trainer import Trainer
 
-    if task_name == "language_modeling" and "--tokens-per-sample" not in flags:
+    if task_name == LM and "--tokens-per-sample" not in flags:
         flags = [*flags, "--tokens-per-sample", "32"]
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(parser, [
@@ -97,8 +91,8 @@ def bf16_trainer(data, arch, task_name, flags):
 
 @pytest.mark.parametrize("arch", sorted(CASES))
 def test_a_bf16_training_step(arch, lm_data, translation_data):
-    kind, task_name, flags = CASES[arch]
-    trainer, task = bf16_trainer(lm_data if kind == "lm" else translation_data, arch, task_name, flags)
+    task_name, flags = CASES[arch]
+    trainer, task = bf16_trainer(lm_data if task_name == LM else translation_data, arch, task_name, flags)
     model = trainer.model
     assert all(p.dtype == torch.bfloat16 for p in model.parameters())
     before = {name: p.detach().clone() for name, p in model.named_parameters()}

@@ -315,4 +315,7 @@ def test_c2s_checkpoint_refuses_a_decoder_module_and_names_missing_files(checkpo
     with pytest.raises(FileNotFoundError, match="no_such.pt: no such file"):
         c2s_checkpoint.main(["--checkpoint", str(checkpoint), "--c2s", str(tmp_path / "no_such.pt"),
                              "--output", str(out)])
+    with pytest.raises(FileNotFoundError, match="--output .*the directory .* does not exist"):
+        c2s_checkpoint.main(["--checkpoint", str(checkpoint), "--c2s", str(decoder_module),
+                             "--output", str(tmp_path / "no_such_dir" / "start.pt")])
     assert not out.exists()

@@ -25,19 +25,11 @@ import os
 from typing import Dict
 
 import torch
+from fairseq.utils import safe_getattr
 
 from define_fairseq.tools.distill_c2s import C2S_OPTIONS, checkpoint_table, load_checkpoint_state, load_distilled
 
 TABLE_KEY = "encoder.embed_tokens.weight"
-
-
-def _model_option(cfg, name: str, default=None):
-    """An option of the checkpoint's model configuration (``cfg.model``: a DictConfig or an argparse Namespace)."""
-    model = cfg.get("model", None) if cfg is not None else None
-    if model is None:
-        return default
-    value = getattr(model, name, None) if not hasattr(model, "get") else model.get(name, None)
-    return default if value is None else value
 
 
 def swap_in(state: Dict, module, checkpoint: str) -> Dict[str, torch.Tensor]:
@@ -48,7 +40,8 @@ def swap_in(state: Dict, module, checkpoint: str) -> Dict[str, torch.Tensor]:
     if tuple(table.shape) != (module.num_embeddings, module.embedding_dim):
         raise ValueError(f"--checkpoint {checkpoint}: {TABLE_KEY} is {tuple(table.shape)} but the module embeds "
                          f"{module.num_embeddings} entries into {module.embedding_dim} dimensions")
-    no_scale = bool(_model_option(state.get("cfg"), "no_scale_embedding", False))
+    # (cfg.model: a DictConfig, or an argparse.Namespace in an argparse-era checkpoint; safe_getattr reads both)
+    no_scale = bool(safe_getattr(safe_getattr(state.get("cfg"), "model"), "no_scale_embedding", False))
     module.set_output_scale(1.0 if no_scale else module.embedding_dim ** -0.5)
     out = {name: value for name, value in model.items() if name != TABLE_KEY}
     for name, value in module.state_dict().items():
