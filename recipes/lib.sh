@@ -29,6 +29,18 @@ require_tool() {
     command -v "$1" >/dev/null 2>&1 || die "'$1' not found on PATH. ${2:-$hint}"
 }
 
+# lib_python: the Python interpreter of the environment that has the fairseq programs (the one beside
+# fairseq-preprocess when there is one), for this project's tools (python -m define_fairseq.tools...).
+lib_python() {
+    local bin
+    bin=$(dirname "$(command -v fairseq-preprocess || command -v fairseq-train || echo /nonexistent/x)")
+    if [[ -x $bin/python ]]; then
+        printf '%s\n' "$bin/python"
+    else
+        command -v python3 || die "no python3 found on PATH"
+    fi
+}
+
 # require_plugin: stop unless the define_fairseq plugin folder is where --user-dir will point.
 require_plugin() {
     [[ -f $LIB_USER_DIR/__init__.py ]] \
@@ -83,6 +95,13 @@ trap '_lib_on_error $? "$BASH_COMMAND" "${BASH_SOURCE[0]}" "$LINENO"' ERR
 trap _lib_on_exit EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
+
+# lib_remove_stale DIR: delete the temporary names (*.tmp, *.part, *.err) that a run killed outright (SIGKILL, a
+# power cut) left in DIR, where no exit handler could remove them. Only one run may use DIR at a time.
+lib_remove_stale() {
+    [[ -d $1 ]] || return 0
+    find "$1" \( -name '*.tmp' -o -name '*.part' -o -name '*.err' \) -prune -exec rm -rf -- {} +
+}
 
 # ------------------------------------------------------------------------------------------------ step markers
 
@@ -335,10 +354,12 @@ lib_prepare_corpus() {
 # arguments last in ARGS (argparse keeps the last value of a repeated flag). With DRY_RUN=1 only print the
 # command (shell-quoted, one line). A finished run leaves the marker SAVE_DIR/.done/train and is skipped on a
 # rerun; an interrupted one resumes from SAVE_DIR/checkpoint_last.pt (fairseq writes each checkpoint atomically).
+# The program is fairseq-train unless LIB_TRAIN_CMD (an array) names another with the same arguments.
+LIB_TRAIN_CMD=(fairseq-train)
 lib_train() {
     local dry_run=$1 data_bin=$2 save_dir=$3
     shift 3
-    local cmd=(fairseq-train "$data_bin" --user-dir "$LIB_USER_DIR" "$@" --save-dir "$save_dir")
+    local cmd=("${LIB_TRAIN_CMD[@]}" "$data_bin" --user-dir "$LIB_USER_DIR" "$@" --save-dir "$save_dir")
     if [[ $dry_run == 1 ]]; then
         printf '%q ' "${cmd[@]}"
         printf '\n'
@@ -346,8 +367,8 @@ lib_train() {
     fi
     require_tool fairseq-train
     require_plugin
-    [[ -f $data_bin/dict.txt && -f $data_bin/train.bin ]] \
-        || die "no binarized data in $data_bin (dict.txt, train.bin); run the recipe's prepare.sh first"
+    compgen -G "$data_bin/dict*.txt" > /dev/null && compgen -G "$data_bin/train*.bin" > /dev/null \
+        || die "no binarized data in $data_bin (dict*.txt, train*.bin); run the recipe's prepare.sh first"
     if lib_step_done "$save_dir" train; then
         lib_skip "training" "$save_dir/.done/train; remove that file to train again or longer"
         return 0
@@ -356,7 +377,8 @@ lib_train() {
     log "training -> $save_dir (log: $save_dir/train.log)"
     printf '# %s\n' "$(printf '%q ' "${cmd[@]}")" >> "$save_dir/train.log"
     local status=0
-    PYTHONUNBUFFERED=1 "${cmd[@]}" 2>&1 | tee -a "$save_dir/train.log" || status=$?
+    PYTHONPATH="$LIB_REPO${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 "${cmd[@]}" 2>&1 \
+        | tee -a "$save_dir/train.log" || status=$?
     (( status == 0 )) || die "fairseq-train failed (exit code $status); see $save_dir/train.log. A rerun resumes" \
         "from $save_dir/checkpoint_last.pt when it exists."
     [[ -f $save_dir/checkpoint_last.pt ]] || die "fairseq-train wrote no checkpoint to $save_dir"
