@@ -37,6 +37,7 @@ bench: install
 	$(PY) -m benchmarks.lstm_lm_speed
 	$(PY) -m benchmarks.mogrifier_speed
 	$(PY) -m benchmarks.gcnn_speed
+	$(PY) -m benchmarks.txl_speed
 
 clean:
 	rm -rf $(VENV) demo_output

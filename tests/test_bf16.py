@@ -33,6 +33,13 @@ C2S = TRANSLATION + ["--c2s-char-dim", "16", "--c2s-ffn-dim", "32", "--c2s-heads
 LM, MT, MT_C2S = "language_modeling", "translation", "translation_c2s"
 REGULARIZED = ["--criterion", "lm_regularized_loss"]
 MOGRIFIER_LSTM = MOGRIFIER[:4]  # the plain LSTM baselines: no --mogrifier-rank
+TRANSFORMER_XL = ["--decoder-layers", "2", "--decoder-embed-dim", "16", "--decoder-attention-heads", "2",
+                  "--txl-head-dim", "6", "--decoder-ffn-embed-dim", "24", "--adaptive-softmax-cutoff", "20,40",
+                  "--define-n", "8", "--define-k", "32", "--txl-mem-len", "8", *REGULARIZED, "--ddp-backend",
+                  "legacy_ddp"]
+TXL_ARCHS = ["transformer_xl_lm", "transformer_xl_wt103", "transformer_xl_wt103_d384",
+             *[f"transformer_xl_projective_wt103_n{n}" for n in (64, 128, 256)],
+             *[f"transformer_xl_define_wt103_n{n}" for n in (64, 128, 256, 384)]]
 
 # arch -> (task, flags): each registered arch on tiny sizes, with a criterion that fits its output layer
 CASES = {
@@ -54,6 +61,7 @@ CASES = {
     **{arch: (MT, TRANSLATION) for arch in ("transformer_define", "transformer_define_iwslt_de_en",
                                             "transformer_define_wmt_en_de_big")},
     **{arch: (MT_C2S, C2S) for arch in ("transformer_c2s", "transformer_c2s_iwslt_de_en", "transformer_c2s_small")},
+    **{arch: (LM, TRANSFORMER_XL) for arch in TXL_ARCHS},
 }
 
 

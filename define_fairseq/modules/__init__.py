@@ -38,3 +38,17 @@ __all__ += ["CausalConv1d", "GatedConvBlock", "GatedConvLayer", "GatedConvStack"
 from .char2subword import Char2SubwordEmbedding, encode_characters, token_characters  # noqa: E402
 
 __all__ += ["Char2SubwordEmbedding", "encode_characters", "token_characters"]
+
+# Transformer-XL (Dai et al., 2019).
+from .projected_adaptive_softmax import ProjectedAdaptiveSoftmax  # noqa: E402
+from .projective_embedding import ProjectiveEmbedding  # noqa: E402
+from .transformer_xl import (  # noqa: E402
+    PositionwiseFeedForward,
+    RelativeMultiheadAttention,
+    TransformerXLLayer,
+    TransformerXLStack,
+    rel_shift,
+)
+
+__all__ += ["PositionwiseFeedForward", "ProjectedAdaptiveSoftmax", "ProjectiveEmbedding",
+            "RelativeMultiheadAttention", "TransformerXLLayer", "TransformerXLStack", "rel_shift"]

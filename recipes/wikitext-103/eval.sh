@@ -5,7 +5,10 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$HERE/../lib.sh"
 
 CONFIGS="r1 r2 r3 r4 r5 transformer_lm_wiki103 transformer_lm_define_wiki103 gcnn_lm_8 gcnn_lm_14"
-CONFIGS+=" fconv_lm_dauphin_wikitext103"
+CONFIGS+=" fconv_lm_dauphin_wikitext103 transformer_xl_wt103 transformer_xl_wt103_d384"
+CONFIGS+=" transformer_xl_projective_wt103_n256 transformer_xl_projective_wt103_n128 transformer_xl_projective_wt103_n64"
+CONFIGS+=" transformer_xl_define_wt103_n384 transformer_xl_define_wt103_n256 transformer_xl_define_wt103_n128"
+CONFIGS+=" transformer_xl_define_wt103_n64"
 
 usage() {
     cat <<USAGE
@@ -23,6 +26,9 @@ How each CONFIG is evaluated:
   transformer_lm_wiki103, transformer_lm_define_wiki103
                --task language_modeling as fairseq's adaptive-input README: complete sentences, blocks of 3072
                tokens of which the last 512 are scored with a 2560-token context, 3072 tokens a batch
+  transformer_xl_*
+               --task stateful_lm as Transformer-XL evaluates: segments of 64 tokens of 10 streams, the memory of 640
+               states carried through the split, clamp_len 400, same_length (--model-overrides)
   gcnn_lm_8, gcnn_lm_14, fconv_lm_dauphin_wikitext103
                --task language_modeling, the split as one stream cut into rows of 960 scored tokens, each row
                preceded by the 64 tokens before it as context (--tokens-per-sample 1024 --context-window 64).
@@ -78,6 +84,13 @@ case $CONFIG in
             # unrestricted loader is for checkpoints you trust (e.g. those of train.sh)
             export TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
         fi ;;
+    transformer_xl_*)
+        # Transformer-XL's evaluation (its run_wt103_base.sh eval): segments of 64 with a memory of 640 states,
+        # relative distances clamped at 400, every position attending to the same number of states, batch 10
+        TXL="--task stateful_lm --tokens-per-sample 64 --batch-size 10"
+        TXL+=" --model-overrides {'txl_mem_len':640,'txl_clamp_len':400,'txl_same_length':True}"
+        SPECS=("valid|stateful, segments of 64, memory 640, clamp_len 400, same_length, 10 streams|$TXL"
+               "test|stateful, segments of 64, memory 640, clamp_len 400, same_length, 10 streams|$TXL") ;;
     r*)
         SPECS=("valid|stateful, BPTT 140, 10 streams|--task stateful_lm --tokens-per-sample 140 --batch-size 10"
                "test|stateful, BPTT 140, 1 stream|--task stateful_lm --tokens-per-sample 140 --batch-size 1") ;;

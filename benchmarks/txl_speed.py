@@ -1,0 +1,135 @@
+"""Speed of Transformer-XL with DeFINE (n = 128) against the standard 384 model, CPU, the DeFINE paper's Table 2
+sizes: vocabulary 267,735, 16 layers of d 384 (10 heads x 41, d_inner 1920), projected adaptive softmax with
+cutoffs 20000, 40000, 200000 tied to the input table. Timed interleaved in one run:
+
+1. Training: forward, ``lm_regularized_loss`` (the cross-entropy through the adaptive softmax), backward, Adam
+   step, at Transformer-XL's training shape per GPU (the paper's 4 GPUs share batch 60: 15 streams here) x
+   ``tgt_len`` 150 with a memory of 150 states (``--txl-mem-len``). The paper reports 855 ms/batch (standard 384)
+   against 606 (DeFINE n = 128). Target: DeFINE >= 1.3x the training tokens/s.
+2. Evaluation as fairseq-eval-lm scores: eval mode, no autograd, the full log-probabilities of every position,
+   with Transformer-XL's evaluation settings (``tgt_len`` 64, memory 640, ``clamp_len`` 400, ``same_length``),
+   batch 10 (Transformer-XL's eval batch). Three variants: the standard model, DeFINE unfolded (in eval mode it
+   computes its V x 384 table once and looks rows up) and DeFINE folded (``fold_model``: the unit replaced by
+   that table).
+
+Tokens are drawn Zipf-like (exponent 1) over the vocabulary, so the clusters get a realistic share of them.
+
+    .venv/bin/python -m benchmarks.txl_speed [--rounds 3] [--threads 2] [--batch 15] [--eval-batch 10]
+"""
+
+import argparse
+import copy
+
+import torch
+
+from benchmarks.common import count_params, header, interleaved, median, paired_ratio, set_threads, table, write_result
+from benchmarks.lstm_lm_speed import build_lm, lm_batch
+
+VOCAB = 267735
+STANDARD, DEFINE = "transformer_xl_wt103_d384", "transformer_xl_define_wt103_n128"
+
+
+def txl_batch(batch: int, tgt_len: int, seed: int):
+    sample = lm_batch(VOCAB, batch, tgt_len, seed=seed)
+    sample["net_input"]["reset_state"] = False  # carry the memory from call to call, as the stateful task does
+    return sample
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=15, help="training streams (default 15: batch 60 on 4 GPUs)")
+    parser.add_argument("--eval-batch", type=int, default=10)
+    args = parser.parse_args(argv)
+    set_threads(args.threads)
+    import define_fairseq  # noqa: F401
+    from define_fairseq.tools.fold_define import fold_model
+
+    task_args = ["--task", "language_modeling", "--criterion", "lm_regularized_loss", "--ddp-backend", "legacy_ddp"]
+    models = {}
+    for arch in (STANDARD, DEFINE):
+        torch.manual_seed(1)
+        model, _, criterion = build_lm(arch, VOCAB, task_args, ["--txl-mem-len", "150"])
+        models[arch] = (model, criterion)
+    sections, notes = [], []
+
+    # 1. training
+    tgt_len = 150
+    sample = txl_batch(args.batch, tgt_len, seed=0)
+    optimizers = {name: torch.optim.Adam(model.parameters(), lr=2.5e-4) for name, (model, _) in models.items()}
+
+    def train_step(name):
+        model, criterion = models[name]
+
+        def run():
+            optimizers[name].zero_grad(set_to_none=True)
+            loss, _, _ = criterion(model, sample)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
+            optimizers[name].step()
+        return run
+
+    for model, _ in models.values():
+        model.train()
+        model.decoder.memory.clear()
+    times = interleaved({name: train_step(name) for name in models}, rounds=args.rounds, warmup=args.warmup,
+                        log=True)
+    tokens = args.batch * tgt_len
+    rows = [[f"`{name}`", f"{count_params(m) / 1e6:.2f} M", f"{median(times[name]) * 1e3:.0f}",
+             f"{tokens / median(times[name]):.0f}"] for name, (m, _) in models.items()]
+    speedup = median(times[STANDARD]) / median(times[DEFINE])
+    paired = paired_ratio(times, STANDARD, DEFINE)
+    sections.append(f"## 1. Training (batch {args.batch} x tgt_len {tgt_len}, memory 150, Adam)\n\n"
+                    + table(["arch", "parameters", "step ms (median)", "tokens/s"], rows)
+                    + "\nPaper (4 x RTX 2080 Ti): standard 384 855 ms/batch, DeFINE n = 128 606 ms/batch (1.41x).\n")
+    notes.append(f"{'PASS' if speedup >= 1.3 else 'FAIL'}: DeFINE n=128 training tokens/s >= 1.3x standard 384: "
+                 f"{speedup:.2f}x (ratio of medians; median of per-round ratios {paired:.2f}x)")
+    del optimizers
+
+    # 2. evaluation
+    folded = copy.deepcopy(models[DEFINE][0])
+    fold_model(folded)
+    variants = {STANDARD: models[STANDARD][0], DEFINE: models[DEFINE][0], f"{DEFINE}, folded": folded}
+    eval_len, batch = 64, args.eval_batch
+    eval_sample = txl_batch(batch, eval_len, seed=1)
+    for model in variants.values():
+        model.eval()
+        model.decoder.memory.clear()
+        stack = model.decoder.stack
+        stack.mem_len, stack.clamp_len, stack.same_length = 640, 400, True
+        with torch.no_grad():  # fill the memory: 10 segments of 64 = 640 states
+            for _ in range(10):
+                model(**eval_sample["net_input"])
+
+    def score(name):
+        model = variants[name]
+
+        def run():
+            with torch.no_grad():
+                net_output = model(**eval_sample["net_input"])
+                lprobs = model.get_normalized_probs(net_output, log_probs=True, sample=eval_sample)
+                lprobs.gather(-1, eval_sample["target"].unsqueeze(-1))
+        return run
+
+    times = interleaved({name: score(name) for name in variants}, rounds=args.rounds, warmup=args.warmup, log=True)
+    tokens = batch * eval_len
+    rows = [[f"`{name}`", f"{median(times[name]) * 1e3:.0f}", f"{tokens / median(times[name]):.0f}",
+             f"{median(times[STANDARD]) / median(times[name]):.2f}x"] for name in variants]
+    sections.append(f"## 2. Evaluation (batch {batch} x tgt_len {eval_len}, memory 640, clamp_len 400, same_length; "
+                    f"full log-probabilities as fairseq-eval-lm)\n\n"
+                    + table(["model", "ms per segment (median)", "tokens/s", "vs standard 384"], rows)
+                    + "\nPaper (Table 5, inference ms/batch): standard 384 202, projective 128 129, DeFINE 128 131.\n")
+    for name in (DEFINE, f"{DEFINE}, folded"):
+        ratio = median(times[STANDARD]) / median(times[name])
+        notes.append(f"{'PASS' if ratio >= 1.3 else 'FAIL'}: {name} evaluation tokens/s >= 1.3x standard 384: "
+                     f"{ratio:.2f}x (median of per-round ratios {paired_ratio(times, STANDARD, name):.2f}x)")
+
+    text = header("Transformer-XL: DeFINE n=128 vs standard 384 (Table 2 sizes, V=267,735)", "benchmarks.txl_speed",
+                  notes) + "\n" + "\n".join(sections)
+    write_result("txl_speed", text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,264 @@
+"""``transformer_xl_lm``: Transformer-XL (Dai et al., 2019) with a standard, projective or DeFINE input layer, the
+DeFINE paper's main WikiText-103 experiment (Table 2).
+
+The model, from tokens to the vocabulary::
+
+    input layer (--txl-input):
+        standard     V x d table, scaled by sqrt(d)                                   (n = d, no projection)
+        projective   V x n table -> n x d projection, scaled by sqrt(d)               (Transformer-XL's adaptive
+                                                                                      embedding with div_val 1)
+        define       V x n table -> DeFINE unit (N, k) -> d                          (not scaled, as in
+                                                                                      transformer_define)
+    -> Transformer-XL stack: relative positional attention with the shared r_w / r_r biases, segment-level
+       recurrence over a memory of --txl-mem-len states per layer (no gradient through it)
+    -> projected adaptive softmax tied to the V x n table (--adaptive-softmax-cutoff, 4 clusters on WT103), one
+       d -> n projection per cluster
+
+Projections, so that every input layer has the paper's input/output count V·n + V + 4·n·d (define.md §5): the
+projective model ties the head cluster's projection to its input projection and gives each tail cluster its own;
+the DeFINE model has no input projection (DeFINE reduces to d itself) and four output projections; the standard
+model has none.
+
+With ``--task stateful_lm`` the memory is carried from batch to batch (reset at the start of each epoch and
+evaluation pass), as Transformer-XL trains and evaluates. With any other task (e.g. ``language_modeling`` for
+sampling) every batch starts without memory. In incremental decoding (fairseq-generate, sampling) the memory
+holds every earlier position, so each step equals the full pass. Evaluation in Transformer-XL's setting:
+``--model-overrides "{'txl_mem_len': 640, 'txl_clamp_len': 400, 'txl_same_length': True}"`` with
+``--tokens-per-sample 64``.
+
+Train with ``--criterion lm_regularized_loss --ddp-backend legacy_ddp`` (it scores every target word; fairseq's
+``adaptive_loss`` would skip, in each tail cluster, the word whose index there equals the padding index).
+"""
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import torch.nn as nn
+from fairseq.dataclass import ChoiceEnum
+from fairseq.models import FairseqIncrementalDecoder, FairseqLanguageModel, register_model, register_model_architecture
+from fairseq.utils import safe_getattr
+from torch import Tensor
+
+from define_fairseq.models.carried_state import CarriedState
+from define_fairseq.models.config_helpers import check_rate, config_namespace, parse_cutoff
+from define_fairseq.models.define_config import DeFINEConfig, define_embedding_kwargs
+from define_fairseq.modules.adaptive_input import check_cutoff
+from define_fairseq.modules.define_embedding import DeFINEEmbedding, FoldedDeFINEEmbedding
+from define_fairseq.modules.projected_adaptive_softmax import ProjectedAdaptiveSoftmax
+from define_fairseq.modules.projective_embedding import ProjectiveEmbedding
+from define_fairseq.modules.transformer_xl import TransformerXLStack
+
+INPUTS = ["standard", "projective", "define"]
+MAX_POSITIONS = 1_000_000  # relative positions: any length
+WT103_CUTOFF = "20000,40000,200000"
+
+
+@dataclass
+class TransformerXLConfig(DeFINEConfig):
+    decoder_layers: int = field(default=16, metadata={"help": "number of Transformer-XL layers"})
+    decoder_embed_dim: int = field(default=410, metadata={"help": "model width d (d_model)"})
+    decoder_attention_heads: int = field(default=10, metadata={"help": "attention heads"})
+    txl_head_dim: int = field(
+        default=41, metadata={"help": "width of each head (heads x width may differ from d: the paper's 384 model "
+                                      "keeps 10 x 41)"})
+    decoder_ffn_embed_dim: int = field(default=2100, metadata={"help": "inner width of the feed-forward layers"})
+    dropout: float = field(default=0.1, metadata={"help": "dropout on the embeddings, positions, sublayer outputs "
+                                                          "and the features given to the softmax"})
+    attention_dropout: float = field(default=0.0, metadata={"help": "dropout on the attention probabilities"})
+    txl_input: ChoiceEnum(INPUTS) = field(
+        default="standard",
+        metadata={"help": "input layer: standard (V x d table), projective (V x n table, n -> d projection; n is "
+                          "--define-n), define (V x n table and a DeFINE unit to d)"})
+    txl_pre_norm: bool = field(default=False, metadata={"help": "LayerNorm before each sublayer (default: after)"})
+    txl_mem_len: int = field(default=150, metadata={"help": "states kept per layer from the previous segments"})
+    txl_clamp_len: int = field(
+        default=-1, metadata={"help": "relative distances beyond this use the encoding of this distance (-1: none)"})
+    txl_same_length: bool = field(
+        default=False, metadata={"help": "every position attends to the same number of states (evaluation)"})
+    adaptive_softmax_cutoff: Optional[str] = field(
+        default=WT103_CUTOFF,
+        metadata={"help": "comma separated cluster boundaries of the projected adaptive softmax (empty: one "
+                          "cluster, a full softmax)"})
+    adaptive_softmax_dropout: float = field(default=0.0, metadata={"help": "dropout on the softmax's input"})
+
+
+class TransformerXLDecoder(FairseqIncrementalDecoder):
+    """Input layer -> :class:`TransformerXLStack` -> :class:`ProjectedAdaptiveSoftmax` (see the module docstring).
+
+    ``forward(src_tokens [B, T], reset_state=None, incremental_state=None, features_only=False)`` returns
+    ``(features [B, T, d], extra)``; the criterion and ``get_normalized_probs`` apply ``self.adaptive_softmax``.
+    """
+
+    def __init__(self, dictionary, embed_tokens: nn.Module, stack: TransformerXLStack,
+                 adaptive_softmax: ProjectedAdaptiveSoftmax):
+        super().__init__(dictionary)
+        self.embed_tokens = embed_tokens
+        self.stack = stack
+        self.adaptive_softmax = adaptive_softmax
+        self.memory = CarriedState("Transformer-XL memory")
+
+    def forward(self, prev_output_tokens: Tensor, src_lengths=None, reset_state: Optional[bool] = None,
+                incremental_state=None, features_only: bool = False, **unused):
+        return self.extract_features(prev_output_tokens, reset_state=reset_state,
+                                     incremental_state=incremental_state)
+
+    def extract_features(self, prev_output_tokens: Tensor, reset_state: Optional[bool] = None,
+                         incremental_state=None, **unused):
+        tokens = prev_output_tokens
+        batch = tokens.size(0)
+        if incremental_state is not None:
+            memory = self._cached_memory(incremental_state)
+            if memory is not None:
+                tokens = tokens[:, -1:]
+                keep = memory[0].size(0) + tokens.size(1)
+            else:
+                keep = tokens.size(1)
+            x, memory = self.stack(self.embed_tokens(tokens), memory, keep=keep)
+            self.set_incremental_state(incremental_state, "memory", {str(i): m for i, m in enumerate(memory)})
+        else:
+            memory = self.memory.initial(reset_state, self.training, batch)
+            x, memory = self.stack(self.embed_tokens(tokens), memory)
+            self.memory.keep(reset_state, self.training, batch, memory)
+        return x, {"attn": None, "inner_states": None}
+
+    def _cached_memory(self, incremental_state) -> Optional[List[Tensor]]:
+        cached = self.get_incremental_state(incremental_state, "memory")
+        if cached is None:
+            return None
+        return [cached[str(i)] for i in range(len(cached))]
+
+    def reorder_incremental_state(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]],
+                                  new_order: Tensor):
+        cached = self.get_incremental_state(incremental_state, "memory")
+        if cached is None:
+            return
+        # memory tensors are [M, B, d]: the batch is dimension 1
+        self.set_incremental_state(incremental_state, "memory",
+                                   {key: value.index_select(1, new_order) for key, value in cached.items()})
+
+    def output_layer(self, features: Tensor, **kwargs) -> Tensor:
+        return features
+
+    def max_positions(self) -> int:
+        return MAX_POSITIONS
+
+
+def build_transformer_xl_decoder(cfg, dictionary) -> TransformerXLDecoder:
+    """The decoder described by ``cfg`` (a namespace of :class:`TransformerXLConfig` fields).
+
+    Raises ``ValueError`` naming the flag for every impossible setting.
+    """
+    vocab, pad = len(dictionary), dictionary.pad()
+    d, n, kind = cfg.decoder_embed_dim, cfg.define_n, str(cfg.txl_input)
+    for name in ("decoder_layers", "decoder_embed_dim", "decoder_attention_heads", "txl_head_dim",
+                 "decoder_ffn_embed_dim", "define_n"):
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')}={getattr(cfg, name)} must be at least 1")
+    if d % 2:
+        raise ValueError(f"--decoder-embed-dim={d} must be even (the sinusoidal position encoding has d/2 sine and "
+                         f"d/2 cosine components)")
+    if cfg.txl_mem_len < 0:
+        raise ValueError(f"--txl-mem-len={cfg.txl_mem_len} must be >= 0 (0: no memory)")
+    if cfg.txl_clamp_len < -1:
+        raise ValueError(f"--txl-clamp-len={cfg.txl_clamp_len} must be -1 (no clamping) or >= 0")
+    if cfg.txl_same_length and cfg.txl_mem_len == 0:
+        raise ValueError("--txl-same-length needs a memory (--txl-mem-len > 0): it makes every position attend to "
+                         "mem_len states")
+    for flag, rate in (("--dropout", cfg.dropout), ("--attention-dropout", cfg.attention_dropout),
+                       ("--adaptive-softmax-dropout", cfg.adaptive_softmax_dropout)):
+        check_rate(rate, flag)
+    if cfg.define_folded and kind != "define":
+        raise ValueError(f"--define-folded needs --txl-input define (got {kind})")
+
+    # input layer, and the projections of the softmax clusters tied to it
+    if kind == "standard":
+        embed = ProjectiveEmbedding(vocab, d, d, padding_idx=pad)
+        table_dim = d
+    elif kind == "projective":
+        if n == d:
+            raise ValueError(f"--txl-input projective with --define-n {n} = --decoder-embed-dim: nothing to "
+                             f"project; use --txl-input standard")
+        embed = ProjectiveEmbedding(vocab, n, d, padding_idx=pad)
+        table_dim = n
+    else:
+        if cfg.define_depth < 1:
+            raise ValueError(f"--txl-input define needs --define-depth >= 1 (got {cfg.define_depth})")
+        if cfg.define_folded:
+            embed = FoldedDeFINEEmbedding(vocab, n, d, padding_idx=pad)
+        else:
+            embed = DeFINEEmbedding(vocab, padding_idx=pad, **define_embedding_kwargs(cfg, d))
+        table_dim = n
+
+    cutoff = []
+    if cfg.adaptive_softmax_cutoff:
+        cutoff = check_cutoff(parse_cutoff(cfg.adaptive_softmax_cutoff, "--adaptive-softmax-cutoff"), vocab,
+                              "--adaptive-softmax-cutoff")[:-1]
+    clusters = len(cutoff) + 1
+    projections = None
+    if kind == "projective":
+        projections = [embed.projection] + [None] * (clusters - 1)
+    adaptive_softmax = ProjectedAdaptiveSoftmax(vocab, table_dim, d, cutoff, table=embed.weight,
+                                                projections=projections, dropout=cfg.adaptive_softmax_dropout)
+
+    stack = TransformerXLStack(cfg.decoder_layers, d, cfg.decoder_attention_heads, cfg.txl_head_dim,
+                               cfg.decoder_ffn_embed_dim, dropout=cfg.dropout,
+                               attention_dropout=cfg.attention_dropout, pre_norm=cfg.txl_pre_norm,
+                               mem_len=cfg.txl_mem_len, clamp_len=cfg.txl_clamp_len,
+                               same_length=cfg.txl_same_length)
+    return TransformerXLDecoder(dictionary, embed, stack, adaptive_softmax)
+
+
+@register_model("transformer_xl_lm", dataclass=TransformerXLConfig)
+class TransformerXLLanguageModel(FairseqLanguageModel):
+    """Transformer-XL language model (see the module docstring). ``forward(src_tokens [B, T], src_lengths=None,
+    reset_state=None, incremental_state=None)`` as :class:`TransformerXLDecoder`."""
+
+    @classmethod
+    def build_model(cls, cfg, task):
+        args = config_namespace(cfg, TransformerXLConfig)
+        return cls(build_transformer_xl_decoder(args, task.target_dictionary))
+
+
+def _defaults(args, d: int, d_inner: int, kind: str, n: Optional[int] = None):
+    """The Table 2 settings: 16 layers, 10 heads x 41, WT103 cutoffs; d, d_inner, input layer and n per arch."""
+    args.decoder_layers = safe_getattr(args, "decoder_layers", 16)
+    args.decoder_embed_dim = safe_getattr(args, "decoder_embed_dim", d)
+    args.decoder_attention_heads = safe_getattr(args, "decoder_attention_heads", 10)
+    args.txl_head_dim = safe_getattr(args, "txl_head_dim", 41)
+    args.decoder_ffn_embed_dim = safe_getattr(args, "decoder_ffn_embed_dim", d_inner)
+    args.txl_input = safe_getattr(args, "txl_input", kind)
+    args.adaptive_softmax_cutoff = safe_getattr(args, "adaptive_softmax_cutoff", WT103_CUTOFF)
+    if n is not None:
+        args.define_n = safe_getattr(args, "define_n", n)
+    if kind == "define":  # the paper's DeFINE setting for Transformer-XL: N = 3, k = 4096, m = d = 384
+        args.define_depth = safe_getattr(args, "define_depth", 3)
+        args.define_k = safe_getattr(args, "define_k", 4096)
+
+
+@register_model_architecture("transformer_xl_lm", "transformer_xl_wt103")
+def transformer_xl_wt103(args):
+    """Transformer-XL's WikiText-103 base model (the paper's starred 151M reference): 16 layers, d 410, 10 heads
+    x 41, d_inner 2100, standard V x 410 input, adaptive softmax tied to it."""
+    _defaults(args, 410, 2100, "standard")
+
+
+@register_model_architecture("transformer_xl_lm", "transformer_xl_wt103_d384")
+def transformer_xl_wt103_d384(args):
+    """The paper's standard 384 model: d 384, d_inner 1920, still 10 heads x 41, standard V x 384 input."""
+    _defaults(args, 384, 1920, "standard")
+
+
+def _register_variants():
+    for n in (64, 128, 256):
+        def projective(args, n=n):
+            _defaults(args, 384, 1920, "projective", n)
+        projective.__doc__ = f"d 384 with a projective input: V x {n} table and a {n} -> 384 projection."
+        register_model_architecture("transformer_xl_lm", f"transformer_xl_projective_wt103_n{n}")(projective)
+    for n in (64, 128, 256, 384):
+        def define(args, n=n):
+            _defaults(args, 384, 1920, "define", n)
+        define.__doc__ = f"d 384 with a DeFINE input: V x {n} table, DeFINE N = 3, k = 4096, m = 384."
+        register_model_architecture("transformer_xl_lm", f"transformer_xl_define_wt103_n{n}")(define)
+
+
+_register_variants()

@@ -1,0 +1,196 @@
+"""Transformer-XL's projected adaptive log-softmax with one embedding width for all clusters (``div_val = 1``).
+
+The vocabulary (sorted by frequency) is cut into clusters ``[0, c0), [c0, c1), ..., [c_{C-2}, V)``. The head
+scores the words of cluster 0 plus one entry per tail cluster ("the word is in cluster c"); a tail word's
+log-probability is its cluster entry's head log-probability plus its log-probability within the cluster.
+Every cluster scores ``p_c = h @ P_c`` (``P_c [input_dim, n]``, or the identity when ``n == input_dim``)
+against its rows of the shared ``V x n`` table (which may be tied to the input embedding) plus a bias.
+
+:meth:`ProjectedAdaptiveSoftmax.forward` has the interface of ``fairseq.modules.AdaptiveSoftmax`` that
+fairseq's ``adaptive_loss`` criterion calls, and :meth:`get_log_prob` that of its ``get_log_prob``. Note that
+``adaptive_loss`` passes ``ignore_index = padding_idx`` for every cluster, so (as with fairseq's own
+``AdaptiveSoftmax``) a tail word whose index within its cluster equals ``padding_idx`` is left out of the loss.
+"""
+
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def _check_cutoff(cutoff: Sequence[int], vocab_size: int) -> List[int]:
+    cutoff = [int(c) for c in cutoff]
+    if cutoff and cutoff[-1] == vocab_size:
+        cutoff = cutoff[:-1]
+    for c in cutoff:
+        if c >= vocab_size:
+            raise ValueError(f"cutoff {c} is beyond the vocabulary of {vocab_size} words")
+        if c <= 0:
+            raise ValueError(f"cutoff {c} must be positive (cutoff {cutoff}, vocabulary of {vocab_size} words)")
+    if any(b <= a for a, b in zip(cutoff, cutoff[1:])):
+        raise ValueError(f"cutoff {cutoff} must be strictly increasing (vocabulary of {vocab_size} words)")
+    return cutoff + [vocab_size]
+
+
+def _at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in float32 when it is half precision (float16, bfloat16), else unchanged."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+class ProjectedAdaptiveSoftmax(nn.Module):
+    """Projected adaptive softmax over ``V`` words for inputs of width ``input_dim``.
+
+    Parameters: ``table [V, n]`` (a given ``nn.Parameter`` is used as is, i.e. tied; else owned, N(0, 0.02)),
+    ``bias [V]`` (zeros), ``cluster_weight [C-1, n]`` (N(0, 0.02)) and ``cluster_bias [C-1]`` (zeros), and per
+    cluster ``c`` a projection ``projections[c] [input_dim, n]`` or ``None`` (identity).
+
+    ``projections`` argument: ``None`` gives every cluster an own projection (N(0, 0.01), Transformer-XL's
+    ``proj_init_std``) when ``n != input_dim`` and none at all when ``n == input_dim``. A list has one entry per
+    cluster: an ``nn.Parameter [input_dim, n]`` to tie to (used as is), or ``None`` for the default above (own
+    projection when ``n != input_dim``, identity when ``n == input_dim``). Projections are registered as
+    parameters ``projection_0 ...`` so a Parameter shared with another module (or between clusters) appears once
+    in ``parameters()``; ``projections`` is the list of them.
+
+    Args:
+        vocab_size: V.
+        embed_dim: n, the table width.
+        input_dim: width of the decoder output.
+        cutoff: increasing cluster boundaries below V (V itself may be given last); ``self.cutoff`` ends with V.
+        table: optional ``nn.Parameter [V, n]`` to tie to.
+        projections: see above.
+        dropout: on the input, while training.
+    """
+
+    def __init__(self, vocab_size: int, embed_dim: int, input_dim: int, cutoff: Sequence[int],
+                 table: Optional[nn.Parameter] = None, projections: Optional[Sequence[Optional[nn.Parameter]]] = None,
+                 dropout: float = 0.0):
+        super().__init__()
+        for name, value in (("vocab_size", vocab_size), ("embed_dim", embed_dim), ("input_dim", input_dim)):
+            if int(value) < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if not 0.0 <= float(dropout) < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.vocab_size = vocab_size
+        self.embed_dim = embed_dim
+        self.input_dim = input_dim
+        self.cutoff = _check_cutoff(cutoff, vocab_size)
+        clusters = len(self.cutoff)
+        self.num_clusters = clusters
+
+        if table is None:
+            self.table = nn.Parameter(torch.empty(vocab_size, embed_dim))
+            nn.init.normal_(self.table, 0.0, 0.02)
+        else:
+            if not isinstance(table, nn.Parameter):
+                raise ValueError("table must be an nn.Parameter (it is tied, not copied)")
+            if table.shape != (vocab_size, embed_dim):
+                raise ValueError(f"table must be [vocab_size, embed_dim] = [{vocab_size}, {embed_dim}], "
+                                 f"got {list(table.shape)}")
+            self.table = table
+        self.bias = nn.Parameter(torch.zeros(vocab_size))
+        self.cluster_weight = nn.Parameter(torch.empty(clusters - 1, embed_dim))
+        nn.init.normal_(self.cluster_weight, 0.0, 0.02)
+        self.cluster_bias = nn.Parameter(torch.zeros(clusters - 1))
+
+        if projections is None:
+            projections = [None] * clusters
+        projections = list(projections)
+        if len(projections) != clusters:
+            raise ValueError(f"projections must have one entry per cluster ({clusters} for cutoff "
+                             f"{self.cutoff}), got {len(projections)}")
+        for c, proj in enumerate(projections):
+            if proj is None:
+                if embed_dim != input_dim:
+                    proj = nn.Parameter(torch.empty(input_dim, embed_dim))
+                    nn.init.normal_(proj, 0.0, 0.01)
+            else:
+                if not isinstance(proj, nn.Parameter):
+                    raise ValueError(f"projections[{c}] must be None or an nn.Parameter (tied, not copied)")
+                if proj.shape != (input_dim, embed_dim):
+                    raise ValueError(f"projections[{c}] must be [input_dim, embed_dim] = [{input_dim}, {embed_dim}], "
+                                     f"got {list(proj.shape)}")
+            self.register_parameter(f"projection_{c}", proj)
+        self.dropout = nn.Dropout(dropout)
+
+    @property
+    def projections(self) -> List[Optional[nn.Parameter]]:
+        """One entry per cluster: ``[input_dim, n]`` Parameter, or ``None`` for the identity."""
+        return [getattr(self, f"projection_{c}") for c in range(self.num_clusters)]
+
+    def _cluster_logits(self, h: torch.Tensor, c: int) -> torch.Tensor:
+        """``[N, size_c]`` logits of the words of cluster ``c`` for ``h [N, input_dim]``."""
+        lo = 0 if c == 0 else self.cutoff[c - 1]
+        hi = self.cutoff[c]
+        proj = getattr(self, f"projection_{c}")
+        p = h if proj is None else h @ proj
+        return F.linear(p, self.table[lo:hi], self.bias[lo:hi])
+
+    def _head_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """``[N, c0 + C - 1]``: cluster 0's words, then one entry per tail cluster."""
+        proj = self.projection_0
+        p = h if proj is None else h @ proj
+        c0 = self.cutoff[0]
+        weight = torch.cat([self.table[:c0], self.cluster_weight], dim=0)
+        bias = torch.cat([self.bias[:c0], self.cluster_bias], dim=0)
+        return F.linear(p, weight, bias)
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor
+                ) -> Tuple[List[Optional[torch.Tensor]], List[Optional[torch.Tensor]]]:
+        """Logits and targets per cluster, for ``cross_entropy`` (fairseq's ``adaptive_loss``).
+
+        Args:
+            input: ``[..., input_dim]``.
+            target: ``[...]`` word ids.
+
+        Returns ``(logits, targets)``, flattened to N rows: ``logits[0] [N, c0 + C - 1]`` and ``targets[0] [N]``
+        (the word for head words, ``c0 + c - 1`` for a word of tail cluster ``c``); for ``c >= 1``
+        ``logits[c] [N_c, size_c]`` and ``targets[c] [N_c]`` (the word minus the cluster's start) for the rows
+        whose target is in cluster ``c``, or ``None`` / ``None`` when there are none.
+        """
+        h = self.dropout(input.reshape(-1, input.size(-1)))
+        target = target.reshape(-1)
+        if h.size(0) != target.size(0):
+            raise ValueError(f"input has {h.size(0)} rows but target has {target.size(0)}")
+        c0 = self.cutoff[0]
+        logits: List[Optional[torch.Tensor]] = [self._head_logits(h)]
+        head_target = target.clone()
+        targets: List[Optional[torch.Tensor]] = [head_target]
+        for c in range(1, self.num_clusters):
+            lo, hi = self.cutoff[c - 1], self.cutoff[c]
+            rows = ((target >= lo) & (target < hi)).nonzero().squeeze(1)
+            if rows.numel() == 0:
+                logits.append(None)
+                targets.append(None)
+                continue
+            head_target[rows] = c0 + c - 1
+            logits.append(self._cluster_logits(h[rows], c))
+            targets.append(target[rows] - lo)
+        return logits, targets
+
+    def get_log_prob(self, input: torch.Tensor, target: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Full log-probabilities ``[..., V]`` for ``input [..., input_dim]`` (e.g. ``[B, T, input_dim]``).
+
+        ``target`` is accepted for fairseq's interface and ignored. The normalisations run in float32 (float64 for
+        float64 input); the result has the input's dtype.
+        """
+        shape = input.shape[:-1]
+        h = self.dropout(input.reshape(-1, input.size(-1)))
+        c0 = self.cutoff[0]
+        head = F.log_softmax(_at_least_float32(self._head_logits(h)), dim=-1)
+        # Each cluster's block of the [N, V] result is written in place: logits - (logsumexp - log p(cluster)).
+        # (Normalising into the block directly saves three passes over the V-wide result against log_softmax, add
+        # and cat; at V = 267,735 that memory traffic is much of the cost.)
+        out = head.new_empty(h.size(0), self.vocab_size)
+        out[:, :c0] = head[:, :c0]
+        for c in range(1, self.num_clusters):
+            logits = _at_least_float32(self._cluster_logits(h, c))
+            shift = torch.logsumexp(logits, dim=-1, keepdim=True) - head[:, c0 + c - 1:c0 + c]
+            block = out[:, self.cutoff[c - 1]:self.cutoff[c]]
+            if torch.is_grad_enabled() and (logits.requires_grad or shift.requires_grad):
+                block.copy_(logits - shift)  # out= does not support autograd
+            else:
+                torch.sub(logits, shift, out=block)
+        if out.dtype != input.dtype:
+            out = out.to(input.dtype)
+        return out.view(*shape, self.vocab_size)

@@ -1,0 +1,320 @@
+"""Transformer-XL (Dai et al., 2019) as plain ``torch.nn`` modules: relative attention with segment memory.
+
+Each layer attends over the concatenation of a *memory* (the layer's inputs for the previous ``M`` positions,
+carried over from earlier segments without gradient) and the current segment of ``T`` positions, so there are
+``K = M + T`` keys. Positions enter only through the attention score, as a function of the distance between
+query and key ("relative partial learnable" attention)::
+
+    score(i, j) = (q_i + u) · k_j  +  (q_i + v) · r_{M+i-j}          (then / sqrt(head_dim))
+
+with ``u = r_w_bias`` and ``v = r_r_bias`` shared by all layers, and ``r_d = r_net(sinusoid(d))``. The second
+term is computed for all distances at once against ``r`` ordered by decreasing distance ``[K-1, ..., 0]`` and
+then realigned per query by :func:`rel_shift`.
+
+Layouts: the stack takes and returns batch-first ``[B, T, d]``; inside, everything is time-first ``[T, B, d]``
+and memories are ``[M, B, d]``. Masks are ``[T, K]`` bools, ``True`` where a query may NOT attend.
+"""
+
+import math
+from typing import List, Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def rel_shift(scores: torch.Tensor) -> torch.Tensor:
+    """Realign position scores computed against distances ``[K-1, ..., 0]`` to key positions.
+
+    ``scores [B, H, T, K]`` holds at ``[.., i, k]`` the score of query ``i`` against the encoding of distance
+    ``K-1-k``. Returns ``[B, H, T, K]`` whose ``[.., i, j]`` is the score of query ``i`` against distance
+    ``M + i - j`` (``M = K - T``), i.e. ``scores[.., i, j + T-1-i]``, for every ``j <= M + i``. Entries with
+    ``j > M + i`` (future keys) hold unrelated values and must be masked.
+
+    Done without a gather: prepend a zero column (``[.., T, K+1]``), read the buffer as ``[.., K+1, T]``, drop
+    its first row and read the rest as ``[.., T, K]``; this shifts row ``i`` left by ``T-1-i``.
+    """
+    *lead, t, k = scores.shape
+    padded = torch.cat([scores.new_zeros(*lead, t, 1), scores], dim=-1)
+    padded = padded.view(*lead, k + 1, t)
+    return padded[..., 1:, :].reshape(*lead, t, k)
+
+
+def _check_positive(name: str, value: int):
+    if int(value) < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+def _check_dropout(name: str, value: float):
+    if not 0.0 <= float(value) < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {value}")
+
+
+class RelativeMultiheadAttention(nn.Module):
+    """Transformer-XL's relative multi-head attention sub-layer, residual and LayerNorm included.
+
+    Parameters (no biases): ``qkv`` ``d_model -> 3*H*dh``, ``r_net`` ``d_model -> H*dh`` (the position
+    encodings' projection), ``out`` ``H*dh -> d_model``; plus ``layer_norm`` over ``d_model``. ``H*dh`` need not
+    equal ``d_model``.
+
+    Post-norm: ``LayerNorm(x + attn(x))``; pre-norm: ``x + attn(LayerNorm(.))`` where the LayerNorm is applied to
+    ``cat(memory, x)`` before the key/value/query projections (as the original).
+
+    Args:
+        d_model: model width d.
+        num_heads: H.
+        head_dim: dh, the width of one head.
+        dropout: dropout on the attention output (before the residual).
+        attention_dropout: dropout on the attention probabilities.
+        pre_norm: pre-norm instead of post-norm residual.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, head_dim: int, dropout: float = 0.0,
+                 attention_dropout: float = 0.0, pre_norm: bool = False):
+        super().__init__()
+        _check_positive("d_model", d_model)
+        _check_positive("num_heads", num_heads)
+        _check_positive("head_dim", head_dim)
+        _check_dropout("dropout", dropout)
+        _check_dropout("attention_dropout", attention_dropout)
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.pre_norm = pre_norm
+        self.scale = 1.0 / math.sqrt(head_dim)
+        inner = num_heads * head_dim
+        self.qkv = nn.Linear(d_model, 3 * inner, bias=False)
+        self.r_net = nn.Linear(d_model, inner, bias=False)
+        self.out = nn.Linear(inner, d_model, bias=False)
+        self.layer_norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.attention_dropout = nn.Dropout(attention_dropout)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, r_w_bias: torch.Tensor, r_r_bias: torch.Tensor,
+                mask: torch.Tensor, memory: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Attend from ``x`` over ``cat(memory, x)``.
+
+        Args:
+            x: ``[T, B, d]`` the segment.
+            pos: ``[K, d]`` sinusoidal encodings of the distances ``[K-1, ..., 0]``, ``K = M + T``.
+            r_w_bias, r_r_bias: ``[H, dh]`` the content and position biases (u and v of the paper).
+            mask: ``[T, K]`` bool, ``True`` where query ``i`` may not attend key ``j``.
+            memory: ``[M, B, d]`` or ``None`` (M = 0).
+
+        Returns ``[T, B, d]``.
+        """
+        t, b, _ = x.shape
+        cat = x if memory is None or memory.size(0) == 0 else torch.cat([memory, x], dim=0)
+        k = cat.size(0)
+        h, dh = self.num_heads, self.head_dim
+        if pos.shape != (k, self.d_model):
+            raise ValueError(f"pos must be [K, d_model] = [{k}, {self.d_model}], got {list(pos.shape)}")
+        if mask.shape != (t, k):
+            raise ValueError(f"mask must be [T, K] = [{t}, {k}], got {list(mask.shape)}")
+
+        heads = self.qkv(self.layer_norm(cat) if self.pre_norm else cat)
+        q, key, value = heads.chunk(3, dim=-1)
+        q = q[-t:].view(t, b, h, dh)
+        key = key.view(k, b, h, dh)
+        value = value.view(k, b, h, dh)
+        r = self.r_net(pos).view(k, h, dh)
+
+        content = torch.einsum("ibhd,jbhd->bhij", q + r_w_bias, key)          # [B, H, T, K]
+        position = rel_shift(torch.einsum("ibhd,jhd->bhij", q + r_r_bias, r))  # [B, H, T, K]
+        scores = (content + position) * self.scale
+        scores = scores.masked_fill(mask, torch.finfo(scores.dtype).min)
+        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype)
+        probs = self.attention_dropout(probs)
+        attended = torch.einsum("bhij,jbhd->ibhd", probs, value).reshape(t, b, h * dh)
+        attended = self.dropout(self.out(attended))
+        if self.pre_norm:
+            return x + attended
+        return self.layer_norm(x + attended)
+
+
+class PositionwiseFeedForward(nn.Module):
+    """``Linear(d, d_inner) -> ReLU -> dropout -> Linear(d_inner, d) -> dropout`` with a residual and a
+    LayerNorm: post-norm ``LayerNorm(x + ff(x))`` or pre-norm ``x + ff(LayerNorm(x))``.
+
+    Shapes: ``x [T, B, d] -> [T, B, d]``.
+    """
+
+    def __init__(self, d_model: int, d_inner: int, dropout: float = 0.0, pre_norm: bool = False):
+        super().__init__()
+        _check_positive("d_model", d_model)
+        _check_positive("d_inner", d_inner)
+        _check_dropout("dropout", dropout)
+        self.pre_norm = pre_norm
+        self.fc1 = nn.Linear(d_model, d_inner)
+        self.fc2 = nn.Linear(d_inner, d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.layer_norm = nn.LayerNorm(d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        inp = self.layer_norm(x) if self.pre_norm else x
+        y = self.dropout(self.fc2(self.dropout(F.relu(self.fc1(inp)))))
+        if self.pre_norm:
+            return x + y
+        return self.layer_norm(x + y)
+
+
+class TransformerXLLayer(nn.Module):
+    """One Transformer-XL layer: :class:`RelativeMultiheadAttention` (``attention``) then
+    :class:`PositionwiseFeedForward` (``feed_forward``).
+
+    Shapes: ``x [T, B, d]``, ``memory [M, B, d]`` or ``None``, ``pos [K, d]``, ``mask [T, K]`` -> ``[T, B, d]``.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, head_dim: int, d_inner: int, dropout: float,
+                 attention_dropout: float, pre_norm: bool):
+        super().__init__()
+        self.attention = RelativeMultiheadAttention(d_model, num_heads, head_dim, dropout=dropout,
+                                                    attention_dropout=attention_dropout, pre_norm=pre_norm)
+        self.feed_forward = PositionwiseFeedForward(d_model, d_inner, dropout=dropout, pre_norm=pre_norm)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, r_w_bias: torch.Tensor, r_r_bias: torch.Tensor,
+                mask: torch.Tensor, memory: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self.feed_forward(self.attention(x, pos, r_w_bias, r_r_bias, mask, memory))
+
+
+class TransformerXLStack(nn.Module):
+    """A stack of :class:`TransformerXLLayer` with segment-level recurrence (memory).
+
+    Owns ``layers``, the ``r_w_bias`` / ``r_r_bias`` Parameters ``[H, dh]`` shared by all layers, and with
+    ``pre_norm`` a ``final_norm`` LayerNorm applied to the output. ``mem_len``, ``clamp_len`` and
+    ``same_length`` are plain attributes and may be changed after construction (e.g. evaluation with mem_len
+    640, clamp_len 400, same_length True):
+
+    - ``mem_len``: how many past layer inputs :meth:`forward` returns as the next memory (unless ``keep`` is
+      given), and the window of the ``same_length`` mask.
+    - ``clamp_len``: relative distances larger than ``clamp_len`` use the encoding of ``clamp_len``; ``-1``
+      (and ``0``, as in the original, which clamps only when ``clamp_len > 0``) means no clamping. Values
+      below -1 are refused.
+    - ``same_length``: every query sees the same number of keys (``mem_len``) instead of all earlier ones.
+
+    Args:
+        num_layers, d_model, num_heads, head_dim, d_inner: sizes; ``d_model`` must be even (sinusoids).
+        dropout: on the input, the position encodings, inside every layer and on the output.
+        attention_dropout: on the attention probabilities.
+        pre_norm: pre-norm layers plus ``final_norm``.
+        mem_len, clamp_len, same_length: see above.
+
+    Shapes: ``x [B, T, d]``, ``memory`` a list of ``num_layers`` tensors ``[M, B, d]`` (or ``None``) ->
+    ``(output [B, T, d], new_memory)`` with ``new_memory`` a list of ``num_layers`` detached ``[n, B, d]``.
+    """
+
+    def __init__(self, num_layers: int, d_model: int, num_heads: int, head_dim: int, d_inner: int,
+                 dropout: float = 0.1, attention_dropout: float = 0.0, pre_norm: bool = False,
+                 mem_len: int = 150, clamp_len: int = -1, same_length: bool = False):
+        super().__init__()
+        _check_positive("num_layers", num_layers)
+        _check_positive("d_model", d_model)
+        _check_positive("num_heads", num_heads)
+        _check_positive("head_dim", head_dim)
+        _check_positive("d_inner", d_inner)
+        _check_dropout("dropout", dropout)
+        _check_dropout("attention_dropout", attention_dropout)
+        if d_model % 2:
+            raise ValueError(f"d_model must be even for the sin/cos halves of the position encoding, got {d_model}")
+        if int(mem_len) < 0:
+            raise ValueError(f"mem_len must be >= 0, got {mem_len}")
+        if int(clamp_len) < -1:
+            raise ValueError(f"clamp_len must be -1 (no clamping) or >= 0, got {clamp_len}")
+        self.num_layers = num_layers
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.pre_norm = pre_norm
+        self.mem_len = mem_len
+        self.clamp_len = clamp_len
+        self.same_length = same_length
+        self.layers = nn.ModuleList(
+            TransformerXLLayer(d_model, num_heads, head_dim, d_inner, dropout, attention_dropout, pre_norm)
+            for _ in range(num_layers))
+        self.r_w_bias = nn.Parameter(torch.empty(num_heads, head_dim))
+        self.r_r_bias = nn.Parameter(torch.empty(num_heads, head_dim))
+        self.final_norm = nn.LayerNorm(d_model) if pre_norm else None
+        self.dropout = nn.Dropout(dropout)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """The original's init: Linear weights N(0, 0.02) and biases 0, LayerNorm weights N(1, 0.02) and
+        biases 0, ``r_w_bias`` / ``r_r_bias`` N(0, 0.02)."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, 0.0, 0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.normal_(module.weight, 1.0, 0.02)
+                nn.init.zeros_(module.bias)
+        nn.init.normal_(self.r_w_bias, 0.0, 0.02)
+        nn.init.normal_(self.r_r_bias, 0.0, 0.02)
+
+    def relative_positions(self, klen: int, device=None, dtype=None) -> torch.Tensor:
+        """``[K, d]`` sinusoids ``cat(sin(p * inv_freq), cos(p * inv_freq))`` of the distances
+        ``p = [K-1, ..., 0]`` (clamped to ``clamp_len`` when ``clamp_len > 0``), with
+        ``inv_freq = 1 / 10000^(arange(0, d, 2) / d)``. Computed in float32 (float64 when ``dtype`` is float64),
+        then cast to ``dtype`` (default float32)."""
+        work = torch.float64 if dtype == torch.float64 else torch.float32
+        inv_freq = 1.0 / (10000 ** (torch.arange(0, self.d_model, 2, device=device, dtype=work) / self.d_model))
+        distances = torch.arange(klen - 1, -1, -1, device=device, dtype=work)
+        if self.clamp_len > 0:
+            distances = distances.clamp(max=self.clamp_len)
+        angles = torch.outer(distances, inv_freq)
+        pos = torch.cat([angles.sin(), angles.cos()], dim=-1)
+        return pos if dtype is None else pos.to(dtype)
+
+    def attention_mask(self, qlen: int, mlen: int, device=None) -> torch.Tensor:
+        """``[T, K]`` bool mask (``True`` = may not attend) for ``T = qlen`` queries after ``M = mlen`` memory
+        positions: causal (query ``i`` sees keys ``j <= M + i``) and, with ``same_length``, the original's
+        window: ``mask_len = K - mem_len``, ``shift = T - mask_len if mask_len > 0 else T``, also masking
+        ``j <= i - shift``."""
+        klen = mlen + qlen
+        ones = torch.ones(qlen, klen, dtype=torch.bool, device=device)
+        mask = torch.triu(ones, diagonal=1 + mlen)
+        if self.same_length:
+            if self.mem_len <= 0:
+                raise ValueError("same_length needs mem_len >= 1: with mem_len 0 its window masks every key")
+            mask_len = klen - self.mem_len
+            shift = qlen - mask_len if mask_len > 0 else qlen
+            mask = mask | torch.tril(ones, diagonal=-shift)
+        return mask
+
+    def forward(self, x: torch.Tensor, memory: Optional[List[torch.Tensor]] = None,
+                keep: Optional[int] = None) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+        """Run the segment ``x [B, T, d]`` after ``memory`` (``num_layers`` tensors ``[M, B, d]``, or ``None``).
+
+        Returns ``(output [B, T, d], new_memory)``: for each layer ``cat(memory[i], input of layer i)[-n:]``,
+        detached, with ``n = keep`` if given else ``mem_len`` (``n = 0`` gives ``[0, B, d]`` tensors).
+        """
+        if x.dim() != 3 or x.size(-1) != self.d_model:
+            raise ValueError(f"x must be [B, T, d_model={self.d_model}], got {list(x.shape)}")
+        batch, qlen, _ = x.shape
+        keep = self.mem_len if keep is None else int(keep)
+        if keep < 0:
+            raise ValueError(f"keep must be >= 0, got {keep}")
+        mlen = 0
+        if memory is not None:
+            if len(memory) != self.num_layers:
+                raise ValueError(f"memory must hold one tensor per layer ({self.num_layers}), got {len(memory)}")
+            mlen = memory[0].size(0) if memory[0].dim() == 3 else -1
+            for i, mem in enumerate(memory):
+                if mem.dim() != 3 or mem.size(0) != mlen or mem.shape[1:] != (batch, self.d_model):
+                    raise ValueError(f"memory[{i}] must be [M, B, d] = [{max(mlen, 0)}, {batch}, {self.d_model}] "
+                                     f"(the same M for every layer), got {list(mem.shape)}")
+        klen = mlen + qlen
+        mask = self.attention_mask(qlen, mlen, device=x.device)
+        pos = self.dropout(self.relative_positions(klen, device=x.device, dtype=x.dtype))
+        h = self.dropout(x.transpose(0, 1))
+        new_memory = []
+        for i, layer in enumerate(self.layers):
+            mem = memory[i] if memory is not None else None
+            with torch.no_grad():
+                full = h if mem is None or mlen == 0 else torch.cat([mem, h], dim=0)
+                new_memory.append(full[full.size(0) - min(keep, full.size(0)):].detach())
+            h = layer(h, pos, self.r_w_bias, self.r_r_bias, mask, mem)
+        if self.final_norm is not None:
+            h = self.final_norm(h)
+        h = self.dropout(h)
+        return h.transpose(0, 1), new_memory
