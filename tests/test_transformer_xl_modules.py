@@ -438,3 +438,17 @@ def test_projective_io_parameter_count(n, millions):
     total = count(emb, sm)
     assert total == WT103_VOCAB * n + WT103_VOCAB + 4 * n * 384 + 3 * n + 3
     assert round(total / 1e6, 2) == millions
+
+
+def test_half_precision_log_probs_are_float32_and_close_to_float32_ones():
+    """get_log_prob normalises half-precision input in float32 and returns float32 (rounding log-probabilities
+    of about -10 to bfloat16 would move them by up to 0.03)."""
+    torch.manual_seed(0)
+    sm = ProjectedAdaptiveSoftmax(300, 8, 12, [50, 120]).eval()
+    h = torch.randn(2, 5, 12)
+    with torch.no_grad():
+        reference = sm.get_log_prob(h)
+        half = sm.to(torch.bfloat16).get_log_prob(h.bfloat16())
+    assert reference.dtype == half.dtype == torch.float32
+    torch.testing.assert_close(half.exp().sum(-1), torch.ones(2, 5), rtol=0, atol=1e-5)
+    assert (half - reference).abs().max() < 0.1  # bf16 weights and input, float32 normalisation

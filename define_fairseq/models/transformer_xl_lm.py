@@ -14,10 +14,11 @@ The model, from tokens to the vocabulary::
     -> projected adaptive softmax tied to the V x n table (--adaptive-softmax-cutoff, 4 clusters on WT103), one
        d -> n projection per cluster
 
-Projections, so that every input layer has the paper's input/output count V·n + V + 4·n·d (define.md §5): the
-projective model ties the head cluster's projection to its input projection and gives each tail cluster its own;
-the DeFINE model has no input projection (DeFINE reduces to d itself) and four output projections; the standard
-model has none.
+Projections (d -> n, one per cluster, none when n = d), so that a model with n != d has the paper's input/output
+count V·n + V + 4·n·d (define.md §5): the projective model ties the head cluster's projection to its input
+projection and gives each tail cluster its own; the DeFINE model has no input projection (DeFINE reduces to d
+itself) and four output projections. Transformer-XL's own code ties the tail clusters' projections to the input
+projection instead, which gives two distinct matrices; the paper's counts need four.
 
 With ``--task stateful_lm`` the memory is carried from batch to batch (reset at the start of each epoch and
 evaluation pass), as Transformer-XL trains and evaluates. With any other task (e.g. ``language_modeling`` for

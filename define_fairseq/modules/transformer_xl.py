@@ -123,7 +123,8 @@ class RelativeMultiheadAttention(nn.Module):
         position = rel_shift(torch.einsum("ibhd,jhd->bhij", q + r_r_bias, r))  # [B, H, T, K]
         scores = (content + position) * self.scale
         scores = scores.masked_fill(mask, torch.finfo(scores.dtype).min)
-        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype)
+        half = scores.dtype in (torch.float16, torch.bfloat16)  # normalise half precision in float32
+        probs = F.softmax(scores, dim=-1, dtype=torch.float32 if half else None).to(scores.dtype)
         probs = self.attention_dropout(probs)
         attended = torch.einsum("bhij,jbhd->ibhd", probs, value).reshape(t, b, h * dh)
         attended = self.dropout(self.out(attended))

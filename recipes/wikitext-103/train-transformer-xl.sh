@@ -74,7 +74,8 @@ fi
 # batch 60, post-norm; evaluated every 4000 steps. The DeFINE paper trains every Table 2 row "as recommended by
 # the authors" of Transformer-XL and gives no other value. The state carried across batches needs the stateful
 # task (contiguous streams, memory reset at each epoch and evaluation pass); lm_regularized_loss scores every
-# target word of the adaptive softmax.
+# target word of the adaptive softmax. --batch-size-valid is per GPU: validation (which picks checkpoint_best.pt)
+# runs 10 streams on each GPU; eval.sh scores with 10 streams in all.
 ARGS=(
     --arch "$CONFIG" --task stateful_lm --tokens-per-sample 150 --txl-mem-len 150
     --batch-size $((STREAMS / GPUS)) --batch-size-valid 10 --distributed-world-size "$GPUS"
