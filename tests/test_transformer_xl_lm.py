@@ -63,14 +63,14 @@ def test_memory_keeps_mem_len_states_and_no_gradient(lm_data):
     tokens = tokens_batch(len(task.target_dictionary), length=8)
     model.train()
     model(tokens, reset_state=True)
-    memory = model.decoder.memory.kept_state(True)
+    memory = model.decoder.memory.kept_state(True)["memory"]
     assert len(memory) == 2 and all(m.shape == (5, 3, 16) and not m.requires_grad for m in memory)
     # the memory is the last 5 inputs of each layer: layer 0's input is the embedding of the last 5 tokens
     model.eval()
     model(tokens, reset_state=True)
     with torch.no_grad():
         embedded = model.decoder.embed_tokens(tokens[:, 3:]).transpose(0, 1)
-    torch.testing.assert_close(model.decoder.memory.kept_state(False)[0], embedded)
+    torch.testing.assert_close(model.decoder.memory.kept_state(False)["memory"][0], embedded)
     assert "memory" not in " ".join(model.state_dict())
 
 

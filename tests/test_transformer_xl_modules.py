@@ -452,3 +452,29 @@ def test_half_precision_log_probs_are_float32_and_close_to_float32_ones():
     assert reference.dtype == half.dtype == torch.float32
     torch.testing.assert_close(half.exp().sum(-1), torch.ones(2, 5), rtol=0, atol=1e-5)
     assert (half - reference).abs().max() < 0.1  # bf16 weights and input, float32 normalisation
+
+
+@pytest.mark.parametrize("pre_norm,same_length,clamp_len", [(False, False, -1), (True, True, 3)])
+def test_cached_keys_and_values_give_the_same_outputs_and_memory(pre_norm, same_length, clamp_len):
+    """Evaluation with the memory's keys and values kept (``return_kv`` / ``memory_kv``) equals recomputing them
+    from the memory every segment, over segments that fill and then slide a memory of 6, and the kept keys and
+    values are those of the kept memory."""
+    stack = TransformerXLStack(2, 8, 2, 3, 16, dropout=0.0, pre_norm=pre_norm, mem_len=6, clamp_len=clamp_len,
+                               same_length=same_length).double().eval()
+    x = torch.randn(2, 16, 8, dtype=torch.float64)
+    memory = cached = kv = None
+    with torch.no_grad():
+        for start in range(0, 16, 4):
+            plain, memory = stack(x[:, start:start + 4], memory)
+            fast, cached, kv = stack(x[:, start:start + 4], cached, memory_kv=kv, return_kv=True)
+            torch.testing.assert_close(fast, plain, rtol=0, atol=1e-12)
+            for layer, (mem, mem_c, (keys, values)) in enumerate(zip(memory, cached, kv)):
+                torch.testing.assert_close(mem_c, mem, rtol=0, atol=1e-12)
+                attention = stack.layers[layer].attention
+                heads = attention.qkv(attention.layer_norm(mem) if pre_norm else mem)
+                expected_keys, expected_values = heads.chunk(3, dim=-1)[1:]
+                torch.testing.assert_close(keys, expected_keys, rtol=0, atol=1e-12)
+                torch.testing.assert_close(values, expected_values, rtol=0, atol=1e-12)
+    assert memory[0].shape == kv[0][0].shape[:2] + (8,) == (6, 2, 8)
+    with pytest.raises(ValueError, match="memory_kv needs the memory"):
+        stack(x[:, :4], None, memory_kv=kv)

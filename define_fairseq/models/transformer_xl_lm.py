@@ -32,8 +32,9 @@ Train with ``--criterion lm_regularized_loss --ddp-backend legacy_ddp`` (it scor
 """
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
+import torch
 import torch.nn as nn
 from fairseq.dataclass import ChoiceEnum
 from fairseq.models import FairseqIncrementalDecoder, FairseqLanguageModel, register_model, register_model_architecture
@@ -107,33 +108,53 @@ class TransformerXLDecoder(FairseqIncrementalDecoder):
                          incremental_state=None, **unused):
         tokens = prev_output_tokens
         batch = tokens.size(0)
+        # Without autograd (evaluation, generation) the weights cannot change between two calls, so the keys and
+        # values of the memory are kept with it instead of being computed again every segment.
+        cache_kv = not torch.is_grad_enabled()
         if incremental_state is not None:
-            memory = self._cached_memory(incremental_state)
+            memory, memory_kv = self._cached_memory(incremental_state)
             if memory is not None:
                 tokens = tokens[:, -1:]
                 keep = memory[0].size(0) + tokens.size(1)
             else:
                 keep = tokens.size(1)
-            x, memory = self.stack(self.embed_tokens(tokens), memory, keep=keep)
-            self.set_incremental_state(incremental_state, "memory", {str(i): m for i, m in enumerate(memory)})
         else:
-            memory = self.memory.initial(reset_state, self.training, batch)
-            x, memory = self.stack(self.embed_tokens(tokens), memory)
-            self.memory.keep(reset_state, self.training, batch, memory)
+            state = self.memory.initial(reset_state, self.training, batch)
+            memory, memory_kv = (None, None) if state is None else (state["memory"], state.get("kv"))
+            keep = None
+        x = self.embed_tokens(tokens)
+        memory_kv = memory_kv if cache_kv else None
+        if cache_kv:
+            x, memory, memory_kv = self.stack(x, memory, keep=keep, memory_kv=memory_kv, return_kv=True)
+        else:
+            x, memory = self.stack(x, memory, keep=keep)
+        if incremental_state is not None:
+            cached = {f"h{i}": m for i, m in enumerate(memory)}
+            for i, (keys, values) in enumerate(memory_kv or []):
+                cached[f"k{i}"], cached[f"v{i}"] = keys, values
+            self.set_incremental_state(incremental_state, "memory", cached)
+        else:
+            state = {"memory": memory} if memory_kv is None else {"memory": memory, "kv": memory_kv}
+            self.memory.keep(reset_state, self.training, batch, state)
         return x, {"attn": None, "inner_states": None}
 
-    def _cached_memory(self, incremental_state) -> Optional[List[Tensor]]:
+    def _cached_memory(self, incremental_state):
+        """``(memory, memory_kv or None)`` kept in ``incremental_state``, or ``(None, None)``."""
         cached = self.get_incremental_state(incremental_state, "memory")
         if cached is None:
-            return None
-        return [cached[str(i)] for i in range(len(cached))]
+            return None, None
+        layers = len(self.stack.layers)
+        memory = [cached[f"h{i}"] for i in range(layers)]
+        if "k0" not in cached:
+            return memory, None
+        return memory, [(cached[f"k{i}"], cached[f"v{i}"]) for i in range(layers)]
 
     def reorder_incremental_state(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]],
                                   new_order: Tensor):
         cached = self.get_incremental_state(incremental_state, "memory")
         if cached is None:
             return
-        # memory tensors are [M, B, d]: the batch is dimension 1
+        # memory, keys and values are [M, B, *]: the batch is dimension 1
         self.set_incremental_state(incremental_state, "memory",
                                    {key: value.index_select(1, new_order) for key, value in cached.items()})
 

@@ -91,7 +91,8 @@ class RelativeMultiheadAttention(nn.Module):
         self.attention_dropout = nn.Dropout(attention_dropout)
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, r_w_bias: torch.Tensor, r_r_bias: torch.Tensor,
-                mask: torch.Tensor, memory: Optional[torch.Tensor] = None) -> torch.Tensor:
+                mask: torch.Tensor, memory: Optional[torch.Tensor] = None,
+                memory_kv: Optional[Tuple[torch.Tensor, torch.Tensor]] = None, return_kv: bool = False):
         """Attend from ``x`` over ``cat(memory, x)``.
 
         Args:
@@ -100,23 +101,38 @@ class RelativeMultiheadAttention(nn.Module):
             r_w_bias, r_r_bias: ``[H, dh]`` the content and position biases (u and v of the paper).
             mask: ``[T, K]`` bool, ``True`` where query ``i`` may not attend key ``j``.
             memory: ``[M, B, d]`` or ``None`` (M = 0).
+            memory_kv: the keys and values ``([M, B, H*dh], [M, B, H*dh])`` of ``memory``, as an earlier call
+                with ``return_kv`` gave them; they are then not computed again (valid while the weights have not
+                changed: evaluation).
+            return_kv: also return the keys and values of ``cat(memory, x)``.
 
-        Returns ``[T, B, d]``.
+        Returns ``[T, B, d]``, or with ``return_kv`` ``([T, B, d], (keys [K, B, H*dh], values [K, B, H*dh]))``.
         """
         t, b, _ = x.shape
-        cat = x if memory is None or memory.size(0) == 0 else torch.cat([memory, x], dim=0)
-        k = cat.size(0)
+        m = 0 if memory is None else memory.size(0)
         h, dh = self.num_heads, self.head_dim
+        if memory_kv is not None:
+            if memory_kv[0].shape != (m, b, h * dh) or memory_kv[1].shape != (m, b, h * dh):
+                raise ValueError(f"memory_kv must be two [M, B, H*dh] = [{m}, {b}, {h * dh}] tensors, got "
+                                 f"{list(memory_kv[0].shape)} and {list(memory_kv[1].shape)}")
+            heads = self.qkv(self.layer_norm(x) if self.pre_norm else x)
+            q, key, value = heads.chunk(3, dim=-1)
+            key = torch.cat([memory_kv[0], key], dim=0)
+            value = torch.cat([memory_kv[1], value], dim=0)
+        else:
+            cat = x if m == 0 else torch.cat([memory, x], dim=0)
+            heads = self.qkv(self.layer_norm(cat) if self.pre_norm else cat)
+            q, key, value = heads.chunk(3, dim=-1)
+            q = q[-t:]
+        k = key.size(0)
         if pos.shape != (k, self.d_model):
             raise ValueError(f"pos must be [K, d_model] = [{k}, {self.d_model}], got {list(pos.shape)}")
         if mask.shape != (t, k):
             raise ValueError(f"mask must be [T, K] = [{t}, {k}], got {list(mask.shape)}")
-
-        heads = self.qkv(self.layer_norm(cat) if self.pre_norm else cat)
-        q, key, value = heads.chunk(3, dim=-1)
-        q = q[-t:].view(t, b, h, dh)
-        key = key.view(k, b, h, dh)
-        value = value.view(k, b, h, dh)
+        keys_values = (key, value)
+        q = q.reshape(t, b, h, dh)
+        key = key.reshape(k, b, h, dh)
+        value = value.reshape(k, b, h, dh)
         r = self.r_net(pos).view(k, h, dh)
 
         content = torch.einsum("ibhd,jbhd->bhij", q + r_w_bias, key)          # [B, H, T, K]
@@ -128,9 +144,8 @@ class RelativeMultiheadAttention(nn.Module):
         probs = self.attention_dropout(probs)
         attended = torch.einsum("bhij,jbhd->ibhd", probs, value).reshape(t, b, h * dh)
         attended = self.dropout(self.out(attended))
-        if self.pre_norm:
-            return x + attended
-        return self.layer_norm(x + attended)
+        out = x + attended if self.pre_norm else self.layer_norm(x + attended)
+        return (out, keys_values) if return_kv else out
 
 
 class PositionwiseFeedForward(nn.Module):
@@ -174,8 +189,13 @@ class TransformerXLLayer(nn.Module):
         self.feed_forward = PositionwiseFeedForward(d_model, d_inner, dropout=dropout, pre_norm=pre_norm)
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, r_w_bias: torch.Tensor, r_r_bias: torch.Tensor,
-                mask: torch.Tensor, memory: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return self.feed_forward(self.attention(x, pos, r_w_bias, r_r_bias, mask, memory))
+                mask: torch.Tensor, memory: Optional[torch.Tensor] = None,
+                memory_kv: Optional[Tuple[torch.Tensor, torch.Tensor]] = None, return_kv: bool = False):
+        """``[T, B, d]``, or with ``return_kv`` ``([T, B, d], (keys, values))`` (see the attention)."""
+        if not return_kv:
+            return self.feed_forward(self.attention(x, pos, r_w_bias, r_r_bias, mask, memory, memory_kv))
+        out, keys_values = self.attention(x, pos, r_w_bias, r_r_bias, mask, memory, memory_kv, return_kv=True)
+        return self.feed_forward(out), keys_values
 
 
 class TransformerXLStack(nn.Module):
@@ -282,12 +302,19 @@ class TransformerXLStack(nn.Module):
             mask = mask | torch.tril(ones, diagonal=-shift)
         return mask
 
-    def forward(self, x: torch.Tensor, memory: Optional[List[torch.Tensor]] = None,
-                keep: Optional[int] = None) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+    def forward(self, x: torch.Tensor, memory: Optional[List[torch.Tensor]] = None, keep: Optional[int] = None,
+                memory_kv: Optional[List[Tuple[torch.Tensor, torch.Tensor]]] = None, return_kv: bool = False):
         """Run the segment ``x [B, T, d]`` after ``memory`` (``num_layers`` tensors ``[M, B, d]``, or ``None``).
 
         Returns ``(output [B, T, d], new_memory)``: for each layer ``cat(memory[i], input of layer i)[-n:]``,
         detached, with ``n = keep`` if given else ``mem_len`` (``n = 0`` gives ``[0, B, d]`` tensors).
+
+        Key/value cache, for evaluation: with ``return_kv`` a third element ``new_memory_kv`` holds, for each
+        layer, the keys and values ``([n, B, H*dh], [n, B, H*dh])`` of the new memory; given back as
+        ``memory_kv`` with that memory, they are not computed again from it. The original recomputes them from
+        the memory every segment, which is most of the evaluation cost with a long memory (640 states for 64
+        queries); the result is the same as long as the weights do not change in between. Every tensor returned
+        is detached.
         """
         if x.dim() != 3 or x.size(-1) != self.d_model:
             raise ValueError(f"x must be [B, T, d_model={self.d_model}], got {list(x.shape)}")
@@ -304,18 +331,28 @@ class TransformerXLStack(nn.Module):
                 if mem.dim() != 3 or mem.size(0) != mlen or mem.shape[1:] != (batch, self.d_model):
                     raise ValueError(f"memory[{i}] must be [M, B, d] = [{max(mlen, 0)}, {batch}, {self.d_model}] "
                                      f"(the same M for every layer), got {list(mem.shape)}")
+        if memory_kv is not None and (memory is None or len(memory_kv) != self.num_layers):
+            raise ValueError("memory_kv needs the memory it was computed from, and one (keys, values) pair per layer")
         klen = mlen + qlen
         mask = self.attention_mask(qlen, mlen, device=x.device)
         pos = self.dropout(self.relative_positions(klen, device=x.device, dtype=x.dtype))
         h = self.dropout(x.transpose(0, 1))
-        new_memory = []
+        new_memory, new_memory_kv = [], []
         for i, layer in enumerate(self.layers):
             mem = memory[i] if memory is not None else None
+            start = max(mlen, 0) + qlen - min(keep, max(mlen, 0) + qlen)  # the first of the positions kept
             with torch.no_grad():
                 full = h if mem is None or mlen == 0 else torch.cat([mem, h], dim=0)
-                new_memory.append(full[full.size(0) - min(keep, full.size(0)):].detach())
-            h = layer(h, pos, self.r_w_bias, self.r_r_bias, mask, mem)
+                new_memory.append(full[start:].detach())
+            kv = memory_kv[i] if memory_kv is not None else None
+            if return_kv:
+                h, (keys, values) = layer(h, pos, self.r_w_bias, self.r_r_bias, mask, mem, kv, return_kv=True)
+                new_memory_kv.append((keys[start:].detach(), values[start:].detach()))
+            else:
+                h = layer(h, pos, self.r_w_bias, self.r_r_bias, mask, mem, kv)
         if self.final_norm is not None:
             h = self.final_norm(h)
         h = self.dropout(h)
+        if return_kv:
+            return h.transpose(0, 1), new_memory, new_memory_kv
         return h.transpose(0, 1), new_memory
