@@ -62,6 +62,16 @@ def interleaved(fns: Dict[str, Callable[[], object]], rounds: int, warmup: int =
     return times
 
 
+def parse_choices(parser, flag: str, value: str, known: Sequence[str]) -> List[str]:
+    """The comma-separated list ``value`` of option ``flag``, each item one of ``known``; an empty list or an
+    unknown item stops with ``parser.error`` naming the flag and the choices."""
+    items = [item.strip() for item in value.split(",") if item.strip()]
+    unknown = [item for item in items if item not in known]
+    if unknown or not items:
+        parser.error(f"{flag}: unknown choice(s) {unknown}; choose from {', '.join(known)}")
+    return items
+
+
 def median(values: Sequence[float]) -> float:
     return statistics.median(values)
 

@@ -50,7 +50,8 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import header, interleaved, median, paired_ratio, set_threads, table, write_result, zipf_tokens
+from benchmarks.common import (header, interleaved, median, paired_ratio, parse_choices, set_threads, table, write_result,
+                               zipf_tokens)
 from benchmarks.train_speed import ALLOCATORS, minor_faults
 
 PARTS = ("layers", "train", "generate", "responsiveness")
@@ -558,10 +559,7 @@ def main(argv=None):
             json.dump(result, f)
         return
 
-    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
-    unknown = [p for p in parts if p not in PARTS]
-    if unknown or not parts:
-        parser.error(f"--parts: unknown part(s) {unknown}; choose from {', '.join(PARTS)}")
+    parts = parse_choices(parser, "--parts", args.parts, PARTS)
     child_argv = strip_option(strip_option(argv, "--parts"), "--allocator")
     results = {}
     for part in parts:

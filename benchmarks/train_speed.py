@@ -46,6 +46,7 @@ from benchmarks.common import (
     interleaved,
     median,
     paired_ratio,
+    parse_choices,
     set_threads,
     table,
     write_result,
@@ -238,10 +239,7 @@ def main(argv=None):
             json.dump(result, f)
         return
 
-    allocators = [a.strip() for a in args.allocators.split(",") if a.strip()]
-    unknown = [a for a in allocators if a not in ALLOCATORS]
-    if unknown or not allocators:
-        parser.error(f"--allocators: unknown configuration(s) {unknown}; choose from {', '.join(ALLOCATORS)}")
+    allocators = parse_choices(parser, "--allocators", args.allocators, list(ALLOCATORS))
     child_argv = [a for a in argv if not a.startswith("--allocators")]
     if "--allocators" in argv:  # the space-separated form: drop its value too
         i = argv.index("--allocators")

@@ -319,3 +319,9 @@ def test_c2s_checkpoint_refuses_a_decoder_module_and_names_missing_files(checkpo
         c2s_checkpoint.main(["--checkpoint", str(checkpoint), "--c2s", str(decoder_module),
                              "--output", str(tmp_path / "no_such_dir" / "start.pt")])
     assert not out.exists()
+    # a table whose shape is not the module's: the swap is refused, naming the checkpoint
+    module = load_distilled(str(decoder_module), _dictionary(checkpoint))
+    state = {"model": {c2s_checkpoint.TABLE_KEY: torch.zeros(module.num_embeddings, module.embedding_dim + 1)}}
+    with pytest.raises(ValueError, match=r"--checkpoint ck\.pt: encoder\.embed_tokens\.weight is \(.*\) but the "
+                                         r"module embeds"):
+        c2s_checkpoint.swap_in(state, module, "ck.pt")

@@ -478,3 +478,17 @@ def test_cached_keys_and_values_give_the_same_outputs_and_memory(pre_norm, same_
     assert memory[0].shape == kv[0][0].shape[:2] + (8,) == (6, 2, 8)
     with pytest.raises(ValueError, match="memory_kv needs the memory"):
         stack(x[:, :4], None, memory_kv=kv)
+
+
+def test_log_prob_without_autograd_equals_the_autograd_path():
+    """Without autograd each cluster is computed inside its block of the result (addmm, log_softmax in place);
+    with autograd through temporaries. Both give the same numbers."""
+    torch.manual_seed(0)
+    sm = ProjectedAdaptiveSoftmax(3000, 16, 24, [200, 700, 2000]).eval()
+    h = torch.randn(2, 7, 24)
+    with torch.no_grad():
+        fast = sm.get_log_prob(h)
+    reference = sm.get_log_prob(h)
+    assert reference.requires_grad and not fast.requires_grad
+    torch.testing.assert_close(fast, reference.detach(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(fast.exp().sum(-1), torch.ones(2, 7))

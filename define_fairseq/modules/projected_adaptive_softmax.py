@@ -179,17 +179,22 @@ class ProjectedAdaptiveSoftmax(nn.Module):
         h = self.dropout(input.reshape(-1, input.size(-1)))
         c0 = self.cutoff[0]
         head = F.log_softmax(_at_least_float32(self._head_logits(h)), dim=-1)
-        # Each cluster's block of the [N, V] result is written in place: logits - (logsumexp - log p(cluster)).
-        # (Normalising into the block directly saves three passes over the V-wide result against log_softmax, add
-        # and cat; at V = 267,735 that memory traffic is much of the cost.)
         out = head.new_empty(h.size(0), self.vocab_size)
         out[:, :c0] = head[:, :c0]
+        with_grad = torch.is_grad_enabled() and (h.requires_grad or any(p.requires_grad for p in self.parameters()))
         for c in range(1, self.num_clusters):
-            logits = _at_least_float32(self._cluster_logits(h, c))
-            shift = torch.logsumexp(logits, dim=-1, keepdim=True) - head[:, c0 + c - 1:c0 + c]
-            block = out[:, self.cutoff[c - 1]:self.cutoff[c]]
-            if torch.is_grad_enabled() and (logits.requires_grad or shift.requires_grad):
-                block.copy_(logits - shift)  # out= does not support autograd
+            lo, hi = self.cutoff[c - 1], self.cutoff[c]
+            prior = head[:, c0 + c - 1:c0 + c]  # log p(cluster c)
+            block = out[:, lo:hi]
+            proj = getattr(self, f"projection_{c}")
+            p = h if proj is None else h @ proj
+            if with_grad or p.dtype != out.dtype:
+                block.copy_(F.log_softmax(_at_least_float32(F.linear(p, self.table[lo:hi], self.bias[lo:hi])),
+                                          dim=-1) + prior)
             else:
-                torch.sub(logits, shift, out=block)
+                # Without autograd, each cluster is computed inside its block of the [N, V] result: no temporary
+                # of the block's size (at V = 267,735 these passes over memory are most of the cost).
+                torch.addmm(self.bias[lo:hi], p, self.table[lo:hi].t(), out=block)
+                torch.log_softmax(block, dim=-1, out=block)  # row by row: each row is read before it is written
+                block.add_(prior)
         return out.view(*shape, self.vocab_size)

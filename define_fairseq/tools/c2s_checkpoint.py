@@ -27,7 +27,8 @@ from typing import Dict
 import torch
 from fairseq.utils import safe_getattr
 
-from define_fairseq.tools.distill_c2s import C2S_OPTIONS, checkpoint_table, load_checkpoint_state, load_distilled
+from define_fairseq.tools.distill_c2s import (C2S_OPTIONS, checkpoint_table, load_checkpoint_state, load_distilled,
+                                              read_distilled)
 
 TABLE_KEY = "encoder.embed_tokens.weight"
 
@@ -72,11 +73,11 @@ def build(args) -> Dict:
         raise FileNotFoundError(f"--output {args.output}: the directory {out_dir} does not exist")
     state = load_checkpoint_state(args.checkpoint, args.data)
     dictionary, _ = checkpoint_table(state, args.checkpoint, "encoder", args.data)
-    module = load_distilled(args.c2s, dictionary)
-    saved = torch.load(args.c2s, map_location="cpu", weights_only=True)
+    saved = read_distilled(args.c2s)
     if saved.get("side") != "encoder":
         raise ValueError(f"--c2s {args.c2s} was distilled from a {saved.get('side')} table; transformer_c2s embeds "
                          f"the encoder side (distil with --side encoder)")
+    module = load_distilled(args.c2s, dictionary, saved)
     model_state = swap_in(state, module, args.checkpoint)
     write_start_checkpoint(args.output, model_state)
     options = {name: saved["c2s_args"][name] for name in C2S_OPTIONS}

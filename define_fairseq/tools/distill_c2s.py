@@ -253,15 +253,23 @@ def build_module(dictionary, embedding_dim: int, c2s_args: Dict, output_scale: f
                                  **{name: c2s_args[name] for name in C2S_OPTIONS})
 
 
-def load_distilled(path: str, dictionary) -> Char2SubwordEmbedding:
-    """The module written by this tool, for ``dictionary`` (a fairseq ``Dictionary``: ``symbols``, ``pad()``,
-    ``nspecial``), with its ``output_scale``: a stand-in for the table it was distilled from
-    (``tokens [*] -> [*, d]``). Raises ValueError when ``dictionary`` is not the one it was distilled for."""
+def read_distilled(path: str) -> Dict:
+    """The contents of a file written by this tool (see :func:`save_distilled`); clear errors otherwise."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: no such file (a Char2Subword module written by distill_c2s)")
     saved = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(saved, dict) or "c2s_args" not in saved or "state_dict" not in saved:
         raise ValueError(f"{path} is not a file written by define_fairseq.tools.distill_c2s")
+    return saved
+
+
+def load_distilled(path: str, dictionary, saved: Optional[Dict] = None) -> Char2SubwordEmbedding:
+    """The module written by this tool, for ``dictionary`` (a fairseq ``Dictionary``: ``symbols``, ``pad()``,
+    ``nspecial``), with its ``output_scale``: a stand-in for the table it was distilled from
+    (``tokens [*] -> [*, d]``). ``saved``: the file's contents when already read (:func:`read_distilled`).
+    Raises ValueError when ``dictionary`` is not the one it was distilled for."""
+    if saved is None:
+        saved = read_distilled(path)
     fingerprint = symbols_md5(dictionary.symbols)
     if fingerprint != saved["symbols_md5"]:
         raise ValueError(f"{path} was distilled for another dictionary ({saved.get('num_embeddings')} entries, md5 "
