@@ -118,13 +118,28 @@ def main(argv=None):
                 lprobs.gather(-1, eval_sample["target"].unsqueeze(-1))
         return run
 
-    times = interleaved({name: score(name) for name in variants}, rounds=args.rounds, warmup=args.warmup, log=True)
+    def stack_only(name):
+        model = variants[name]
+
+        def run():
+            with torch.no_grad():
+                model(**eval_sample["net_input"])
+        return run
+
+    calls = {name: score(name) for name in variants}
+    calls.update({f"{name} (stack)": stack_only(name) for name in (STANDARD, DEFINE)})
+    times = interleaved(calls, rounds=args.rounds, warmup=args.warmup, log=True)
     tokens = batch * eval_len
-    rows = [[f"`{name}`", f"{median(times[name]) * 1e3:.0f}", f"{tokens / median(times[name]):.0f}",
+    stack_ms = {name: median(times.get(f"{name} (stack)", times[f"{DEFINE} (stack)"])) * 1e3 for name in variants}
+    rows = [[f"`{name}`", f"{median(times[name]) * 1e3:.0f}", f"{stack_ms[name]:.0f}",
+             f"{median(times[name]) * 1e3 - stack_ms[name]:.0f}", f"{tokens / median(times[name]):.0f}",
              f"{median(times[STANDARD]) / median(times[name]):.2f}x"] for name in variants]
     sections.append(f"## 2. Evaluation (batch {batch} x tgt_len {eval_len}, memory 640, clamp_len 400, same_length; "
                     f"full log-probabilities as fairseq-eval-lm)\n\n"
-                    + table(["model", "ms per segment (median)", "tokens/s", "vs standard 384"], rows)
+                    + table(["model", "ms per segment (median)", "of which input + stack (ms)",
+                             "of which log-probabilities (ms, the difference)", "tokens/s", "vs standard 384"], rows)
+                    + "\nThe input + stack column times the model's forward alone (the folded model's is taken as the "
+                      "unfolded one's: the same stack, and both look rows up in a V x 384 table).\n"
                     + "\nPaper (Table 5, inference ms/batch): standard 384 202, projective 128 129, DeFINE 128 131.\n")
     for name in (DEFINE, f"{DEFINE}, folded"):
         ratio = median(times[STANDARD]) / median(times[name])
