@@ -1,6 +1,6 @@
 # Shared shell helpers for the recipes under recipes/. Source it (`source "$HERE/../lib.sh"`) from a script that
 # runs under `set -euo pipefail`; besides defining functions and variables it only exports PYTHONWARNINGS and
-# installs the EXIT/INT/TERM traps that clean up after a failure.
+# LC_NUMERIC=C and installs the EXIT/INT/TERM traps that clean up after a failure.
 #
 # What the helpers guarantee:
 #   * every output is written under a temporary name and renamed into place when complete, so an interrupted or
@@ -16,6 +16,8 @@ LIB_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 LIB_USER_DIR="$LIB_REPO/define_fairseq"
 # torch's deprecation warnings about fairseq's own calls would drown the logs; PYTHONWARNINGS=default shows them.
 export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore}"
+# Numbers are read and printed with a decimal point whatever the user's locale (bash's printf follows LC_NUMERIC).
+export LC_NUMERIC=C
 
 # ---------------------------------------------------------------------------------------------------- messages
 
@@ -95,13 +97,6 @@ trap '_lib_on_error $? "$BASH_COMMAND" "${BASH_SOURCE[0]}" "$LINENO"' ERR
 trap _lib_on_exit EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
-
-# lib_remove_stale DIR: delete the temporary names (*.tmp, *.part, *.err) that a run killed outright (SIGKILL, a
-# power cut) left in DIR, where no exit handler could remove them. Only one run may use DIR at a time.
-lib_remove_stale() {
-    [[ -d $1 ]] || return 0
-    find "$1" \( -name '*.tmp' -o -name '*.part' -o -name '*.err' \) -prune -exec rm -rf -- {} +
-}
 
 # ------------------------------------------------------------------------------------------------ step markers
 

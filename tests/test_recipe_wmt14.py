@@ -69,6 +69,12 @@ def read_lines(path):
     return Path(path).read_text(encoding="utf-8").split("\n")[:-1]
 
 
+def normalize(normalizer, line):
+    """normalize-punctuation.perl, then remove-non-printing-char.perl (every \\p{C} character becomes a space)."""
+    import regex
+    return regex.sub(r"\p{C}", " ", normalizer.normalize(line))
+
+
 def binarized(data_bin, subset, lang):
     """The symbols of every sentence of a binarized split, read back with fairseq's own reader."""
     from fairseq.data import Dictionary, data_utils
@@ -125,9 +131,9 @@ def test_prepare_tokenises_cleans_and_segments_as_moses_and_subword_nmt(prepared
     from subword_nmt.apply_bpe import BPE
     data_dir, output = prepared
     for lang in ("en", "de"):
-        normalizer, tokenizer = MosesPunctNormalizer(lang=lang, post_remove_control_chars=True), MosesTokenizer(lang)
+        normalizer, tokenizer = MosesPunctNormalizer(lang=lang), MosesTokenizer(lang)
         for split in ("train", "valid", "newstest2014", "newstest2017"):
-            expected = [tokenizer.tokenize(normalizer.normalize(line), aggressive_dash_splits=True, escape=True,
+            expected = [tokenizer.tokenize(normalize(normalizer, line), aggressive_dash_splits=True, escape=True,
                                            return_str=True) for line in read_lines(data_dir / "raw" / f"{split}.{lang}")]
             assert read_lines(data_dir / "tok" / f"{split}.{lang}") == expected, (split, lang)
     # cleaning: 1 to 250 words a side, ratio at most 1.5
@@ -176,7 +182,7 @@ def test_prepare_rerun_skips_finished_steps(prepared, tmp_path):
     assert f"was prepared with bpe=subword-nmt size={BPE_SIZE}, not bpe=subword-nmt size=200" in proc.stderr
 
 
-@pytest.mark.parametrize("kill_at", ["sacremoses tokenize", "fairseq-preprocess"])
+@pytest.mark.parametrize("kill_at", ["sacremoses tokenize", "    train.en:", "apply the BPE", "fairseq-preprocess"])
 def test_prepare_killed_midway_and_rerun_gives_identical_data(kill_at, prepared, mirror, tmp_path):
     """SIGKILL to prepare.sh and all its programs as soon as a step starts (no clean-up handler runs), then a
     rerun: the binarized data are byte for byte those of an uninterrupted run."""
@@ -191,11 +197,14 @@ def test_prepare_killed_midway_and_rerun_gives_identical_data(kill_at, prepared,
             break
     proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL, "".join(seen)
-    step = {"sacremoses tokenize": "tokenize", "fairseq-preprocess": "binarize"}[kill_at]
+    step = {"sacremoses tokenize": "tokenize", "    train.en:": "tokenize", "apply the BPE": "bpe-apply",
+            "fairseq-preprocess": "binarize"}[kill_at]
     assert (data_dir / ".done" / "extract").exists()  # earlier steps had finished ...
     assert not (data_dir / ".done" / step).exists()  # ... the killed one had not
     rerun = ok(run_script("prepare.sh", "-v", BPE_SIZE, "-j", "2", data_dir, env=env))
     assert "skip extract" in rerun.stdout and f"skip {step}" not in rerun.stdout
+    if kill_at == "    train.en:":  # killed after the first file of the step: the rerun keeps it, does the rest
+        assert "train.en: already done" in rerun.stdout and "train.de: already done" not in rerun.stdout
     reference = prepared[0] / "data-bin"
     files = sorted(p.name for p in reference.iterdir() if p.name != "preprocess.log")
     assert sorted(p.name for p in (data_dir / "data-bin").iterdir() if p.name != "preprocess.log") == files
@@ -203,6 +212,29 @@ def test_prepare_killed_midway_and_rerun_gives_identical_data(kill_at, prepared,
         assert (data_dir / "data-bin" / name).read_bytes() == (reference / name).read_bytes(), name
     assert (data_dir / "bpe" / "code").read_bytes() == (prepared[0] / "bpe" / "code").read_bytes()
     assert not leftovers(data_dir)
+
+
+def test_prepare_redoes_the_later_steps_when_an_archive_changes(prepared, mirror, tmp_path):
+    """An archive downloaded again (here: another News Commentary) is extracted again, and every later step is
+    redone from the new text: no tokenised file of the old text is trusted."""
+    import shutil
+    from sacremoses import MosesPunctNormalizer, MosesTokenizer
+    data_dir = tmp_path / "data"
+    shutil.copytree(prepared[0], data_dir)
+    other = write_wmt14(tmp_path / "other-mirror", seed=7)["news_commentary"]
+    (data_dir / "orig" / "training-parallel-nc-v9.tgz").unlink()
+    proc = ok(run_script("prepare.sh", "-v", BPE_SIZE, "-j", "2", data_dir,
+                         env={"WMT14_MIRROR": closed_port_url("wmt"), "WMT14_NEWS_COMMENTARY_URL": str(other)}))
+    assert "skip download training-parallel-europarl-v7.tgz" in proc.stdout
+    assert "skip extract" not in proc.stdout and "train.en: already done" not in proc.stdout
+    raw = read_lines(data_dir / "raw" / "train.en")
+    assert raw != read_lines(prepared[0] / "raw" / "train.en") and raw[-1] == expected_text(seed=7)["train.en"][-1]
+    normalizer, tokenizer = MosesPunctNormalizer(lang="en"), MosesTokenizer("en")
+    assert read_lines(data_dir / "tok" / "train.en") == [
+        tokenizer.tokenize(normalize(normalizer, line), aggressive_dash_splits=True, escape=True, return_str=True)
+        for line in raw]
+    assert binarized(data_dir / "data-bin", "train", "en") == read_lines(data_dir / "bpe" / "train.en")
+    assert len(read_lines(data_dir / "bpe" / "train.en")) == len(read_lines(data_dir / "tok" / "train.clean.en"))
 
 
 def test_prepare_wrong_archive_or_checksum_fails_clearly(mirror, tmp_path):
@@ -315,6 +347,11 @@ def test_fairseq_trains_own_bf16_flag_asks_for_a_tpu():
 
 
 def test_train_bad_options_fail_clearly(tmp_path):
+    proc = ok(run_script("train.sh", "-n", "-g", "3", "transformer_define", "--update-freq", "3"))
+    # the user's --update-freq comes last, after the recipe's, and wins
+    assert "--distributed-world-size 3" in proc.stdout and "--update-freq 3 --save-dir" in proc.stdout
+    proc = run_script("eval.sh", "-s", tmp_path, "transformer_define", "--nbest", "2")
+    assert proc.returncode != 0 and "do not pass --nbest" in proc.stderr
     for args, message in ((["-g", "3", "transformer_define"], "-g 3 does not divide 8"),
                           (["-g", "1", "-p", "fp8", "transformer_define"], "-p fp8: give fp16, bf16 or fp32"),
                           (["-g", "1", "transformer"], "unknown CONFIG 'transformer'")):
@@ -396,9 +433,9 @@ BLEU_LINE = re.compile(r"^(newstest201[47]) +sacreBLEU +([0-9.]+) +tokenized com
 
 def moses_tokenize(lines, lang="de"):
     from sacremoses import MosesPunctNormalizer, MosesTokenizer
-    tokenizer, normalizer = MosesTokenizer(lang), MosesPunctNormalizer(lang, post_remove_control_chars=True)
-    return [tokenizer.tokenize(normalizer.normalize(line), aggressive_dash_splits=True, escape=True, return_str=True)
-            for line in lines]
+    tokenizer, normalizer = MosesTokenizer(lang), MosesPunctNormalizer(lang)
+    return [tokenizer.tokenize(normalize(normalizer, line), aggressive_dash_splits=True, escape=True,
+                               return_str=True) for line in lines]
 
 
 def check_bleu_folder(folder, data_dir, checkpoint, bpe="subword-nmt", beam=2, testsets=tuple(TESTSETS)):
@@ -474,8 +511,8 @@ def test_sentencepiece_option_prepares_trains_and_evaluates(mirror, tmp_path):
     for lang in ("en", "de"):
         # normalised only (SentencePiece segments raw text): no Moses tokenisation, no XML escapes
         raw = read_lines(data_dir / "raw" / f"newstest2014.{lang}")
-        normalizer = MosesPunctNormalizer(lang, post_remove_control_chars=True)
-        assert read_lines(data_dir / "tok" / f"newstest2014.{lang}") == [normalizer.normalize(r) for r in raw]
+        normalizer = MosesPunctNormalizer(lang)
+        assert read_lines(data_dir / "tok" / f"newstest2014.{lang}") == [normalize(normalizer, r) for r in raw]
         for split in ("train", "newstest2014"):
             source = data_dir / "tok" / f"{'train.clean' if split == 'train' else split}.{lang}"
             expected = [" ".join(model.encode(line, out_type=str)) for line in read_lines(source)]

@@ -1,5 +1,5 @@
-"""Drop the sentence pairs of a parallel corpus that are too short, too long or too unequal in length, as
-Moses' ``clean-corpus-n.perl`` does::
+"""Drop the sentence pairs of a parallel corpus that are too short, too long or too unequal in length, with the
+length and ratio rules of Moses' ``clean-corpus-n.perl`` (not its other filters, e.g. on very long words)::
 
     python -m define_fairseq.tools.clean_parallel SRC_IN TGT_IN SRC_OUT TGT_OUT [--min-len 1] [--max-len 250] \\
         [--ratio 1.5]

@@ -13,7 +13,9 @@ an empty line an empty line, so the two sides of a parallel corpus stay aligned.
 that of ``wc -l INPUT``, plus one when the last line has no "\\n"; every output line ends with "\\n".
 
 - ``normalize``: Moses' ``normalize-punctuation.perl -l LANG | remove-non-printing-char.perl``, i.e.
-  ``MosesPunctNormalizer(lang, pre_replace_unicode_punct=False, post_remove_control_chars=True)``.
+  ``MosesPunctNormalizer(lang, pre_replace_unicode_punct=False)``, then every ``\p{C}`` character (control,
+  format, ...: a tab too) replaced by a space, as the Perl script does (sacremoses' ``post_remove_control_chars``
+  would delete it instead, gluing the words on either side).
 - ``tokenize``: ``normalize`` (unless ``--no-normalize``), then Moses' ``tokenizer.perl -a -l LANG``:
   aggressive hyphen splitting (``well-known`` -> ``well @-@ known``) and XML escaping (``&`` -> ``&amp;``).
 - ``detokenize``: Moses' ``detokenizer.perl -l LANG``, XML entities unescaped.
@@ -35,10 +37,13 @@ import re
 import sys
 from typing import Callable, Iterable, Iterator, List, Optional
 
+import regex
+
 CHUNK_LINES = 2000  # lines a worker processes at a time
 COMMANDS = ("tokenize", "normalize", "detokenize", "split-compounds")
 
 _COMPOUND = re.compile(r"(\S)-(\S)")
+_NON_PRINTING = regex.compile(r"\p{C}")  # Unicode's "other" characters: control, format, unassigned, ...
 
 
 def split_compounds(line: str) -> str:
@@ -63,16 +68,22 @@ def make_processor(command: str, lang: Optional[str] = None, normalize: bool = T
     if command == "detokenize":
         detokenizer = MosesDetokenizer(lang=lang)
         return lambda line: detokenizer.detokenize(line.split(), unescape=True)
-    normalizer = MosesPunctNormalizer(lang=lang, pre_replace_unicode_punct=False, post_remove_control_chars=True)
+    normalizer = MosesPunctNormalizer(lang=lang, pre_replace_unicode_punct=False, post_remove_control_chars=False)
+
+    def normalize_line(line: str) -> str:
+        # remove-non-printing-char.perl replaces each control/format/unassigned character by a space (sacremoses'
+        # own option deletes it, gluing "a\tb" into "ab")
+        return _NON_PRINTING.sub(" ", normalizer.normalize(line))
+
     if command == "normalize":
-        return normalizer.normalize
+        return normalize_line
     if command != "tokenize":
         raise ValueError(f"unknown command {command!r}; expected one of {', '.join(COMMANDS)}")
     tokenizer = MosesTokenizer(lang=lang)
 
     def tokenize(line: str) -> str:
         if normalize:
-            line = normalizer.normalize(line)
+            line = normalize_line(line)
         return tokenizer.tokenize(line, aggressive_dash_splits=True, escape=True, return_str=True)
 
     return tokenize

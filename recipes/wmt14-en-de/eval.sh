@@ -16,16 +16,16 @@ Usage: $(basename "$0") [-h] [-d DATA_DIR] [-s SAVE_ROOT] [-c CONFIG] [-a N] [-b
 Translate each test set with fairseq-generate and score it two ways:
   sacreBLEU         the detokenised output against the original reference (raw/<testset>.de of prepare.sh),
                     sacreBLEU's default 13a tokenisation; its signature is printed with the score
-  tokenised BLEU    fairseq-score (BLEU4, as multi-bleu.perl) on Moses-tokenised output and reference with
-                    compounds split (every "x-y" becomes "x ##AT##-##AT## y", as tensor2tensor's get_ende_bleu.sh
-                    and fairseq's compound_split_bleu.sh do): the number fairseq's and the DeFINE/DeLighT papers'
-                    WMT14 tables report
+  tokenised BLEU    fairseq-score (BLEU4, as multi-bleu.perl) on Moses-tokenised (-a) output and reference with
+                    compounds split as fairseq's compound_split_bleu.sh does (perl's s{(\S)-(\S)}{\$1 ##AT##-##AT## \$2}g,
+                    so the tokenised "x @-@ y" becomes "x @ ##AT##-##AT## @ y"): the number fairseq's and the
+                    DeFINE/DeLighT papers' WMT14 tables report
 The checkpoint is SAVE_ROOT/CONFIG/checkpoint_best.pt, checkpoint_avgN.pt with -a N (made by average.sh), or the
 CHECKPOINT file given. Results go to <checkpoint folder>/bleu.<checkpoint name>.beamBEAM.lenpenLENPEN/: bleu.txt
 (one line per test set) and, per test set, the fairseq-generate log, the hypotheses (tokenised and
 detokenised), the sacreBLEU JSON and the fairseq-score output. They are reused while the checkpoint and the
-arguments are unchanged (FORCE=1 redoes them). Arguments after the checkpoint are appended to every
-fairseq-generate call (e.g. --cpu, --fp16).
+arguments are unchanged and the data were not binarized again (FORCE=1 redoes them). Arguments after the
+checkpoint are appended to every fairseq-generate call (e.g. --cpu, --fp16; not --nbest or --quiet).
 
 Options:
   -a N          evaluate checkpoint_avgN.pt instead of checkpoint_best.pt
@@ -65,6 +65,12 @@ TARGET=$1
 shift
 EXTRA=("$@")
 
+for arg in "${EXTRA[@]+"${EXTRA[@]}"}"; do
+    case $arg in
+        --nbest* | --quiet) die "eval.sh scores the best translation of every sentence from fairseq-generate's log;" \
+            "do not pass $arg" ;;
+    esac
+done
 [[ $BEAM =~ ^[1-9][0-9]*$ ]] || die "-b $BEAM: give the beam size as a positive whole number"
 [[ $BATCH =~ ^[1-9][0-9]*$ ]] || die "-B $BATCH: give the batch size as a positive whole number"
 [[ $LENPEN =~ ^-?[0-9]*\.?[0-9]+$ ]] || die "-l $LENPEN: give the length penalty as a number"
@@ -113,7 +119,8 @@ checkpoint_name=$(basename "$CHECKPOINT" .pt)
 RESULTS="$(dirname "$CHECKPOINT")/bleu.$checkpoint_name.beam$BEAM.lenpen$LENPEN"
 SIGNATURE="# BLEU of $CHECKPOINT on $DATA_DIR ($BPE): beam $BEAM, lenpen $LENPEN, batch $BATCH; test sets ${TESTSET_LIST[*]};"
 SIGNATURE+=" extra fairseq-generate arguments: ${EXTRA[*]-}"
-if [[ ${FORCE:-0} != 1 && -f $RESULTS/bleu.txt && $RESULTS/bleu.txt -nt $CHECKPOINT ]] \
+if [[ ${FORCE:-0} != 1 && -f $RESULTS/bleu.txt && $RESULTS/bleu.txt -nt $CHECKPOINT \
+      && $RESULTS/bleu.txt -nt $BIN/dict.en.txt ]] \
     && [[ $(head -n 1 "$RESULTS/bleu.txt") == "$SIGNATURE" ]]; then
     lib_skip "evaluation" "$RESULTS/bleu.txt; FORCE=1 redoes it"
     tail -n +2 "$RESULTS/bleu.txt"

@@ -72,6 +72,8 @@ done
 shift $((OPTIND - 1))
 (( $# <= 1 )) || { usage >&2; die "too many arguments"; }
 DATA_DIR=${1:-data/wmt14-en-de}
+[[ $DATA_DIR != *,* ]] || die "DATA_DIR $DATA_DIR contains a comma, which fairseq-preprocess's --testpref and" \
+    "SentencePiece's input list take as a separator; choose a path without commas"
 [[ $BPE == subword-nmt || $BPE == sentencepiece ]] || die "-b $BPE: give subword-nmt or sentencepiece"
 [[ $BPE_SIZE =~ ^[1-9][0-9]*$ ]] || die "-v $BPE_SIZE: give the BPE size as a positive whole number"
 [[ $WORKERS =~ ^[1-9][0-9]*$ ]] || die "-j $WORKERS: give the number of workers as a positive whole number"
@@ -89,20 +91,37 @@ fi
 "$PYTHON" -c "import sacremoses" 2>/dev/null \
     || die "the sacremoses package is missing in $PYTHON (pip install sacremoses; it is in requirements.txt)"
 
-lib_remove_stale "$DATA_DIR"
-lib_output_dir "$DATA_DIR"
 ORIG="$DATA_DIR/orig" RAW="$DATA_DIR/raw" TOK="$DATA_DIR/tok" BPE_DIR="$DATA_DIR/bpe" BIN="$DATA_DIR/data-bin"
 
-# One DATA_DIR holds one preparation: a rerun with other BPE settings would mix two.
+# The temporary names a run killed outright (SIGKILL, a power cut) left behind, where no exit handler could remove
+# them: this script's own, and only in its own folders. (Only one run may use DATA_DIR at a time.)
+remove_stale() {
+    local name
+    for name in raw.tmp extract.tmp extract.tmp.err data-bin.tmp preprocess.log.tmp settings.tmp; do
+        rm -rf -- "${DATA_DIR:?}/$name"
+    done
+    [[ -d $ORIG ]] && find "$ORIG" -maxdepth 1 \( -name '*.part' -o -name '*.part.err' \) -exec rm -f -- {} +
+    [[ -d $TOK ]] && find "$TOK" -maxdepth 1 -name '*.tmp' -exec rm -f -- {} +
+    [[ -d $BPE_DIR ]] && find "$BPE_DIR" -maxdepth 1 -name '*.tmp' -exec rm -rf -- {} +
+    [[ -d $DATA_DIR/.done ]] && find "$DATA_DIR/.done" -maxdepth 1 -name '*.tmp' -exec rm -f -- {} +
+    return 0
+}
+remove_stale
+lib_output_dir "$DATA_DIR"
+
+# One DATA_DIR holds one preparation: a rerun with other BPE settings would mix two. The settings are recorded when
+# the first step that depends on them starts (tokenize), so a run that failed before leaves them open.
 SETTINGS="bpe=$BPE size=$BPE_SIZE"
-if [[ -f $DATA_DIR/settings ]]; then
-    [[ $(cat "$DATA_DIR/settings") == "$SETTINGS" ]] || die "$DATA_DIR was prepared with $(cat "$DATA_DIR/settings")," \
-        "not $SETTINGS. Give another DATA_DIR (the downloads can be shared by pointing WMT14_MIRROR at" \
-        "$ORIG), or remove $DATA_DIR/{settings,tok,bpe,data-bin} and the markers in $DATA_DIR/.done/ after 'extract'."
-else
-    printf '%s\n' "$SETTINGS" > "$DATA_DIR/settings.tmp"
-    mv -f "$DATA_DIR/settings.tmp" "$DATA_DIR/settings"
+if [[ -f $DATA_DIR/settings && $(cat "$DATA_DIR/settings") != "$SETTINGS" ]]; then
+    die "$DATA_DIR was prepared with $(cat "$DATA_DIR/settings"), not $SETTINGS. Give another DATA_DIR (the" \
+        "downloads can be shared by pointing WMT14_MIRROR at $ORIG), or remove $DATA_DIR/{settings,tok,bpe,data-bin}" \
+        "and the markers in $DATA_DIR/.done/ after 'extract'."
 fi
+record_settings() {
+    [[ -f $DATA_DIR/settings ]] && return 0
+    printf '%s\n' "$SETTINGS" > "$DATA_DIR/settings.tmp"
+    mv -f -- "$DATA_DIR/settings.tmp" "$DATA_DIR/settings"
+}
 
 # py TOOL ARGS...: one of this project's text tools (define_fairseq/tools/TOOL.py; they need no fairseq, and run
 # as scripts they do not load it)
@@ -205,7 +224,7 @@ else
     py sgm_text "$unpacked/test/newstest2017-ende-ref.de.sgm" "$staged/newstest2017.de"
     check_pair newstest2014 "$staged/newstest2014.en" "$staged/newstest2014.de"
     check_pair newstest2017 "$staged/newstest2017.en" "$staged/newstest2017.de"
-    rm -rf -- "$RAW" "$unpacked"
+    rm -rf -- "$RAW" "$unpacked" "$TOK"  # the tokenised files were made from the text this step replaces
     mv -- "$staged" "$RAW"
     lib_mark_done "$DATA_DIR" extract "$(lines "$RAW/train.en") training pairs"
 fi
@@ -222,6 +241,7 @@ if lib_step_done "$DATA_DIR" tokenize "$TOK/train.en" "$TOK/newstest2017.de"; th
 else
     log "sacremoses ${MOSES[*]} ($WORKERS workers) -> $TOK"
     invalidate clean bpe-learn bpe-apply binarize
+    record_settings
     mkdir -p "$TOK"
     for split in "${SPLITS[@]}"; do
         for lang in en de; do
@@ -259,8 +279,10 @@ else
     if [[ $BPE == subword-nmt ]]; then
         # one code for both languages, learned on the English then the German side (fairseq's script does the same)
         log "subword-nmt learn-bpe -s $BPE_SIZE on train.clean.{en,de} -> $BPE_DIR/code"
-        produce "$BPE_DIR/code" subword-nmt learn-bpe -s "$BPE_SIZE" \
-            --input <(cat "$TOK/train.clean.en" "$TOK/train.clean.de")
+        joint="$BPE_DIR/train.joint.tmp"
+        produce "$joint" cat "$TOK/train.clean.en" "$TOK/train.clean.de"
+        produce "$BPE_DIR/code" subword-nmt learn-bpe -s "$BPE_SIZE" --input "$joint"
+        rm -f -- "$joint"
     else
         # a BPE model over both languages; every training line is read (no sampling), so the model is the same
         # on every run
@@ -308,7 +330,11 @@ with open(sys.argv[2], encoding="utf-8", newline="\n") as lines:
 ' "$BPE_DIR/spm.model" "$TOK/$source_name.$lang"
             fi
         done
-        check_pair "$split" "$BPE_DIR/$split.en" "$BPE_DIR/$split.de" > /dev/null
+        for lang in en de; do  # (subword-nmt's parallel apply-bpe exits 0 even when a worker failed)
+            [[ $(lines "$BPE_DIR/$split.$lang") == "$(lines "$TOK/$source_name.$lang")" ]] || die "applying the BPE" \
+                "to $TOK/$source_name.$lang gave $(lines "$BPE_DIR/$split.$lang") lines instead of" \
+                "$(lines "$TOK/$source_name.$lang"); is the disk (or \$TMPDIR) full? Rerun to try again."
+        done
     done
     lib_mark_done "$DATA_DIR" bpe-apply "$SETTINGS"
 fi

@@ -73,9 +73,13 @@ if [[ -z $GPUS ]]; then
     (( GPUS > 0 )) || die "no CUDA GPU is visible; give -g GPUS (for a CPU run: -g 1 -p fp32 $CONFIG --cpu)"
 fi
 [[ $GPUS =~ ^[1-9][0-9]*$ ]] || die "-g $GPUS: give the number of GPUs as a positive whole number"
-(( BATCHES_PER_UPDATE % GPUS == 0 )) || die "-g $GPUS does not divide $BATCHES_PER_UPDATE: the update frequency" \
-    "$BATCHES_PER_UPDATE / $GPUS is not whole. Use 1, 2, 4 or 8 GPUs, or append --update-freq N (each update then" \
-    "sees GPUS x N x $TOKENS_PER_GPU_BATCH tokens instead of $((BATCHES_PER_UPDATE * TOKENS_PER_GPU_BATCH)))."
+USER_UPDATE_FREQ=0
+for arg in "$@"; do [[ $arg == --update-freq || $arg == --update-freq=* ]] && USER_UPDATE_FREQ=1; done
+(( BATCHES_PER_UPDATE % GPUS == 0 || USER_UPDATE_FREQ )) || die "-g $GPUS does not divide $BATCHES_PER_UPDATE: the" \
+    "update frequency $BATCHES_PER_UPDATE / $GPUS is not whole. Use 1, 2, 4 or 8 GPUs, or append --update-freq N" \
+    "(each update then sees GPUS x N x $TOKENS_PER_GPU_BATCH tokens instead of" \
+    "$((BATCHES_PER_UPDATE * TOKENS_PER_GPU_BATCH)))."
+UPDATE_FREQ=$(( BATCHES_PER_UPDATE % GPUS == 0 ? BATCHES_PER_UPDATE / GPUS : 1 ))  # replaced by the user's then
 case $PRECISION in
     fp16) PRECISION_ARGS=(--fp16) ;;
     bf16) PRECISION_ARGS=(--bf16) ;;
@@ -96,7 +100,7 @@ ARGS=(
     --optimizer adam --adam-betas "(0.9, 0.998)" --adam-eps 1e-09 --clip-norm 0.0 --weight-decay 0.0
     --lr 0.000988 --lr-scheduler inverse_sqrt --warmup-updates 8000 --warmup-init-lr 0
     --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --dropout 0.1
-    --max-tokens "$TOKENS_PER_GPU_BATCH" --update-freq $((BATCHES_PER_UPDATE / GPUS)) --distributed-world-size "$GPUS"
+    --max-tokens "$TOKENS_PER_GPU_BATCH" --update-freq "$UPDATE_FREQ" --distributed-world-size "$GPUS"
     --max-update 200000
     --save-interval-updates 2000 --keep-interval-updates 10 --no-epoch-checkpoints
     --seed 1 --log-format simple --log-interval 100
