@@ -352,3 +352,28 @@ def test_recipe_trains_and_evaluates_with_the_evaluation_settings(lm_data, tmp_p
     loss = eval_lm_loss(lm_data, checkpoint, "--task", "stateful_lm", "--tokens-per-sample", "64", "--batch-size",
                         "10", "--model-overrides", overrides)
     assert test_ppl == pytest.approx(2 ** loss, rel=2e-3)
+
+
+def test_validation_between_training_batches_keeps_the_training_memory(lm_data):
+    """Training and evaluation keep separate memories: a validation pass (eval mode, its own reset) between two
+    training batches leaves the training stream's memory as it was."""
+    _, task, model = parsed_model(lm_data, *TINY, "--txl-mem-len", "6")
+    tokens = tokens_batch(len(task.target_dictionary), length=8)
+    model.train()
+    model(tokens, reset_state=True)
+    kept = [m.clone() for m in model.decoder.memory.kept_state(True)["memory"]]
+    model.eval()
+    with torch.no_grad():
+        model(tokens.flip(1), reset_state=True)  # a validation pass over other text
+        model(tokens, reset_state=False)
+    assert model.decoder.memory.kept_state(False) is not None
+    for before, after in zip(kept, model.decoder.memory.kept_state(True)["memory"]):
+        assert torch.equal(before, after)
+    model.train()
+    torch.manual_seed(0)
+    continued = model(tokens, reset_state=False)[0]
+    # the next training batch starts from that memory: the same as if no validation had happened
+    model.decoder.memory.clear()
+    model(tokens, reset_state=True)
+    torch.manual_seed(0)
+    torch.testing.assert_close(model(tokens, reset_state=False)[0], continued, rtol=0, atol=0)
