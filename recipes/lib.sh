@@ -43,6 +43,23 @@ lib_python() {
     fi
 }
 
+# lib_tool TOOL ARGS...: run define_fairseq/tools/TOOL.py as a script with lib_python. The text and checkpoint
+# tools need no fairseq; run as scripts (not with -m, which imports the package) they do not load it.
+lib_tool() { "$(lib_python)" "$LIB_REPO/define_fairseq/tools/$1.py" "${@:2}"; }
+
+# lib_lines FILE: its number of lines (wc -l), without padding.
+lib_lines() { wc -l < "$1" | tr -d ' '; }
+
+# lib_gpu_count CPU_HINT: print the number of visible CUDA GPUs; stop when torch cannot tell or there is none,
+# saying to give -g (CPU_HINT: the command line of a CPU run, for the message).
+lib_gpu_count() {
+    local count
+    count=$("$(lib_python)" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null) \
+        || die "cannot count the GPUs (is torch installed?); give -g GPUS"
+    (( count > 0 )) || die "no CUDA GPU is visible; give -g GPUS (for a CPU run: $1)"
+    printf '%s\n' "$count"
+}
+
 # require_plugin: stop unless the define_fairseq plugin folder is where --user-dir will point.
 require_plugin() {
     [[ -f $LIB_USER_DIR/__init__.py ]] \

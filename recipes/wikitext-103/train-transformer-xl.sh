@@ -59,11 +59,7 @@ shift $((OPTIND - 1))
 CONFIG=$1
 shift
 [[ " $CONFIGS " == *" $CONFIG "* ]] || { usage >&2; die "unknown CONFIG '$CONFIG' (see the list above)"; }
-if [[ -z $GPUS ]]; then
-    GPUS=$("$(lib_python)" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null) \
-        || die "cannot count the GPUs (is torch installed?); give -g GPUS"
-    (( GPUS > 0 )) || die "no CUDA GPU is visible; give -g GPUS (for a CPU run: -g 1 $CONFIG --cpu)"
-fi
+[[ -n $GPUS ]] || GPUS=$(lib_gpu_count "-g 1 $CONFIG --cpu")
 [[ $GPUS =~ ^[1-9][0-9]*$ ]] || die "-g $GPUS: give the number of GPUs as a positive whole number"
 (( STREAMS % GPUS == 0 )) || die "-g $GPUS does not divide the $STREAMS streams; use 1, 2, 3, 4, 5, 6, 10, 12, 15," \
     "20, 30 or 60 GPUs, or append --batch-size N (N streams per GPU)"

@@ -54,5 +54,5 @@ if [[ ${FORCE:-0} != 1 && -f $OUTPUT && -z $newest ]]; then
 fi
 lib_tmp "$OUTPUT.tmp"
 log "average the last $COUNT update checkpoints of $SAVE_DIR -> $OUTPUT"
-# run as a script: the tool needs torch only, not fairseq (which importing the package would load)
-"$(lib_python)" "$LIB_REPO/define_fairseq/tools/average_checkpoints.py" --dir "$SAVE_DIR" --last "$COUNT" --output "$OUTPUT" || die "averaging failed (the message is above)"
+lib_tool average_checkpoints --dir "$SAVE_DIR" --last "$COUNT" --output "$OUTPUT" \
+    || die "averaging failed (the message is above)"

@@ -110,10 +110,6 @@ else
     die "neither $DATA_DIR/bpe/code nor $DATA_DIR/bpe/spm.model exists; was $DATA_DIR prepared by $HERE/prepare.sh?"
 fi
 
-# py TOOL ARGS...: one of this project's text tools (define_fairseq/tools/TOOL.py; they need no fairseq, and run
-# as scripts they do not load it)
-py() { "$PYTHON" "$LIB_REPO/define_fairseq/tools/$1.py" "${@:2}"; }
-lines() { wc -l < "$1" | tr -d ' '; }
 
 checkpoint_name=$(basename "$CHECKPOINT" .pt)
 RESULTS="$(dirname "$CHECKPOINT")/bleu.$checkpoint_name.beam$BEAM.lenpen$LENPEN"
@@ -148,20 +144,20 @@ for testset in "${TESTSET_LIST[@]}"; do
     # the hypotheses in the order of the test set (H-<id> <score> <text>; the text may be empty)
     grep -E '^H-[0-9]+'$'\t' "$out.generate.log" | sed -E 's/^H-//' | sort -n -k1,1 -s \
         | cut -f3- > "$out.hyp" || true
-    expected=$(lines "$ref")
-    found=$(lines "$out.hyp")
+    expected=$(lib_lines "$ref")
+    found=$(lib_lines "$out.hyp")
     (( found == expected )) || die "fairseq-generate translated $found of the $expected sentences of $testset" \
         "(see $out.generate.log); a sentence longer than the model's --max-source-positions is skipped"
     if [[ $BPE == subword-nmt ]]; then  # the output is Moses-tokenised text (as the training data)
         mv -- "$out.hyp" "$out.hyp.tok"
-        py moses_text detokenize -l de "$out.hyp.tok" "$out.hyp.detok"
+        lib_tool moses_text detokenize -l de "$out.hyp.tok" "$out.hyp.detok"
     else                                 # SentencePiece gives back plain text
         mv -- "$out.hyp" "$out.hyp.detok"
-        py moses_text tokenize -l de "$out.hyp.detok" "$out.hyp.tok"
+        lib_tool moses_text tokenize -l de "$out.hyp.detok" "$out.hyp.tok"
     fi
-    py moses_text tokenize -l de "$ref" "$out.ref.tok"
-    py moses_text split-compounds "$out.hyp.tok" "$out.hyp.tok.split"
-    py moses_text split-compounds "$out.ref.tok" "$out.ref.tok.split"
+    lib_tool moses_text tokenize -l de "$ref" "$out.ref.tok"
+    lib_tool moses_text split-compounds "$out.hyp.tok" "$out.hyp.tok.split"
+    lib_tool moses_text split-compounds "$out.ref.tok" "$out.ref.tok.split"
     fairseq-score --sys "$out.hyp.tok.split" --ref "$out.ref.tok.split" > "$out.fairseq-score.txt" 2>&1 \
         || { cat "$out.fairseq-score.txt" >&2; die "fairseq-score failed on $testset"; }
     tokenized=$(grep -Eo 'BLEU4 = [0-9.]+' "$out.fairseq-score.txt" | tail -n 1 | cut -d' ' -f3) || true

@@ -123,9 +123,6 @@ record_settings() {
     mv -f -- "$DATA_DIR/settings.tmp" "$DATA_DIR/settings"
 }
 
-# py TOOL ARGS...: one of this project's text tools (define_fairseq/tools/TOOL.py; they need no fairseq, and run
-# as scripts they do not load it)
-py() { "$PYTHON" "$LIB_REPO/define_fairseq/tools/$1.py" "${@:2}"; }
 
 # produce OUT COMMAND...: run COMMAND with its standard output going to OUT.tmp, renamed to OUT when it succeeds.
 produce() {
@@ -145,7 +142,6 @@ invalidate() {
     done
 }
 
-lines() { wc -l < "$1" | tr -d ' '; }
 
 # ----------------------------------------------------------------------------------------------- 1. download
 mkdir -p "$ORIG"
@@ -187,8 +183,8 @@ extract_members() {
 # check_pair NAME SRC TGT: the two sides of a corpus have the same number of lines (and at least one)
 check_pair() {
     local name=$1 src=$2 tgt=$3 n_src n_tgt
-    n_src=$(lines "$src")
-    n_tgt=$(lines "$tgt")
+    n_src=$(lib_lines "$src")
+    n_tgt=$(lib_lines "$tgt")
     (( n_src == n_tgt && n_src > 0 )) || die "$name: $(basename "$src") has $n_src lines but $(basename "$tgt")" \
         "has $n_tgt; the archive is damaged or not the original (delete it from $ORIG and rerun)"
     log "    $name: $n_src sentence pairs${RELEASE_LINES[$name]:+ (the original release: ${RELEASE_LINES[$name]})}"
@@ -218,15 +214,15 @@ else
     check_pair news_commentary "$unpacked/training/news-commentary-v9.de-en.en" \
         "$unpacked/training/news-commentary-v9.de-en.de"
     check_pair valid "$staged/valid.en" "$staged/valid.de"
-    py sgm_text "$unpacked/test-full/newstest2014-deen-src.en.sgm" "$staged/newstest2014.en"
-    py sgm_text "$unpacked/test-full/newstest2014-deen-ref.de.sgm" "$staged/newstest2014.de"
-    py sgm_text "$unpacked/test/newstest2017-ende-src.en.sgm" "$staged/newstest2017.en"
-    py sgm_text "$unpacked/test/newstest2017-ende-ref.de.sgm" "$staged/newstest2017.de"
+    lib_tool sgm_text "$unpacked/test-full/newstest2014-deen-src.en.sgm" "$staged/newstest2014.en"
+    lib_tool sgm_text "$unpacked/test-full/newstest2014-deen-ref.de.sgm" "$staged/newstest2014.de"
+    lib_tool sgm_text "$unpacked/test/newstest2017-ende-src.en.sgm" "$staged/newstest2017.en"
+    lib_tool sgm_text "$unpacked/test/newstest2017-ende-ref.de.sgm" "$staged/newstest2017.de"
     check_pair newstest2014 "$staged/newstest2014.en" "$staged/newstest2014.de"
     check_pair newstest2017 "$staged/newstest2017.en" "$staged/newstest2017.de"
     rm -rf -- "$RAW" "$unpacked" "$TOK"  # the tokenised files were made from the text this step replaces
     mv -- "$staged" "$RAW"
-    lib_mark_done "$DATA_DIR" extract "$(lines "$RAW/train.en") training pairs"
+    lib_mark_done "$DATA_DIR" extract "$(lib_lines "$RAW/train.en") training pairs"
 fi
 
 # ---------------------------------------------------------------------------------------------- 3. tokenize
@@ -249,8 +245,8 @@ else
                 log "    $split.$lang: already done"
                 continue
             fi
-            produce "$TOK/$split.$lang" py moses_text "${MOSES[@]}" -l "$lang" -j "$WORKERS" "$RAW/$split.$lang"
-            log "    $split.$lang: $(lines "$TOK/$split.$lang") lines"
+            produce "$TOK/$split.$lang" lib_tool moses_text "${MOSES[@]}" -l "$lang" -j "$WORKERS" "$RAW/$split.$lang"
+            log "    $split.$lang: $(lib_lines "$TOK/$split.$lang") lines"
         done
     done
     lib_mark_done "$DATA_DIR" tokenize "$TOKENIZED"
@@ -265,9 +261,9 @@ else
     log "clean the training pairs -> $TOK/train.clean.{en,de}"
     invalidate bpe-learn bpe-apply binarize
     for lang in en de; do lib_tmp "$TOK/train.clean.$lang.tmp"; done
-    py clean_parallel "$TOK/train.en" "$TOK/train.de" "$TOK/train.clean.en" "$TOK/train.clean.de" \
+    lib_tool clean_parallel "$TOK/train.en" "$TOK/train.de" "$TOK/train.clean.en" "$TOK/train.clean.de" \
         --min-len 1 --max-len 250 --ratio 1.5
-    lib_mark_done "$DATA_DIR" clean "$(lines "$TOK/train.clean.en") of $(lines "$TOK/train.en") pairs kept"
+    lib_mark_done "$DATA_DIR" clean "$(lib_lines "$TOK/train.clean.en") of $(lib_lines "$TOK/train.en") pairs kept"
 fi
 
 # -------------------------------------------------------------------------------------------- 5. learn BPE
@@ -331,9 +327,9 @@ with open(sys.argv[2], encoding="utf-8", newline="\n") as lines:
             fi
         done
         for lang in en de; do  # (subword-nmt's parallel apply-bpe exits 0 even when a worker failed)
-            [[ $(lines "$BPE_DIR/$split.$lang") == "$(lines "$TOK/$source_name.$lang")" ]] || die "applying the BPE" \
-                "to $TOK/$source_name.$lang gave $(lines "$BPE_DIR/$split.$lang") lines instead of" \
-                "$(lines "$TOK/$source_name.$lang"); is the disk (or \$TMPDIR) full? Rerun to try again."
+            [[ $(lib_lines "$BPE_DIR/$split.$lang") == "$(lib_lines "$TOK/$source_name.$lang")" ]] || die "applying the BPE" \
+                "to $TOK/$source_name.$lang gave $(lib_lines "$BPE_DIR/$split.$lang") lines instead of" \
+                "$(lib_lines "$TOK/$source_name.$lang"); is the disk (or \$TMPDIR) full? Rerun to try again."
         done
     done
     lib_mark_done "$DATA_DIR" bpe-apply "$SETTINGS"
@@ -356,6 +352,6 @@ else
     grep -E "\[(en|de)\] Dictionary|\[(en|de)\] .*sents" "$prep_log" | sed -E 's/^.*(\[(en|de)\] )/    \1/' | awk '!seen[$0]++' || true
     cp -- "$prep_log" "$staged_bin/preprocess.log"
     mv -- "$staged_bin" "$BIN"
-    lib_mark_done "$DATA_DIR" binarize "$(lines "$BIN/dict.en.txt") dictionary entries"
+    lib_mark_done "$DATA_DIR" binarize "$(lib_lines "$BIN/dict.en.txt") dictionary entries"
 fi
 log "done: binarized data in $BIN (valid = newstest2013, test = newstest2014, test1 = newstest2017)"

@@ -67,11 +67,7 @@ case $CONFIG in
     transformer_wmt_en_de | transformer_define) ;;
     *) usage >&2; die "unknown CONFIG '$CONFIG' (transformer_wmt_en_de or transformer_define)" ;;
 esac
-if [[ -z $GPUS ]]; then
-    GPUS=$("$(lib_python)" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null) \
-        || die "cannot count the GPUs (is torch installed?); give -g GPUS"
-    (( GPUS > 0 )) || die "no CUDA GPU is visible; give -g GPUS (for a CPU run: -g 1 -p fp32 $CONFIG --cpu)"
-fi
+[[ -n $GPUS ]] || GPUS=$(lib_gpu_count "-g 1 -p fp32 $CONFIG --cpu")
 [[ $GPUS =~ ^[1-9][0-9]*$ ]] || die "-g $GPUS: give the number of GPUs as a positive whole number"
 USER_UPDATE_FREQ=0
 for arg in "$@"; do [[ $arg == --update-freq || $arg == --update-freq=* ]] && USER_UPDATE_FREQ=1; done
