@@ -30,14 +30,19 @@ test: install
 demo: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash examples/demo/run.sh
 
+# The allocator of the benchmarks whose models allocate buffers of hundreds of MB per step (benchmarks/README.md);
+# tcmalloc needs libtcmalloc (Debian, Ubuntu: apt-get install libtcmalloc-minimal4), e.g.
+# `make bench BENCH_ALLOCATOR=glibc-retain` without it.
+BENCH_ALLOCATOR ?= tcmalloc
+
 bench: install
 	$(PY) -m benchmarks.group_linear
-	$(PY) -m benchmarks.train_speed
+	$(PY) -m benchmarks.train_speed --allocators glibc,$(BENCH_ALLOCATOR)
 	$(PY) -m benchmarks.generate_speed
-	$(PY) -m benchmarks.lstm_lm_speed
+	$(PY) -m benchmarks.lstm_lm_speed --allocator $(BENCH_ALLOCATOR)
 	$(PY) -m benchmarks.mogrifier_speed
 	$(PY) -m benchmarks.gcnn_speed
-	$(PY) -m benchmarks.txl_speed
+	$(PY) -m benchmarks.txl_speed --allocator $(BENCH_ALLOCATOR)
 
 clean:
 	rm -rf $(VENV) demo_output

@@ -7,6 +7,7 @@ variants alike, and the ratios stay meaningful even on a busy machine.
 
 import os
 import platform
+import resource
 import shlex
 import statistics
 import sys
@@ -26,6 +27,101 @@ def _loadavg() -> str:
 
 
 _START = (time.strftime("%Y-%m-%d %H:%M"), _loadavg())  # when the benchmark module was imported
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Memory allocators. The models compared here allocate buffers of hundreds of MB per step (logits, the dense
+# gradient of a large embedding table). Whether such a buffer is fresh memory from the kernel (a minor page
+# fault per 4 KiB page on first touch) or memory the allocator kept from the previous step depends on the
+# allocator and its settings, and can cost seconds per step, more for the model with the larger buffers. A
+# benchmark runs under one of these, in its own process; each results file names it and counts the page faults.
+
+# The environment each allocator needs. tcmalloc is preloaded (PyTorch's CPU performance guide recommends
+# jemalloc or tcmalloc); ``TCMALLOC_RELEASE_RATE=0`` keeps freed memory for reuse instead of returning it to the
+# kernel, so that a steady-state step takes no page faults.
+GLIBC_RETAIN = {
+    "MALLOC_MMAP_THRESHOLD_": str(4 << 30),  # no mmap for buffers under 4 GiB: they come from the heap
+    "MALLOC_TRIM_THRESHOLD_": str(64 << 30),  # never give freed heap memory back to the OS
+    "MALLOC_TOP_PAD_": str(1 << 30),  # grow the heap in 1 GiB steps
+}
+ALLOCATORS = ("glibc", "glibc-retain", "tcmalloc")
+TCMALLOC_PATHS = ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4",
+                  "/usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4", "/usr/lib64/libtcmalloc_minimal.so.4",
+                  "/usr/lib/libtcmalloc_minimal.so.4", "/usr/local/lib/libtcmalloc_minimal.so.4")
+_ALLOCATOR_VAR = "DEFINE_BENCH_ALLOCATOR"  # set in the process that runs under the chosen allocator
+
+
+def allocator_env(name: str) -> Dict[str, str]:
+    """Environment variables that make a fresh process use allocator ``name`` (one of :data:`ALLOCATORS`).
+
+    ``tcmalloc`` is looked for in ``$TCMALLOC_LIBRARY``, then in the usual library folders; if it is not found,
+    ``FileNotFoundError`` says how to install it or point to it.
+    """
+    if name == "glibc":
+        return {}
+    if name == "glibc-retain":
+        return dict(GLIBC_RETAIN)
+    if name == "tcmalloc":
+        given = os.environ.get("TCMALLOC_LIBRARY")
+        candidates = (given,) if given else TCMALLOC_PATHS
+        found = next((path for path in candidates if os.path.isfile(path)), None)
+        if found is None:
+            where = f"TCMALLOC_LIBRARY={given} does not exist" if given else f"looked in {', '.join(TCMALLOC_PATHS)}"
+            raise FileNotFoundError(f"--allocator tcmalloc: libtcmalloc not found ({where}). Install it (Debian, "
+                                    f"Ubuntu: apt-get install libtcmalloc-minimal4) or set TCMALLOC_LIBRARY to the "
+                                    f"library's path, or choose another allocator.")
+        return {"LD_PRELOAD": found, "TCMALLOC_RELEASE_RATE": "0"}
+    raise ValueError(f"unknown allocator {name!r}; choose from {', '.join(ALLOCATORS)}")
+
+
+def allocator_note(name: str) -> str:
+    env = allocator_env(name)
+    return f"`{name}`" + (f" ({', '.join(f'`{k}={v}`' for k, v in env.items())})" if env else " (glibc's defaults)")
+
+
+def run_under_allocator(name: str, module: str, argv: Sequence[str]) -> None:
+    """Make this benchmark run under allocator ``name``: returns at once if this process already does (it was
+    started that way, or ``name`` is ``glibc`` and nothing is preloaded); otherwise re-executes
+    ``python -m module argv`` with the allocator's environment, and does not return."""
+    if os.environ.get(_ALLOCATOR_VAR) == name:
+        return
+    env = allocator_env(name)
+    if name == "glibc" and not os.environ.get("LD_PRELOAD"):
+        os.environ[_ALLOCATOR_VAR] = name
+        return
+    child_env = dict(os.environ, **env)
+    child_env[_ALLOCATOR_VAR] = name
+    if name == "glibc":
+        child_env.pop("LD_PRELOAD", None)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-m", module, *argv], child_env)
+
+
+def result_name(benchmark: str, allocator: str) -> str:
+    """The results file of ``benchmark`` run under ``allocator``: ``<benchmark>`` for glibc, else
+    ``<benchmark>-<allocator>``."""
+    return benchmark if allocator == "glibc" else f"{benchmark}-{allocator}"
+
+
+def minor_faults() -> int:
+    """Minor page faults of this process so far (a fresh 4 KiB page touched for the first time is one)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def counting_faults(fns: Dict[str, Callable[[], object]]):
+    """``(wrapped, faults)``: ``wrapped`` calls the same functions and appends each call's minor page faults to
+    ``faults[name]`` (warm-up calls included: drop the first ``warmup`` entries)."""
+    faults: Dict[str, List[int]] = {name: [] for name in fns}
+
+    def wrap(name, fn):
+        def run():
+            before = minor_faults()
+            fn()
+            faults[name].append(minor_faults() - before)
+        return run
+
+    return {name: wrap(name, fn) for name, fn in fns.items()}, faults
 
 
 def set_threads(threads: int) -> None:
@@ -103,12 +199,15 @@ def header(title: str, module: str, notes: Sequence[str] = ()) -> str:
         f"- Command: `{command}`",
         f"- torch {torch.__version__}, fairseq {fairseq_version}, Python {platform.python_version()}, float32",
         f"- Threads: {torch.get_num_threads()} (torch.set_num_threads), OMP_WAIT_POLICY="
-        f"{os.environ.get('OMP_WAIT_POLICY', 'unset')} (see benchmarks/__init__.py)",
+        f"{os.environ.get('OMP_WAIT_POLICY', 'unset')} (see benchmarks/README.md)",
         f"- Machine: {os.cpu_count()}-core CPU, {cpu_name()}, {platform.system()} {platform.machine()}",
         f"- Load average (1/5/15 min) at the start of the run: {_START[1]}, at the end: {_loadavg()}; variants are "
         f"timed interleaved (one call of each per round, order rotated), figures are medians over rounds",
         f"- Run: {_START[0]} to {time.strftime('%H:%M')}",
     ]
+    if os.environ.get(_ALLOCATOR_VAR):
+        lines.append(f"- Allocator: {allocator_note(os.environ[_ALLOCATOR_VAR])} (`--allocator`; see "
+                     f"benchmarks/README.md)")
     lines += [f"- {note}" for note in notes]
     return "\n".join(lines) + "\n"
 

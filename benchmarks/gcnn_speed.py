@@ -29,8 +29,8 @@
    15,000, to keep the run short: per token, both models cost the same at either length).
 
 Every part runs in a fresh child process (its own heap), with glibc's malloc told to keep and reuse freed memory
-(``--allocator glibc-retain``, as ``benchmarks.train_speed`` describes); ``--allocator glibc-default`` turns that
-off. Variants are timed interleaved (``benchmarks.common.interleaved``); figures are medians over rounds.
+(``--allocator glibc-retain``, as ``benchmarks.train_speed`` describes); ``--allocator glibc`` turns that
+off, ``--allocator tcmalloc`` preloads tcmalloc instead. Variants are timed interleaved (``benchmarks.common.interleaved``); figures are medians over rounds.
 
     .venv/bin/python -m benchmarks.gcnn_speed [--rounds 3] [--threads 2] [--quick]
 
@@ -50,9 +50,8 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import (header, interleaved, median, paired_ratio, parse_choices, set_threads, table, write_result,
-                               zipf_tokens)
-from benchmarks.train_speed import ALLOCATORS, minor_faults
+from benchmarks.common import (ALLOCATORS, allocator_env, allocator_note, header, interleaved, median, minor_faults,
+                               paired_ratio, parse_choices, set_threads, table, write_result, zipf_tokens)
 
 PARTS = ("layers", "train", "generate", "responsiveness")
 WT103_VOCAB = 267735
@@ -325,7 +324,9 @@ PART_FUNCTIONS = {"layers": part_layers, "train": part_train, "generate": part_g
 # -- running the parts in child processes -------------------------------------------------------------------------
 
 def run_part_in_child(part: str, allocator: str, argv: List[str]) -> dict:
-    env = dict(os.environ, **ALLOCATORS[allocator])
+    env = dict(os.environ, **allocator_env(allocator), DEFINE_BENCH_ALLOCATOR=allocator)
+    if allocator == "glibc":
+        env.pop("LD_PRELOAD", None)
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
         subprocess.run([sys.executable, "-m", "benchmarks.gcnn_speed", *argv, "--child-part", part,
@@ -511,9 +512,9 @@ def render(args, results: dict, s: dict) -> str:
             text, n = render_responsiveness(results[part], args)
         sections.append(text)
         notes += n
-    alloc = ", ".join(f"`{k}={v}`" for k, v in ALLOCATORS[args.allocator].items()) or "glibc's defaults"
+    alloc = allocator_note(args.allocator)
     head = header("Gated convolutional LM (gcnn_lm): speed on CPU", "benchmarks.gcnn_speed", [
-        f"Each part runs in a fresh child process, one after the other; allocator `{args.allocator}`: {alloc}",
+        f"Each part runs in a fresh child process, one after the other; allocator {alloc}",
         f"Interleaved rounds after warm-up rounds: layers {s['rounds'] + 2} after {s['warmup']}; training "
         f"{s['train_rounds']} after {s['train_warmup']}; generation and the long sequence {s['rounds']} after "
         f"{s['warmup']}; the 20-token sentence {s['sentence_rounds']} after {s['warmup']}"
@@ -530,7 +531,7 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="smoke test: tiny sizes, one round, no results file")
     parser.add_argument("--parts", default=",".join(PARTS),
                         help=f"comma-separated parts to run, of {', '.join(PARTS)} (a subset writes no results file)")
-    parser.add_argument("--allocator", default="glibc-retain", choices=sorted(ALLOCATORS))
+    parser.add_argument("--allocator", default="glibc-retain", choices=ALLOCATORS)
     parser.add_argument("--layer-tokens", type=int, default=1024, help="part 1: time steps (batch 1)")
     parser.add_argument("--train-batches", default="1x1024", help="part 2: batches, BxT, comma-separated")
     parser.add_argument("--generate", default="8/1,8/5,1/1",
@@ -560,6 +561,10 @@ def main(argv=None):
         return
 
     parts = parse_choices(parser, "--parts", args.parts, PARTS)
+    try:  # a missing library stops the run before any measuring
+        allocator_env(args.allocator)
+    except FileNotFoundError as error:
+        parser.error(str(error))
     child_argv = strip_option(strip_option(argv, "--parts"), "--allocator")
     results = {}
     for part in parts:

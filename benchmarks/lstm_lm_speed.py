@@ -18,11 +18,14 @@ Every step: forward, loss, backward, gradient clipping (0.25), SGD step. Dropout
 """
 
 import argparse
+import sys
 import tempfile
+import time
 
 import torch
 
-from benchmarks.common import header, interleaved, median, paired_ratio, set_threads, table, write_result
+from benchmarks.common import (ALLOCATORS, header, interleaved, median, paired_ratio, result_name,
+                               run_under_allocator, set_threads, table, write_result)
 
 
 def build_lm(arch: str, vocab: int, task_args, extra):
@@ -88,6 +91,76 @@ def score_steps(models, sample, rounds, warmup):
 SAME = "`lstm_lm_define`, no DeFINE (same network)"
 
 
+PRODUCTS_NOTE = (
+    "With N = batch x BPTT tokens, the forward pass needs per layer the input product [N, in] @ [in, 4h] (all time "
+    "steps at once) and BPTT recurrent products [batch, h] @ [h, 4h], one after the other since each needs the "
+    "previous step's output; then the projection and the tied output layer. Training adds per layer BPTT recurrent "
+    "products back in time and the batched products for dW_hh, dW_ih and the input's gradient, and two products for "
+    "each of the projection and the output layer. Their arithmetic is the same for every implementation of the "
+    "network; nothing else (gates, softmax, dropout, clipping, the optimizer) is counted. At the machine's peak "
+    "matrix-multiply rate (a 2048 x 2048 x 2048 product, the fastest of 5 runs in the same process) that arithmetic "
+    "gives a hard floor on the step time, and fairseq's step time divided by it bounds the speed-up any "
+    "implementation could reach here. The products are also timed one by one through torch.mm (the fastest of 5 "
+    "runs, into a preallocated output), which shows where the time goes but is no bound: oneDNN's fused LSTM runs "
+    "small recurrent products faster than separate torch.mm calls.")
+
+
+def peak_gflops(size: int = 2048, reps: int = 5) -> float:
+    """GFLOP/s of the fastest of ``reps`` float32 ``size``-cubed products on this machine (after one untimed run)."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    out = torch.empty(size, size)
+    samples = []
+    for _ in range(reps + 1):
+        start = time.perf_counter()
+        torch.mm(a, b, out=out)
+        samples.append(time.perf_counter() - start)
+    return 2 * size ** 3 / min(samples[1:]) / 1e9
+
+
+def step_products(layers, proj, vocab: int, batch: int, bptt: int, training: bool, reps: int = 5):
+    """The matrix products of one step of an LSTM LM (:data:`PRODUCTS_NOTE` lists them), each timed alone at its
+    shape through ``torch.mm``.
+
+    ``layers``: ``(input, hidden)`` of every LSTM layer; ``proj``: ``(in, out)`` of the projection before the
+    tied output layer, or None; the output layer is ``out x vocab``; ``training``: forward only, or forward and
+    backward. Returns ``[(label, seconds, flops)]``, each product's time the fastest of ``reps`` runs (after one
+    untimed run) and ``flops = 2 * M * K * N * calls``.
+    """
+    n = batch * bptt
+    parts = []
+
+    def timed(label, a_shape, b_shape, calls=1):
+        a, b = torch.randn(*a_shape), torch.randn(*b_shape)
+        out = torch.empty(a_shape[0], b_shape[1])
+        samples = []
+        for _ in range(reps + 1):
+            start = time.perf_counter()
+            for _ in range(calls):
+                torch.mm(a, b, out=out)
+            samples.append(time.perf_counter() - start)
+        parts.append((label, min(samples[1:]), 2 * a_shape[0] * a_shape[1] * b_shape[1] * calls))
+
+    for i, (inp, h) in enumerate(layers):
+        timed(f"layer {i + 1} input product [{n}, {inp}] @ [{inp}, {4 * h}]", (n, inp), (inp, 4 * h))
+        timed(f"layer {i + 1} recurrent products, {bptt} x [{batch}, {h}] @ [{h}, {4 * h}]", (batch, h), (h, 4 * h),
+              calls=bptt)
+        if training:
+            timed(f"layer {i + 1} recurrent products back in time, {bptt} x [{batch}, {4 * h}] @ [{4 * h}, {h}]",
+                  (batch, 4 * h), (4 * h, h), calls=bptt)
+            timed(f"layer {i + 1} dW_hh [{h}, {n}] @ [{n}, {4 * h}]", (h, n), (n, 4 * h))
+            timed(f"layer {i + 1} dW_ih [{inp}, {n}] @ [{n}, {4 * h}]", (inp, n), (n, 4 * h))
+            timed(f"layer {i + 1} input gradient [{n}, {4 * h}] @ [{4 * h}, {inp}]", (n, 4 * h), (4 * h, inp))
+    dense = [("output layer", (proj[1] if proj else layers[-1][1], vocab))]
+    if proj is not None:
+        dense.insert(0, ("projection", proj))
+    for label, (fan_in, fan_out) in dense:
+        timed(f"{label} [{n}, {fan_in}] @ [{fan_in}, {fan_out}]", (n, fan_in), (fan_in, fan_out))
+        if training:
+            timed(f"{label} input gradient [{n}, {fan_out}] @ [{fan_out}, {fan_in}]", (n, fan_out), (fan_out, fan_in))
+            timed(f"{label} weight gradient [{fan_out}, {n}] @ [{n}, {fan_in}]", (fan_out, n), (n, fan_in))
+    return parts
+
+
 def count(model):
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
@@ -98,7 +171,14 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--skip-wt103", action="store_true", help="only the comparison with fairseq's lstm_lm")
+    parser.add_argument("--allocator", choices=ALLOCATORS, default="glibc",
+                        help="memory allocator to run under (the process re-executes itself with it); results of "
+                             "an allocator other than glibc go to results/lstm_lm_speed-<allocator>.md")
     args = parser.parse_args(argv)
+    try:
+        run_under_allocator(args.allocator, "benchmarks.lstm_lm_speed", sys.argv[1:] if argv is None else argv)
+    except FileNotFoundError as error:
+        parser.error(str(error))
     set_threads(args.threads)
     sections, notes = [], []
 
@@ -119,7 +199,7 @@ def main(argv=None):
         ratio, paired = r3 / r2, 1 / paired_ratio(times, "lstm_lm_adaptive_wt103", "lstm_lm_define_wt103_n3")
         sections.append(f"## 1. Table 1a R3 vs R2 (V={vocab:,}, batch {batch} x BPTT {bptt})\n\n"
                         + table(["arch", "parameters", "step ms (median)", "step ms (min)", "tokens/s"], rows)
-                        + f"\nPaper (GTX 1080 Ti): R2 297 ms/batch, R3 298 ms/batch (1.00x).\n")
+                        + "\nPaper (GTX 1080 Ti): R2 297 ms/batch, R3 298 ms/batch (1.00x).\n")
         notes.append(f"- {'PASS' if ratio <= 1.1 else 'FAIL'}: R3 step time <= 1.1x R2: {ratio:.2f}x (ratio of "
                      f"medians; median of per-round ratios {paired:.2f}x)")
 
@@ -145,31 +225,59 @@ def main(argv=None):
     regimes = [("training, batch 20 (AWD-LSTM's PTB training batch)", 20, True),
                ("scoring (eval mode, no grad), batch 10 (AWD-LSTM's validation batch)", 10, False),
                ("scoring (eval mode, no grad), batch 1 (AWD-LSTM's test batch)", 1, False)]
-    rows = []
+    decoder = models[SAME][0].decoder
+    layer_shapes = [(layer.lstm.input_size, layer.lstm.hidden_size) for layer in decoder.lstm.layers]
+    proj = decoder.project_out_dim
+    proj_shape = None if proj is None else (proj.in_features, proj.out_features)
+    rows, floor_sections = [], []
     for label, batch, training in regimes:
         sample = lm_batch(vocab, batch, bptt)
         if training:
             times = train_steps(models, sample, args.rounds + 2, args.warmup)
         else:
             times = score_steps(models, sample, args.rounds + 2, args.warmup)
+        parts = step_products(layer_shapes, proj_shape, vocab, batch, bptt, training)
+        peak = peak_gflops()
+        one_by_one = sum(t for _, t, _ in parts)
+        flops = sum(f for _, _, f in parts)
+        floor = flops / (peak * 1e9)
         for name, (m, _) in models.items():
             rows.append([label if name == base else "", name, f"{count(m) / 1e6:.2f} M",
                          f"{median(times[name]) * 1e3:.0f}", f"{batch * bptt / median(times[name]):.0f}",
-                         f"{median(times[base]) / median(times[name]):.2f}x", f"{paired_ratio(times, base, name):.2f}x"])
+                         f"{median(times[base]) / median(times[name]):.2f}x", f"{paired_ratio(times, base, name):.2f}x",
+                         f"{flops / median(times[name]) / 1e9:.0f}"])
+        rows.append(["", f"*the products' arithmetic at the peak rate ({peak:.0f} GFLOP/s): hard floor*", "",
+                     f"{floor * 1e3:.0f}", f"{batch * bptt / floor:.0f}", f"{median(times[base]) / floor:.2f}x", "",
+                     f"{peak:.0f}"])
+        rows.append(["", "*the products one by one through torch.mm (no bound)*", "", f"{one_by_one * 1e3:.0f}",
+                     f"{batch * bptt / one_by_one:.0f}", f"{median(times[base]) / one_by_one:.2f}x", "",
+                     f"{flops / one_by_one / 1e9:.0f}"])
         speedup = median(times[base]) / median(times[SAME])
+        bound = median(times[base]) / floor
         notes.append(f"- {'PASS' if speedup >= 3 else 'FAIL'} ({label}): lstm_lm_define tokens/s >= 3x fairseq's "
                      f"lstm_lm at the same size: {speedup:.2f}x (ratio of medians; median of per-round ratios "
-                     f"{paired_ratio(times, base, SAME):.2f}x)")
+                     f"{paired_ratio(times, base, SAME):.2f}x). The step's matrix products are {flops / 1e9:.1f} "
+                     f"GFLOP: at the peak rate measured here ({peak:.0f} GFLOP/s) at least {floor * 1e3:.0f} ms, so "
+                     f"no implementation can exceed {bound:.2f}x on this machine; lstm_lm_define runs them at "
+                     f"{flops / median(times[SAME]) / 1e9:.0f} GFLOP/s "
+                     f"({flops / median(times[SAME]) / 1e9 / peak:.0%} of peak), fairseq's lstm_lm at "
+                     f"{flops / median(times[base]) / 1e9:.0f}")
+        floor_sections.append(f"### {label}\n\n" + table(["product", "ms (torch.mm)", "GFLOP"],
+                                                          [[p, f"{t * 1e3:.1f}", f"{f / 1e9:.2f}"] for p, t, f in parts])
+                              + f"| **total** | **{one_by_one * 1e3:.0f}** | **{flops / 1e9:.1f}** |\n")
     sections.append(f"## 2. lstm_lm_define vs fairseq's lstm_lm (AWD-LSTM's PTB size: V={vocab:,}, embedding 400, "
                     f"3 layers of 1150, tied; BPTT {bptt})\n\n"
                     + table(["regime", "model", "parameters", "ms per batch (median)", "tokens/s",
-                             "vs lstm_lm (ratio of medians)", "vs lstm_lm (median of per-round ratios)"], rows))
+                             "vs lstm_lm (ratio of medians)", "vs lstm_lm (median of per-round ratios)",
+                             "matrix-product GFLOP/s"], rows)
+                    + "\n### The matrix products of one step\n\n" + PRODUCTS_NOTE + "\n\n"
+                    + "\n".join(floor_sections))
 
     text = header("Training speed of the LSTM language models", "benchmarks.lstm_lm_speed", [
         "Step: forward, loss, backward, clip_grad_norm_(0.25), torch.optim.SGD step; one fixed batch of Zipf-"
         "distributed tokens; models built by fairseq's parser from the registered archs"])
     text += "\n" + "\n".join(sections) + "\n## Targets\n\n" + "\n".join(notes) + "\n"
-    write_result("lstm_lm_speed", text)
+    write_result(result_name("lstm_lm_speed", args.allocator), text)
 
 
 if __name__ == "__main__":

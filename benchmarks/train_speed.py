@@ -10,28 +10,29 @@ The batch is one fixed batch of random sentences (lengths drawn uniformly in a r
 Zipf-like so the batch has a realistic count of distinct tokens), loss = fairseq's label-smoothed cross-entropy
 (0.1). Every step is: forward, loss, backward, ``torch.optim.Adam`` step. Steps are timed interleaved.
 
-The comparison runs twice, each time in a fresh child process, under two configurations of glibc's malloc:
+The comparison runs once per allocator (``--allocators``), each time in a fresh child process:
 
-* ``glibc-default``: glibc's defaults. Every buffer over the (dynamic) mmap threshold, i.e. each of the
+* ``glibc``: glibc's defaults. Every buffer over the (dynamic) mmap threshold, i.e. each of the
   3000 x 32000 logits-sized buffers of 384 MB, is a fresh ``mmap`` that the kernel fills page by page with
   minor page faults on first touch, and is unmapped again when freed.
 * ``glibc-retain``: ``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_`` and ``MALLOC_TOP_PAD_`` raised, so
-  malloc keeps freed memory in its heap and reuses it. This is what PyTorch's CPU performance guide gets by
-  preloading jemalloc or tcmalloc, done with glibc alone.
+  malloc keeps freed memory in its heap and reuses it, as far as its fragmentation allows.
+* ``tcmalloc``: gperftools' tcmalloc preloaded (PyTorch's CPU performance guide recommends it or jemalloc), with
+  ``TCMALLOC_RELEASE_RATE=0`` so that freed memory is kept for the next step. Its steps take (almost) no page
+  faults: this is the steady-state cost of the two models.
 
 Both models run under the same allocator in a run; the table also gives the minor page faults per step.
 
 Target: transformer_define >= 1.1x the tokens/s of transformer.
 
     .venv/bin/python -m benchmarks.train_speed [--layers 6] [--sentences 112] [--rounds 5] [--threads 2]
-        [--allocators glibc-default,glibc-retain]
+        [--allocators glibc,glibc-retain,tcmalloc]
 """
 
 import argparse
 import copy
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -39,12 +40,16 @@ import tempfile
 import torch
 
 from benchmarks.common import (
+    ALLOCATORS,
+    allocator_env,
+    allocator_note,
     build_define_and_baseline,
     count_params,
     fmt_params,
     header,
     interleaved,
     median,
+    minor_faults,
     paired_ratio,
     parse_choices,
     set_threads,
@@ -92,20 +97,7 @@ def define_embeddings(model):
     return [m for m in model.modules() if isinstance(m, DeFINEEmbedding)]
 
 
-# Environment of each allocator configuration (added to the inherited environment of the child process).
-ALLOCATORS = {
-    "glibc-default": {},
-    "glibc-retain": {
-        "MALLOC_MMAP_THRESHOLD_": str(4 << 30),  # no mmap for buffers under 4 GiB: they come from the heap
-        "MALLOC_TRIM_THRESHOLD_": str(64 << 30),  # never give freed heap memory back to the OS
-        "MALLOC_TOP_PAD_": str(1 << 30),  # grow the heap in 1 GiB steps
-    },
-}
 MODELS = ("transformer", "transformer_define", "transformer_define, unique_tokens=False")
-
-
-def minor_faults() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def measure(args) -> dict:
@@ -160,9 +152,10 @@ def measure(args) -> dict:
 
 def measure_in_child(allocator: str, argv) -> dict:
     """Run :func:`measure` in a fresh interpreter whose environment carries the allocator's settings."""
-    env = dict(os.environ, **ALLOCATORS[allocator])
-    print(f"[{allocator}] {' '.join(f'{k}={v}' for k, v in ALLOCATORS[allocator].items()) or 'glibc defaults'}",
-          file=sys.stderr, flush=True)
+    env = dict(os.environ, **allocator_env(allocator), DEFINE_BENCH_ALLOCATOR=allocator)
+    if allocator == "glibc":
+        env.pop("LD_PRELOAD", None)
+    print(f"[{allocator_note(allocator)}]", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
         subprocess.run([sys.executable, "-m", "benchmarks.train_speed", *argv, "--child-json", out], env=env,
@@ -177,8 +170,7 @@ def render(args, results: dict) -> str:
     layer_note = ("6 + 6 layers (Transformer base)" if args.layers == 6 else
                   f"**{args.layers} + {args.layers} layers (reduced from base's 6 + 6 to keep the run short on 2 "
                   f"cores; both models use the same)**")
-    allocator_notes = [f"`{name}`: " + (", ".join(f"`{k}={v}`" for k, v in ALLOCATORS[name].items())
-                                        or "glibc's defaults") for name in results]
+    allocator_notes = [allocator_note(name) for name in results]
     text = header("Training speed: transformer_define vs transformer", "benchmarks.train_speed", [
         f"Models: d_model 512, FFN 2048, 8 heads, {layer_note}, dropout 0.1, vocabulary 32000 per side (separate "
         f"source/target dictionaries), decoder output tied to the decoder input embedding; transformer_define: "
@@ -240,6 +232,11 @@ def main(argv=None):
         return
 
     allocators = parse_choices(parser, "--allocators", args.allocators, list(ALLOCATORS))
+    for name in allocators:  # a missing library stops the run before any measuring
+        try:
+            allocator_env(name)
+        except FileNotFoundError as error:
+            parser.error(str(error))
     child_argv = [a for a in argv if not a.startswith("--allocators")]
     if "--allocators" in argv:  # the space-separated form: drop its value too
         i = argv.index("--allocators")

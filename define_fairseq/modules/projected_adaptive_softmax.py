@@ -38,6 +38,17 @@ def _at_least_float32(x: torch.Tensor) -> torch.Tensor:
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
+_CACHE_BYTES_PER_THREAD = 1 << 20  # rows of at most this size per thread stay in a core's cache (L2)
+
+
+def _rows_per_chunk(block: torch.Tensor) -> int:
+    """How many rows of ``block [N, width]`` to normalise at a time: about 1 MiB per intra-op thread, and at
+    least one row per thread (the log-softmax runs its rows in parallel)."""
+    threads = max(1, torch.get_num_threads())
+    row_bytes = block.size(1) * block.element_size()
+    return threads * max(1, _CACHE_BYTES_PER_THREAD // max(1, row_bytes))
+
+
 class ProjectedAdaptiveSoftmax(nn.Module):
     """Projected adaptive softmax over ``V`` words for inputs of width ``input_dim``.
 
@@ -195,6 +206,13 @@ class ProjectedAdaptiveSoftmax(nn.Module):
                 # Without autograd, each cluster is computed inside its block of the [N, V] result: no temporary
                 # of the block's size (at V = 267,735 these passes over memory are most of the cost).
                 torch.addmm(self.bias[lo:hi], p, self.table[lo:hi].t(), out=block)
-                torch.log_softmax(block, dim=-1, out=block)  # row by row: each row is read before it is written
-                block.add_(prior)
+                # Then log_softmax(x) + prior = x - (logsumexp(x) - prior), a few rows at a time, few enough
+                # that they stay in the cores' caches from one pass to the next: the block crosses main memory
+                # three times (written, read, written back). A log_softmax on the strided block would copy it
+                # to a contiguous buffer and back, and the prior would take another pass.
+                step = _rows_per_chunk(block)
+                for start in range(0, block.size(0), step):
+                    rows = block[start:start + step]
+                    shift = torch.logsumexp(rows, dim=-1, keepdim=True).sub_(prior[start:start + step])
+                    rows.sub_(shift)
         return out.view(*shape, self.vocab_size)

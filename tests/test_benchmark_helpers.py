@@ -1,0 +1,82 @@
+"""The benchmarks' measuring helpers: allocator selection, page-fault counting and the LSTM matrix-product floor."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from benchmarks.common import allocator_env, counting_faults, result_name
+from benchmarks.lstm_lm_speed import peak_gflops, step_products
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_allocator_env_glibc_variants():
+    assert allocator_env("glibc") == {}
+    retain = allocator_env("glibc-retain")
+    assert set(retain) == {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"}
+    with pytest.raises(ValueError, match="unknown allocator 'jemalloc'"):
+        allocator_env("jemalloc")
+
+
+def test_tcmalloc_missing_library_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("TCMALLOC_LIBRARY", str(tmp_path / "libtcmalloc_minimal.so.4"))
+    with pytest.raises(FileNotFoundError, match=r"--allocator tcmalloc.*TCMALLOC_LIBRARY=.*does not exist.*apt-get"):
+        allocator_env("tcmalloc")
+
+
+def test_tcmalloc_given_library_is_preloaded_and_keeps_memory(monkeypatch, tmp_path):
+    lib = tmp_path / "libtcmalloc_minimal.so.4"
+    lib.write_bytes(b"")
+    monkeypatch.setenv("TCMALLOC_LIBRARY", str(lib))
+    assert allocator_env("tcmalloc") == {"LD_PRELOAD": str(lib), "TCMALLOC_RELEASE_RATE": "0"}
+
+
+def test_result_names():
+    assert result_name("txl_speed", "glibc") == "txl_speed"
+    assert result_name("txl_speed", "tcmalloc") == "txl_speed-tcmalloc"
+
+
+def test_counting_faults_sees_fresh_memory():
+    # 128 MB is above glibc's largest mmap threshold: a fresh mapping, one fault per 4 KiB page written.
+    calls, faults = counting_faults({"fresh": lambda: torch.ones(32 << 20), "none": lambda: None})
+    calls["fresh"]()
+    calls["none"]()
+    calls["fresh"]()
+    assert len(faults["fresh"]) == 2 and len(faults["none"]) == 1
+    assert all(f > (128 << 20) // 4096 // 2 for f in faults["fresh"]), faults
+    assert faults["none"][0] < 100
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_step_products_lists_every_product_with_its_arithmetic(training):
+    layers, proj = [(8, 16), (16, 16)], (16, 8)
+    parts = step_products(layers, proj, vocab=50, batch=3, bptt=5, training=training, reps=1)
+    per_layer = 6 if training else 2  # input, recurrent (+ back in time, dW_hh, dW_ih, input gradient)
+    per_dense = 3 if training else 1  # forward (+ input and weight gradients)
+    assert len(parts) == per_layer * len(layers) + per_dense * 2
+    assert all(t > 0 for _, t, _ in parts)
+    flops = {label: f for label, _, f in parts}
+    assert flops["layer 1 recurrent products, 5 x [3, 16] @ [16, 64]"] == 2 * 3 * 16 * 64 * 5
+    assert flops["output layer [15, 8] @ [8, 50]"] == 2 * 15 * 8 * 50
+    # The arithmetic of a training step: backward products are twice the forward ones.
+    forward = sum(f for _, _, f in step_products(layers, proj, 50, 3, 5, training=False, reps=1))
+    assert sum(flops.values()) == (3 * forward if training else forward)
+    no_proj = step_products(layers, None, vocab=50, batch=3, bptt=5, training=training, reps=1)
+    assert len(no_proj) == len(parts) - per_dense and "output layer [15, 16] @ [16, 50]" in [p for p, _, _ in no_proj]
+
+
+def test_peak_gflops_is_a_rate():
+    assert peak_gflops(size=64, reps=2) > 0.01
+
+
+def test_benchmark_refuses_a_missing_tcmalloc_before_measuring(tmp_path):
+    env = dict(os.environ, TCMALLOC_LIBRARY=str(tmp_path / "missing.so"))
+    env.pop("DEFINE_BENCH_ALLOCATOR", None)
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.txl_speed", "--allocator", "tcmalloc"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2  # argparse's usage error
+    assert "error: --allocator tcmalloc: libtcmalloc not found" in proc.stderr
+    assert "round 1/" not in proc.stderr  # nothing was timed
