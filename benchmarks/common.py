@@ -124,6 +124,18 @@ def counting_faults(fns: Dict[str, Callable[[], object]]):
     return {name: wrap(name, fn) for name, fn in fns.items()}, faults
 
 
+def peak_gflops(size: int = 2048, reps: int = 5) -> float:
+    """GFLOP/s of the fastest of ``reps`` float32 ``size``-cubed products on this machine (after one untimed run)."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    out = torch.empty(size, size)
+    samples = []
+    for _ in range(reps + 1):
+        start = time.perf_counter()
+        torch.mm(a, b, out=out)
+        samples.append(time.perf_counter() - start)
+    return 2 * size ** 3 / min(samples[1:]) / 1e9
+
+
 def set_threads(threads: int) -> None:
     """Use ``threads`` intra-op threads (and one inter-op thread where that can still be set)."""
     torch.set_num_threads(threads)

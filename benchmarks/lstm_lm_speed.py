@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from benchmarks.common import (ALLOCATORS, header, interleaved, median, paired_ratio, result_name,
+from benchmarks.common import (ALLOCATORS, header, interleaved, median, paired_ratio, peak_gflops, result_name,
                                run_under_allocator, set_threads, table, write_result)
 
 
@@ -103,18 +103,6 @@ PRODUCTS_NOTE = (
     "implementation could reach here. The products are also timed one by one through torch.mm (the fastest of 5 "
     "runs, into a preallocated output), which shows where the time goes but is no bound: oneDNN's fused LSTM runs "
     "small recurrent products faster than separate torch.mm calls.")
-
-
-def peak_gflops(size: int = 2048, reps: int = 5) -> float:
-    """GFLOP/s of the fastest of ``reps`` float32 ``size``-cubed products on this machine (after one untimed run)."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    out = torch.empty(size, size)
-    samples = []
-    for _ in range(reps + 1):
-        start = time.perf_counter()
-        torch.mm(a, b, out=out)
-        samples.append(time.perf_counter() - start)
-    return 2 * size ** 3 / min(samples[1:]) / 1e9
 
 
 def step_products(layers, proj, vocab: int, batch: int, bptt: int, training: bool, reps: int = 5):

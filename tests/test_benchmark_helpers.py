@@ -7,8 +7,9 @@ import sys
 import pytest
 import torch
 
-from benchmarks.common import allocator_env, counting_faults, result_name
-from benchmarks.lstm_lm_speed import peak_gflops, step_products
+from benchmarks.common import allocator_env, counting_faults, peak_gflops, result_name
+from benchmarks.lstm_lm_speed import build_lm, step_products
+from benchmarks.txl_speed import io_training_flops, txl_batch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -70,6 +71,32 @@ def test_step_products_lists_every_product_with_its_arithmetic(training):
 
 def test_peak_gflops_is_a_rate():
     assert peak_gflops(size=64, reps=2) > 0.01
+
+
+TINY_TXL = ["--decoder-layers", "1", "--decoder-embed-dim", "16", "--decoder-attention-heads", "2", "--txl-head-dim",
+            "6", "--decoder-ffn-embed-dim", "24", "--adaptive-softmax-cutoff", "20,40", "--define-n", "8",
+            "--define-k", "32", "--txl-mem-len", "4"]
+TXL_TASK = ["--task", "language_modeling", "--criterion", "lm_regularized_loss", "--ddp-backend", "legacy_ddp"]
+
+
+def test_io_training_flops_of_the_transformer_xl_layers():
+    vocab = 60
+    sample = txl_batch(3, 10, seed=0, vocab=vocab)
+    target = sample["target"].reshape(-1)
+    in_tail = [int(((target >= lo) & (target < hi)).sum()) for lo, hi in ((20, 40), (40, 60))]
+    assert sum(in_tail) > 0
+    # Standard input, table width = d = 16: no projections; the head scores 20 words + 2 cluster entries.
+    standard, _, _ = build_lm("transformer_xl_lm", vocab, TXL_TASK, TINY_TXL)
+    expected = 30 * 22 * 16 + (in_tail[0] + in_tail[1]) * 20 * 16
+    assert io_training_flops(standard, sample) == 6 * expected
+    # DeFINE input, table width n = 8: every cluster projects 16 -> 8, and the unit runs per distinct token.
+    define, _, _ = build_lm("transformer_xl_lm", vocab, TXL_TASK, TINY_TXL + ["--txl-input", "define"])
+    unit = sum(p.numel() for name, p in define.decoder.embed_tokens.define.named_parameters()
+               if name.startswith("layers.") and name.endswith("weight"))
+    distinct = sample["net_input"]["src_tokens"].unique().numel()
+    expected = (distinct * unit + 30 * (22 * 8 + 16 * 8) + in_tail[0] * (20 * 8 + 16 * 8)
+                + in_tail[1] * (20 * 8 + 16 * 8))
+    assert io_training_flops(define, sample) == 6 * expected
 
 
 def test_benchmark_refuses_a_missing_tcmalloc_before_measuring(tmp_path):
