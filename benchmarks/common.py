@@ -79,23 +79,46 @@ def allocator_note(name: str) -> str:
     return f"`{name}`" + (f" ({', '.join(f'`{k}={v}`' for k, v in env.items())})" if env else " (glibc's defaults)")
 
 
+def _allocator_setting(key: str) -> bool:
+    """Whether environment variable ``key`` changes which allocator runs or how it behaves."""
+    glibc_tunable = key.startswith("MALLOC_") and key.endswith("_")
+    return key == "LD_PRELOAD" or key.startswith("TCMALLOC_RELEASE") or glibc_tunable
+
+
+def allocator_child_env(name: str, base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """The environment of a fresh process that runs under allocator ``name``: ``base`` (default: this process's
+    environment) without any allocator setting of its own (``LD_PRELOAD``, glibc's ``MALLOC_*_`` tunables,
+    ``TCMALLOC_RELEASE_RATE``), plus :func:`allocator_env` of ``name`` and the marker that names it."""
+    env = {k: v for k, v in (os.environ if base is None else base).items() if not _allocator_setting(k)}
+    env.update(allocator_env(name))
+    env[_ALLOCATOR_VAR] = name
+    return env
+
+
+def check_allocator_loaded(name: str) -> None:
+    """Raise ``RuntimeError`` if this process was meant to run under tcmalloc but the library is not mapped
+    (e.g. the dynamic loader refused the preloaded file)."""
+    if name != "tcmalloc" or not os.path.exists("/proc/self/maps"):
+        return
+    with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+        if "tcmalloc" not in f.read():
+            raise RuntimeError(f"--allocator tcmalloc: LD_PRELOAD={os.environ.get('LD_PRELOAD')} did not load "
+                               f"tcmalloc into this process; check that the file is a working libtcmalloc")
+
+
 def run_under_allocator(name: str, module: str, argv: Sequence[str]) -> None:
-    """Make this benchmark run under allocator ``name``: returns at once if this process already does (it was
-    started that way, or ``name`` is ``glibc`` and nothing is preloaded); otherwise re-executes
-    ``python -m module argv`` with the allocator's environment, and does not return."""
-    if os.environ.get(_ALLOCATOR_VAR) == name:
+    """Make this benchmark run under allocator ``name``: returns at once if this process already does (its
+    environment is :func:`allocator_child_env` of ``name``, and tcmalloc, if asked for, is loaded); otherwise
+    re-executes ``python -m module argv`` in that environment, and does not return. Meant for a benchmark's
+    ``main`` run as a script: the process is replaced."""
+    wanted = allocator_child_env(name)
+    current = {k: v for k, v in os.environ.items() if _allocator_setting(k) or k == _ALLOCATOR_VAR}
+    if current == {k: v for k, v in wanted.items() if _allocator_setting(k) or k == _ALLOCATOR_VAR}:
+        check_allocator_loaded(name)
         return
-    env = allocator_env(name)
-    if name == "glibc" and not os.environ.get("LD_PRELOAD"):
-        os.environ[_ALLOCATOR_VAR] = name
-        return
-    child_env = dict(os.environ, **env)
-    child_env[_ALLOCATOR_VAR] = name
-    if name == "glibc":
-        child_env.pop("LD_PRELOAD", None)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, "-m", module, *argv], child_env)
+    os.execve(sys.executable, [sys.executable, "-m", module, *argv], wanted)
 
 
 def result_name(benchmark: str, allocator: str) -> str:
@@ -173,7 +196,7 @@ def interleaved(fns: Dict[str, Callable[[], object]], rounds: int, warmup: int =
 def parse_choices(parser, flag: str, value: str, known: Sequence[str]) -> List[str]:
     """The comma-separated list ``value`` of option ``flag``, each item one of ``known``; an empty list or an
     unknown item stops with ``parser.error`` naming the flag and the choices."""
-    items = [item.strip() for item in value.split(",") if item.strip()]
+    items = list(dict.fromkeys(item.strip() for item in value.split(",") if item.strip()))  # in order, once each
     unknown = [item for item in items if item not in known]
     if unknown or not items:
         parser.error(f"{flag}: unknown choice(s) {unknown}; choose from {', '.join(known)}")

@@ -30,7 +30,8 @@
 
 Every part runs in a fresh child process (its own heap), with glibc's malloc told to keep and reuse freed memory
 (``--allocator glibc-retain``, as ``benchmarks.train_speed`` describes); ``--allocator glibc`` turns that
-off, ``--allocator tcmalloc`` preloads tcmalloc instead. Variants are timed interleaved (``benchmarks.common.interleaved``); figures are medians over rounds.
+off, ``--allocator tcmalloc`` preloads tcmalloc instead. Variants are timed interleaved
+(``benchmarks.common.interleaved``); figures are medians over rounds.
 
     .venv/bin/python -m benchmarks.gcnn_speed [--rounds 3] [--threads 2] [--quick]
 
@@ -50,8 +51,9 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import (ALLOCATORS, allocator_env, allocator_note, header, interleaved, median, minor_faults,
-                               paired_ratio, parse_choices, set_threads, table, write_result, zipf_tokens)
+from benchmarks.common import (ALLOCATORS, allocator_child_env, allocator_env, allocator_note, check_allocator_loaded,
+                               header, interleaved, median, minor_faults, paired_ratio, parse_choices, set_threads,
+                               table, write_result, zipf_tokens)
 
 PARTS = ("layers", "train", "generate", "responsiveness")
 WT103_VOCAB = 267735
@@ -324,9 +326,7 @@ PART_FUNCTIONS = {"layers": part_layers, "train": part_train, "generate": part_g
 # -- running the parts in child processes -------------------------------------------------------------------------
 
 def run_part_in_child(part: str, allocator: str, argv: List[str]) -> dict:
-    env = dict(os.environ, **allocator_env(allocator), DEFINE_BENCH_ALLOCATOR=allocator)
-    if allocator == "glibc":
-        env.pop("LD_PRELOAD", None)
+    env = allocator_child_env(allocator)
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
         subprocess.run([sys.executable, "-m", "benchmarks.gcnn_speed", *argv, "--child-part", part,
@@ -549,6 +549,7 @@ def main(argv=None):
     s = settings(args)
 
     if args.child_part:
+        check_allocator_loaded(os.environ.get("DEFINE_BENCH_ALLOCATOR", ""))
         set_threads(args.threads)
         import logging
         import warnings

@@ -26,7 +26,7 @@ Both models run under the same allocator in a run; the table also gives the mino
 Target: transformer_define >= 1.1x the tokens/s of transformer.
 
     .venv/bin/python -m benchmarks.train_speed [--layers 6] [--sentences 112] [--rounds 5] [--threads 2]
-        [--allocators glibc,glibc-retain,tcmalloc]
+        [--allocators glibc,tcmalloc]
 """
 
 import argparse
@@ -41,8 +41,10 @@ import torch
 
 from benchmarks.common import (
     ALLOCATORS,
+    allocator_child_env,
     allocator_env,
     allocator_note,
+    check_allocator_loaded,
     build_define_and_baseline,
     count_params,
     fmt_params,
@@ -152,9 +154,7 @@ def measure(args) -> dict:
 
 def measure_in_child(allocator: str, argv) -> dict:
     """Run :func:`measure` in a fresh interpreter whose environment carries the allocator's settings."""
-    env = dict(os.environ, **allocator_env(allocator), DEFINE_BENCH_ALLOCATOR=allocator)
-    if allocator == "glibc":
-        env.pop("LD_PRELOAD", None)
+    env = allocator_child_env(allocator)
     print(f"[{allocator_note(allocator)}]", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
@@ -220,12 +220,13 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median reported)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--allocators", default=",".join(ALLOCATORS),
+    parser.add_argument("--allocators", default="glibc,tcmalloc",
                         help=f"comma-separated allocator configurations to run, of: {', '.join(ALLOCATORS)}")
     parser.add_argument("--child-json", help=argparse.SUPPRESS)  # internal: measure here, write JSON, exit
     args = parser.parse_args(argv)
 
     if args.child_json:
+        check_allocator_loaded(os.environ.get("DEFINE_BENCH_ALLOCATOR", ""))
         result = measure(args)
         with open(args.child_json, "w", encoding="utf-8") as f:
             json.dump(result, f)
