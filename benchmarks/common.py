@@ -121,6 +121,29 @@ def run_under_allocator(name: str, module: str, argv: Sequence[str]) -> None:
     os.execve(sys.executable, [sys.executable, "-m", module, *argv], wanted)
 
 
+def add_allocator_option(parser, benchmark: str) -> None:
+    """``--allocator`` (default glibc) for a benchmark that runs under one allocator per process."""
+    parser.add_argument("--allocator", choices=ALLOCATORS, default="glibc",
+                        help=f"memory allocator to run under (the process re-executes itself with it); results of an "
+                             f"allocator other than glibc go to results/{benchmark}-<allocator>.md")
+
+
+def require_allocators(parser, names: Sequence[str]) -> None:
+    """Stop with ``parser.error`` (before any measuring) if an allocator of ``names`` cannot be set up here."""
+    for name in names:
+        try:
+            allocator_env(name)
+        except FileNotFoundError as error:
+            parser.error(str(error))
+
+
+def enter_allocator(parser, name: str, benchmark: str, argv: Optional[Sequence[str]]) -> None:
+    """:func:`run_under_allocator` for ``python -m benchmarks.<benchmark>`` given ``argv`` (``None``: this
+    process's arguments); a missing library stops with ``parser.error``."""
+    require_allocators(parser, [name])
+    run_under_allocator(name, f"benchmarks.{benchmark}", sys.argv[1:] if argv is None else argv)
+
+
 def result_name(benchmark: str, allocator: str) -> str:
     """The results file of ``benchmark`` run under ``allocator``: ``<benchmark>`` for glibc, else
     ``<benchmark>-<allocator>``."""

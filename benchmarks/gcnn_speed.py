@@ -51,9 +51,9 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import (ALLOCATORS, allocator_child_env, allocator_env, allocator_note, check_allocator_loaded,
-                               header, interleaved, median, minor_faults, paired_ratio, parse_choices, set_threads,
-                               table, write_result, zipf_tokens)
+from benchmarks.common import (ALLOCATORS, allocator_child_env, allocator_note, check_allocator_loaded, counting_faults,
+                               header, interleaved, median, paired_ratio, parse_choices, require_allocators,
+                               set_threads, table, write_result, zipf_tokens)
 
 PARTS = ("layers", "train", "generate", "responsiveness")
 WT103_VOCAB = 267735
@@ -197,7 +197,7 @@ def part_train(args, s) -> dict:
         train_args = comparison_args() + ["--optimizer", "nag", "--lr", "1.0", "--momentum", "0.99",
                                           "--weight-decay", "5e-06", "--clip-norm", "0.1"]
         built = wt103_models(data, {FAIRSEQ: (FAIRSEQ, train_args), OURS: (OURS, train_args)})
-    optimizers, losses, at_init, faults = {}, {name: [] for name in built}, {}, {name: [] for name in built}
+    optimizers, losses, at_init = {}, {name: [] for name in built}, {}
     probe = lm_sample(WT103_VOCAB, *s["train_batches"][0], seed=3)
     for name, (cfg, _, model, criterion) in built.items():
         model.train()
@@ -214,7 +214,6 @@ def part_train(args, s) -> dict:
         opt = optimizers[name]
 
         def run():
-            before = minor_faults()
             opt.zero_grad()
             loss, sample_size, _ = criterion(model, sample)
             opt.backward(loss)
@@ -222,17 +221,14 @@ def part_train(args, s) -> dict:
             opt.clip_grad_norm(clip)
             opt.step()
             losses[name].append(loss.item() / sample_size)
-            faults[name].append(minor_faults() - before)
         return run
 
     results = []
     for batch, length in s["train_batches"]:
         print(f"[train] batch {batch} x {length}", file=sys.stderr, flush=True)
         sample = lm_sample(WT103_VOCAB, batch, length)
-        for name in built:
-            faults[name].clear()
-        times = interleaved({name: step(name, sample) for name in built}, rounds=s["train_rounds"],
-                            warmup=s["train_warmup"], log=True)
+        calls, faults = counting_faults({name: step(name, sample) for name in built})
+        times = interleaved(calls, rounds=s["train_rounds"], warmup=s["train_warmup"], log=True)
         results.append({"batch": [batch, length], "times": times,
                         "faults": {name: f[s["train_warmup"]:] for name, f in faults.items()}})
     return {"results": results, "params": {name: breakdown(b[2]) for name, b in built.items()},
@@ -562,10 +558,7 @@ def main(argv=None):
         return
 
     parts = parse_choices(parser, "--parts", args.parts, PARTS)
-    try:  # a missing library stops the run before any measuring
-        allocator_env(args.allocator)
-    except FileNotFoundError as error:
-        parser.error(str(error))
+    require_allocators(parser, [args.allocator])  # a missing library stops the run before any measuring
     child_argv = strip_option(strip_option(argv, "--parts"), "--allocator")
     results = {}
     for part in parts:

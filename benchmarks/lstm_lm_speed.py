@@ -18,14 +18,13 @@ Every step: forward, loss, backward, gradient clipping (0.25), SGD step. Dropout
 """
 
 import argparse
-import sys
 import tempfile
 import time
 
 import torch
 
-from benchmarks.common import (ALLOCATORS, header, interleaved, median, paired_ratio, peak_gflops, result_name,
-                               run_under_allocator, set_threads, table, write_result)
+from benchmarks.common import (add_allocator_option, enter_allocator, header, interleaved, median, paired_ratio,
+                               peak_gflops, result_name, set_threads, table, write_result)
 
 
 def build_lm(arch: str, vocab: int, task_args, extra):
@@ -160,14 +159,9 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--skip-wt103", action="store_true", help="only the comparison with fairseq's lstm_lm")
-    parser.add_argument("--allocator", choices=ALLOCATORS, default="glibc",
-                        help="memory allocator to run under (the process re-executes itself with it); results of "
-                             "an allocator other than glibc go to results/lstm_lm_speed-<allocator>.md")
+    add_allocator_option(parser, "lstm_lm_speed")
     args = parser.parse_args(argv)
-    try:
-        run_under_allocator(args.allocator, "benchmarks.lstm_lm_speed", sys.argv[1:] if argv is None else argv)
-    except FileNotFoundError as error:
-        parser.error(str(error))
+    enter_allocator(parser, args.allocator, "lstm_lm_speed", argv)
     set_threads(args.threads)
     sections, notes = [], []
 

@@ -42,18 +42,18 @@ import torch
 from benchmarks.common import (
     ALLOCATORS,
     allocator_child_env,
-    allocator_env,
     allocator_note,
     check_allocator_loaded,
     build_define_and_baseline,
     count_params,
+    counting_faults,
     fmt_params,
     header,
     interleaved,
     median,
-    minor_faults,
     paired_ratio,
     parse_choices,
+    require_allocators,
     set_threads,
     table,
     write_result,
@@ -124,21 +124,18 @@ def measure(args) -> dict:
         model.train()
         optimizers[name] = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-8)
 
-    faults = {name: [] for name in models}
-
     def step(name):
         model, opt = models[name], optimizers[name]
 
         def run():
-            before = minor_faults()
             opt.zero_grad(set_to_none=True)
             loss, _, _ = criterion(model, sample)
             loss.backward()
             opt.step()
-            faults[name].append(minor_faults() - before)
         return run
 
-    times = interleaved({name: step(name) for name in models}, rounds=args.rounds, warmup=args.warmup, log=True)
+    calls, faults = counting_faults({name: step(name) for name in models})
+    times = interleaved(calls, rounds=args.rounds, warmup=args.warmup, log=True)
     return {
         "times": times,
         "faults": {name: f[args.warmup:] for name, f in faults.items()},
@@ -233,11 +230,7 @@ def main(argv=None):
         return
 
     allocators = parse_choices(parser, "--allocators", args.allocators, list(ALLOCATORS))
-    for name in allocators:  # a missing library stops the run before any measuring
-        try:
-            allocator_env(name)
-        except FileNotFoundError as error:
-            parser.error(str(error))
+    require_allocators(parser, allocators)
     child_argv = [a for a in argv if not a.startswith("--allocators")]
     if "--allocators" in argv:  # the space-separated form: drop its value too
         i = argv.index("--allocators")

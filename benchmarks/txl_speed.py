@@ -19,12 +19,12 @@ Tokens are drawn Zipf-like (exponent 1) over the vocabulary, so the clusters get
 
 import argparse
 import copy
-import sys
 
 import torch
 
-from benchmarks.common import (ALLOCATORS, count_params, counting_faults, header, interleaved, median, paired_ratio,
-                               peak_gflops, result_name, run_under_allocator, set_threads, table, write_result)
+from benchmarks.common import (add_allocator_option, count_params, counting_faults, enter_allocator, header,
+                               interleaved, median, paired_ratio, peak_gflops, result_name, set_threads, table,
+                               write_result)
 from benchmarks.lstm_lm_speed import build_lm, lm_batch
 
 VOCAB = 267735
@@ -158,14 +158,9 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=15, help="training streams (default 15: batch 60 on 4 GPUs)")
     parser.add_argument("--eval-batch", type=int, default=10)
     parser.add_argument("--skip-training", action="store_true", help="only the evaluation comparison")
-    parser.add_argument("--allocator", choices=ALLOCATORS, default="glibc",
-                        help="memory allocator to run under (the process re-executes itself with it); results of "
-                             "an allocator other than glibc go to results/txl_speed-<allocator>.md")
+    add_allocator_option(parser, "txl_speed")
     args = parser.parse_args(argv)
-    try:
-        run_under_allocator(args.allocator, "benchmarks.txl_speed", sys.argv[1:] if argv is None else argv)
-    except FileNotFoundError as error:
-        parser.error(str(error))
+    enter_allocator(parser, args.allocator, "txl_speed", argv)
     set_threads(args.threads)
     import define_fairseq  # noqa: F401
     from define_fairseq.tools.fold_define import fold_model
