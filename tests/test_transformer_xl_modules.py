@@ -99,8 +99,17 @@ def test_attention_matches_naive_loops(pre_norm, m):
     v = torch.randn(h, dh, dtype=torch.float64)
     mask = torch.ones(t, m + t, dtype=torch.bool).triu(1 + m)
     mask[t - 1, 0] = True  # an extra masked key as well
+    x.requires_grad_(True)
     got = att(x, pos, u, v, mask, memory)
-    torch.testing.assert_close(got, naive_attention(att, x, pos, u, v, mask, memory))
+    want = naive_attention(att, x, pos, u, v, mask, memory)
+    torch.testing.assert_close(got, want)
+    # the gradients too: the memory goes through the key/value rows of the weight only, the naive loops take
+    # queries, keys and values of cat(memory, x) from the whole weight
+    weights = torch.randn_like(got)
+    inputs = [x, *att.parameters()]
+    for a, b in zip(torch.autograd.grad((got * weights).sum(), inputs),
+                    torch.autograd.grad((want * weights).sum(), inputs)):
+        torch.testing.assert_close(a, b)
 
 
 def test_attention_width_may_differ_from_d_model():
@@ -346,6 +355,48 @@ def test_forward_targets_give_the_same_loss_as_get_log_prob():
     torch.testing.assert_close(loss, expected)
     logits, targets = sm(h[0, :3], target[0, :3])  # only head words: no tail rows
     assert logits[1:] == [None, None, None] and targets[1:] == [None, None, None]
+
+
+def reference_log_prob(sm, flat):
+    """``[N, 20]`` log-probabilities of ``small_softmax`` written out from the definition, slice by slice."""
+    proj = [torch.eye(flat.size(1), dtype=flat.dtype) if p is None else p for p in sm.projections]
+    head = torch.cat([flat @ proj[0] @ sm.table[:4].T + sm.bias[:4],
+                      flat @ proj[0] @ sm.cluster_weight.T + sm.cluster_bias], -1).log_softmax(-1)
+    bounds = [0, 4, 9, 15, 20]
+    columns = [head[:, :4]]
+    for c in range(1, 4):
+        lo, hi = bounds[c], bounds[c + 1]
+        columns.append(head[:, 4 + c - 1:4 + c] + (flat @ proj[c] @ sm.table[lo:hi].T + sm.bias[lo:hi]).log_softmax(-1))
+    return torch.cat(columns, -1)
+
+
+@pytest.mark.parametrize("target", [[[0, 1, 3, 4, 8, 9, 19], [2, 2, 3, 1, 0, 5, 6], [15, 16, 1, 0, 3, 2, 9]],
+                                    [[0, 1, 3, 4, 8, 19, 19], [2, 2, 3, 1, 0, 5, 6], [15, 16, 1, 0, 3, 2, 4]]])
+def test_training_loss_gradients_match_the_definition(target):
+    """Every parameter's gradient through the training path (the table as well, used as the input embedding
+    too, as when tied), also when a cluster has no target (the second case has none in cluster 2)."""
+    sm = small_softmax().train()
+    h = torch.randn(3, 7, 5, dtype=torch.float64, requires_grad=True)
+    target = torch.tensor(target)
+    tokens = torch.tensor([1, 7, 7, 12, 18])
+    params = [h, *sm.parameters()]
+
+    def with_embedding(loss):
+        return loss + (sm.table[tokens] ** 2).sum()
+
+    logits, targets = sm(h, target)
+    loss = sum(F.cross_entropy(lg, tg, reduction="sum") for lg, tg in zip(logits, targets) if lg is not None)
+    expected = -reference_log_prob(sm, h.view(-1, 5)).gather(-1, target.view(-1, 1)).sum()
+    torch.testing.assert_close(loss, expected)
+    for p, got, want in zip(params, torch.autograd.grad(with_embedding(loss), params, allow_unused=True),
+                            torch.autograd.grad(with_embedding(expected), params)):
+        torch.testing.assert_close(torch.zeros_like(p) if got is None else got, want)  # None: a cluster unused
+    lprobs = sm.get_log_prob(h)  # the autograd path of the full log-probabilities
+    weights = torch.randn_like(lprobs)
+    for got, want in zip(torch.autograd.grad((lprobs * weights).sum(), params),
+                         torch.autograd.grad((reference_log_prob(sm, h.view(-1, 5)).view_as(lprobs) * weights).sum(),
+                                             params)):
+        torch.testing.assert_close(got, want)
 
 
 def test_ties_and_parameter_sharing():

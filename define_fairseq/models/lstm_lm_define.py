@@ -34,7 +34,7 @@ Generation (``fairseq-generate``/``fairseq-interactive --task language_modeling`
 
 from argparse import Namespace
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Optional
 
 import torch
 import torch.nn as nn

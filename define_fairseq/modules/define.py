@@ -15,7 +15,6 @@ Choices where the paper is silent (the README section "DeFINE: choices" gives th
 """
 
 import math
-from typing import List, Optional
 
 import torch
 import torch.nn as nn

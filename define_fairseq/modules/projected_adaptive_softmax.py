@@ -129,21 +129,30 @@ class ProjectedAdaptiveSoftmax(nn.Module):
         """One entry per cluster: ``[input_dim, n]`` Parameter, or ``None`` for the identity."""
         return [getattr(self, f"projection_{c}") for c in range(self.num_clusters)]
 
-    def _cluster_logits(self, h: torch.Tensor, c: int) -> torch.Tensor:
-        """``[N, size_c]`` logits of the words of cluster ``c`` for ``h [N, input_dim]``."""
-        lo = 0 if c == 0 else self.cutoff[c - 1]
-        hi = self.cutoff[c]
+    def _cluster_words(self) -> Tuple[Tuple[torch.Tensor, ...], Tuple[torch.Tensor, ...]]:
+        """The table and the bias split into one view per cluster: ``([size_c, n], ...)``, ``([size_c], ...)``.
+
+        One split for all clusters rather than a slice per cluster, so that backward writes the table's gradient
+        once (the split's gradient is the clusters' gradients put side by side) instead of a zero-filled
+        ``[V, n]`` tensor per cluster summed one after the other.
+        """
+        sizes = [hi - lo for lo, hi in zip([0] + self.cutoff[:-1], self.cutoff)]
+        return self.table.split(sizes), self.bias.split(sizes)
+
+    def _cluster_logits(self, h: torch.Tensor, c: int, table: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """``[N, size_c]`` logits of the words of cluster ``c`` (``table [size_c, n]``, ``bias [size_c]``) for
+        ``h [N, input_dim]``."""
         proj = getattr(self, f"projection_{c}")
         p = h if proj is None else h @ proj
-        return F.linear(p, self.table[lo:hi], self.bias[lo:hi])
+        return F.linear(p, table, bias)
 
-    def _head_logits(self, h: torch.Tensor) -> torch.Tensor:
-        """``[N, c0 + C - 1]``: cluster 0's words, then one entry per tail cluster."""
+    def _head_logits(self, h: torch.Tensor, table: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """``[N, c0 + C - 1]``: cluster 0's words (``table [c0, n]``, ``bias [c0]``), then one entry per tail
+        cluster."""
         proj = self.projection_0
         p = h if proj is None else h @ proj
-        c0 = self.cutoff[0]
-        weight = torch.cat([self.table[:c0], self.cluster_weight], dim=0)
-        bias = torch.cat([self.bias[:c0], self.cluster_bias], dim=0)
+        weight = torch.cat([table, self.cluster_weight], dim=0)
+        bias = torch.cat([bias, self.cluster_bias], dim=0)
         return F.linear(p, weight, bias)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor
@@ -164,7 +173,8 @@ class ProjectedAdaptiveSoftmax(nn.Module):
         if h.size(0) != target.size(0):
             raise ValueError(f"input has {h.size(0)} rows but target has {target.size(0)}")
         c0 = self.cutoff[0]
-        logits: List[Optional[torch.Tensor]] = [self._head_logits(h)]
+        tables, biases = self._cluster_words()
+        logits: List[Optional[torch.Tensor]] = [self._head_logits(h, tables[0], biases[0])]
         head_target = target.clone()
         targets: List[Optional[torch.Tensor]] = [head_target]
         for c in range(1, self.num_clusters):
@@ -175,7 +185,7 @@ class ProjectedAdaptiveSoftmax(nn.Module):
                 targets.append(None)
                 continue
             head_target[rows] = c0 + c - 1
-            logits.append(self._cluster_logits(h[rows], c))
+            logits.append(self._cluster_logits(h[rows], c, tables[c], biases[c]))
             targets.append(target[rows] - lo)
         return logits, targets
 
@@ -189,7 +199,8 @@ class ProjectedAdaptiveSoftmax(nn.Module):
         shape = input.shape[:-1]
         h = self.dropout(input.reshape(-1, input.size(-1)))
         c0 = self.cutoff[0]
-        head = F.log_softmax(_at_least_float32(self._head_logits(h)), dim=-1)
+        tables, biases = self._cluster_words()
+        head = F.log_softmax(_at_least_float32(self._head_logits(h, tables[0], biases[0])), dim=-1)
         out = head.new_empty(h.size(0), self.vocab_size)
         out[:, :c0] = head[:, :c0]
         with_grad = torch.is_grad_enabled() and (h.requires_grad or any(p.requires_grad for p in self.parameters()))
@@ -200,12 +211,11 @@ class ProjectedAdaptiveSoftmax(nn.Module):
             proj = getattr(self, f"projection_{c}")
             p = h if proj is None else h @ proj
             if with_grad or p.dtype != out.dtype:
-                block.copy_(F.log_softmax(_at_least_float32(F.linear(p, self.table[lo:hi], self.bias[lo:hi])),
-                                          dim=-1) + prior)
+                block.copy_(F.log_softmax(_at_least_float32(F.linear(p, tables[c], biases[c])), dim=-1) + prior)
             else:
                 # Without autograd, each cluster is computed inside its block of the [N, V] result: no temporary
                 # of the block's size (at V = 267,735 these passes over memory are most of the cost).
-                torch.addmm(self.bias[lo:hi], p, self.table[lo:hi].t(), out=block)
+                torch.addmm(biases[c], p, tables[c].t(), out=block)
                 # Then log_softmax(x) + prior = x - (logsumexp(x) - prior), a few rows at a time, few enough
                 # that they stay in the cores' caches from one pass to the next: the block crosses main memory
                 # three times (written, read, written back). A log_softmax on the strided block would copy it

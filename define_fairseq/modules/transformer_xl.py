@@ -111,19 +111,20 @@ class RelativeMultiheadAttention(nn.Module):
         t, b, _ = x.shape
         m = 0 if memory is None else memory.size(0)
         h, dh = self.num_heads, self.head_dim
+        q, key, value = self.qkv(self.layer_norm(x) if self.pre_norm else x).chunk(3, dim=-1)
         if memory_kv is not None:
             if memory_kv[0].shape != (m, b, h * dh) or memory_kv[1].shape != (m, b, h * dh):
                 raise ValueError(f"memory_kv must be two [M, B, H*dh] = [{m}, {b}, {h * dh}] tensors, got "
                                  f"{list(memory_kv[0].shape)} and {list(memory_kv[1].shape)}")
-            heads = self.qkv(self.layer_norm(x) if self.pre_norm else x)
-            q, key, value = heads.chunk(3, dim=-1)
-            key = torch.cat([memory_kv[0], key], dim=0)
-            value = torch.cat([memory_kv[1], value], dim=0)
-        else:
-            cat = x if m == 0 else torch.cat([memory, x], dim=0)
-            heads = self.qkv(self.layer_norm(cat) if self.pre_norm else cat)
-            q, key, value = heads.chunk(3, dim=-1)
-            q = q[-t:]
+            memory_key, memory_value = memory_kv
+        elif m > 0:
+            # The memory needs keys and values only (no queries, and no gradient of its own in training): it
+            # goes through the key/value rows of the weight alone rather than cat(memory, x) through all of it.
+            memory_key, memory_value = F.linear(self.layer_norm(memory) if self.pre_norm else memory,
+                                                self.qkv.weight[h * dh:]).chunk(2, dim=-1)
+        if m > 0:
+            key = torch.cat([memory_key, key], dim=0)
+            value = torch.cat([memory_value, value], dim=0)
         k = key.size(0)
         if pos.shape != (k, self.d_model):
             raise ValueError(f"pos must be [K, d_model] = [{k}, {self.d_model}], got {list(pos.shape)}")
