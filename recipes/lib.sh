@@ -540,3 +540,22 @@ lib_tune_temperature() {
     mv -f -- "$results.tmp" "$results"
     tail -n +2 "$results"
 }
+
+# lib_eval_with_temperature DATA_BIN CHECKPOINT VALID_SPEC TEST_SPEC -- EXTRA... : the Mogrifier configs'
+# evaluation. First as lib_eval does (softmax temperature T = 1; CHECKPOINT's .eval.txt), then as the Mogrifier
+# paper reports it, with T tuned on valid and applied to test (lib_tune_temperature; .eval.temperature.txt); then
+# prints both. VALID_SPEC and TEST_SPEC are lib_eval's "SPLIT|DESCRIPTION|ARGS" for valid and test.
+lib_eval_with_temperature() {
+    local data_bin=$1 checkpoint=$2 valid_spec=$3 test_spec=$4
+    shift 4
+    (( $# )) && [[ $1 == -- ]] && shift
+    local plain="${checkpoint%.pt}.eval.txt" tuned="${checkpoint%.pt}.eval.temperature.txt"
+    lib_eval "$data_bin" "$checkpoint" "$plain" "valid|T = 1; ${valid_spec#valid|}" "test|T = 1; ${test_spec#test|}" \
+        -- "$@"
+    lib_tune_temperature "$data_bin" "$checkpoint" "$tuned" "${valid_spec##*|}" "${test_spec##*|}" "$@"
+    log "results of $checkpoint"
+    printf 'without softmax temperature (T = 1):\n'
+    tail -n +2 "$plain"
+    printf 'with the softmax temperature tuned on valid (the Mogrifier paper'"'"'s protocol):\n'
+    tail -n +2 "$tuned"
+}

@@ -59,20 +59,8 @@ lib_eval_target "$TARGET" "$CONFIG" "$CONFIGS" "$SAVE_ROOT" "$HERE/train.sh"
 SPECS=("valid|stateful, BPTT 70, 10 streams|--task stateful_lm --tokens-per-sample 70 --batch-size 10"
        "test|stateful, BPTT 70, 1 stream|--task stateful_lm --tokens-per-sample 70 --batch-size 1")
 
-if [[ " $TEMPERATURE_CONFIGS " != *" $CONFIG "* ]]; then
+if [[ " $TEMPERATURE_CONFIGS " == *" $CONFIG "* ]]; then
+    lib_eval_with_temperature "$DATA_DIR/data-bin" "$CHECKPOINT" "${SPECS[@]}" -- "$@"
+else
     lib_eval "$DATA_DIR/data-bin" "$CHECKPOINT" "${CHECKPOINT%.pt}.eval.txt" "${SPECS[@]}" -- "$@"
-    exit 0
 fi
-
-SPECS[0]="valid|T = 1; ${SPECS[0]#valid|}"
-SPECS[1]="test|T = 1; ${SPECS[1]#test|}"
-PLAIN_RESULTS="${CHECKPOINT%.pt}.eval.txt"
-TEMPERATURE_RESULTS="${CHECKPOINT%.pt}.eval.temperature.txt"
-lib_eval "$DATA_DIR/data-bin" "$CHECKPOINT" "$PLAIN_RESULTS" "${SPECS[@]}" -- "$@"
-lib_tune_temperature "$DATA_DIR/data-bin" "$CHECKPOINT" "$TEMPERATURE_RESULTS" \
-    "${SPECS[0]##*|}" "${SPECS[1]##*|}" "$@"
-log "results of $CHECKPOINT"
-printf 'without softmax temperature (T = 1):\n'
-tail -n +2 "$PLAIN_RESULTS"
-printf 'with the softmax temperature tuned on valid (the Mogrifier paper'"'"'s protocol):\n'
-tail -n +2 "$TEMPERATURE_RESULTS"
