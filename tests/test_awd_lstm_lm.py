@@ -11,16 +11,12 @@ from define_fairseq.criterions.lm_regularized_loss import LMRegularizedLoss
 from define_fairseq.modules import DeFINEEmbedding
 from define_fairseq.tools.params import parameter_breakdown
 
+from lm_helpers import eval_lm, load, log_probs, split_stream, tokens_batch
 from test_lstm_lm import (  # noqa: F401  (one_thread: an autouse fixture)
-    eval_lm,
-    full_log_probs,
-    load,
     lstm_params,
     mean_nll_base2,
     one_thread,
     parsed_model,
-    split_stream,
-    tokens_batch,
     train,
 )
 
@@ -119,8 +115,8 @@ def test_awd_regularizers_are_active_in_training_only(lm_data):
     _, task, model = parsed_model(lm_data, "awd_lstm_lm", *TINY_AWD)
     tokens = tokens_batch(len(task.target_dictionary))
     model.eval()
-    reference = full_log_probs(model, tokens)
-    torch.testing.assert_close(full_log_probs(model, tokens), reference)
+    reference = log_probs(model, tokens)
+    torch.testing.assert_close(log_probs(model, tokens), reference)
     model.train()
     decoder = model.decoder
     decoder.input_dropout = decoder.output_dropout = decoder.lstm.hidden_dropout = decoder.embed_dropout = 0.0
@@ -186,7 +182,7 @@ def test_generation_scores_equal_the_full_pass(lm_data):
         for hypo in beam:
             out = hypo["tokens"]
             inputs = torch.cat([out.new_tensor([dictionary.eos()]), out[:-1]])[None]
-            expected = full_log_probs(model, inputs)[0].gather(-1, out[:, None])[:, 0]
+            expected = log_probs(model, inputs)[0].gather(-1, out[:, None])[:, 0]
             torch.testing.assert_close(hypo["positional_scores"], expected, rtol=1e-4, atol=1e-4)
 
 

@@ -6,7 +6,6 @@ import re
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import define_fairseq  # noqa: F401  (registers the models, tasks and criteria)
 from define_fairseq.models import gcnn_lm
@@ -14,6 +13,7 @@ from define_fairseq.modules.gated_conv import (
     ACTIVATIONS, CausalConv1d, GatedConvLayer, GatedConvStack, parse_layer_spec, receptive_field)
 from define_fairseq.tools.params import parameter_breakdown, setup_from_train_args
 from conftest import USER_DIR, run_cli
+from lm_helpers import load, log_probs, tokens_batch
 
 WT103_VOCAB = 267_735
 TINY = ["--decoder-embed-dim", "16", "--gcnn-layers", "[(16, 3)] * 2 + [[(8, 1), (8, 3), (24, 1)]]"]
@@ -25,18 +25,6 @@ COMMON = ["--optimizer", "nag", "--lr", "0.5", "--clip-norm", "0.1", "--cpu", "-
 def parsed_model(data, arch, *flags):
     return setup_from_train_args([str(data), "--user-dir", USER_DIR, "--task", "language_modeling", "--arch", arch,
                                   *flags, "--optimizer", "nag", "--lr", "1", "--cpu"])
-
-
-def tokens_batch(vocab, batch=3, length=12, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(4, vocab, (batch, length), generator=g)
-    tokens[:, 0] = 2
-    return tokens
-
-
-def log_probs(model, tokens):
-    with torch.no_grad():
-        return model.get_normalized_probs(model(tokens), log_probs=True)
 
 
 # -- the layer specification -------------------------------------------------------------------------------------
@@ -209,7 +197,7 @@ def test_changing_a_token_never_changes_an_earlier_output(lm_data, case):
 def test_incremental_decoding_and_reordering_equal_the_full_pass(lm_data, case):
     _, task, model = parsed_model(lm_data, "gcnn_lm", *CASES[case])
     model.eval()
-    tokens = tokens_batch(len(task.target_dictionary))
+    tokens = tokens_batch(len(task.target_dictionary), length=12)
     full = log_probs(model, tokens)
     state = {}
     with torch.no_grad():
@@ -324,13 +312,6 @@ def checkpoint(lm_data, tmp_path_factory):
     return save_dir / "checkpoint_last.pt"
 
 
-def load(path):
-    from fairseq import checkpoint_utils
-
-    (model,), _, task = checkpoint_utils.load_model_ensemble_and_task([str(path)])
-    return model.eval(), task
-
-
 def test_eval_lm_equals_scoring_each_block_in_process(lm_data, checkpoint):
     from fairseq.data import data_utils
 
@@ -368,7 +349,7 @@ def test_checkpoint_round_trip(lm_data, checkpoint, tmp_path):
     model, task = load(checkpoint)
     state = torch.load(checkpoint, map_location="cpu", weights_only=False)
     assert state["cfg"]["model"]["_name"] == "gcnn_lm"
-    tokens = tokens_batch(len(task.target_dictionary))
+    tokens = tokens_batch(len(task.target_dictionary), length=12)
     before = log_probs(model, tokens)
     path = tmp_path / "again.pt"
     checkpoint_utils.torch_persistent_save(state, str(path))  # what fairseq-train writes, re-read from disk

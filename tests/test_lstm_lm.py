@@ -17,6 +17,7 @@ from define_fairseq.modules.lstm_stack import LSTMStack
 from define_fairseq.tools.params import parameter_breakdown, setup_from_train_args
 
 from conftest import USER_DIR, run_cli
+from lm_helpers import eval_lm, last_float, load, log_probs, split_stream, tokens_batch
 
 WT103_VOCAB = 267_735
 COMMON = ["--optimizer", "adam", "--lr", "0.005", "--cpu", "--num-workers", "0", "--no-progress-bar",
@@ -69,40 +70,12 @@ def parsed_model(data, arch, *flags, task="language_modeling"):
                                   "--optimizer", "adam", "--lr", "0.001", "--cpu"])
 
 
-def last_float(pattern, text):
-    found = re.findall(pattern, text)
-    assert found, f"{pattern!r} not found in:\n{text[-3000:]}"
-    return float(found[-1])
-
-
 def train(data, save_dir, arch, *flags, task="language_modeling", updates=3):
     proc = run_cli("fairseq-train", data, "--user-dir", USER_DIR, "--task", task, "--arch", arch, *flags, *COMMON,
                    "--max-update", updates, "--save-dir", save_dir, "--no-save-optimizer-state")
     valid_loss = last_float(r"valid on 'valid' subset \| loss ([\d.]+)", proc.stdout + proc.stderr)
     assert math.isfinite(valid_loss)
     return save_dir / "checkpoint_last.pt"
-
-
-def eval_lm(data, checkpoint, *flags):
-    proc = run_cli("fairseq-eval-lm", data, "--user-dir", USER_DIR, "--path", checkpoint, "--gen-subset", "test",
-                   "--cpu", "--num-workers", "0", *flags)
-    out = proc.stdout + proc.stderr
-    return last_float(r"Loss \(base 2\): ([\d.]+)", out), last_float(r"Perplexity: ([\d.]+)", out)
-
-
-def split_stream(data, dictionary, split="test"):
-    """The split's tokens as one stream (every line ends in EOS), as read from the binarized files."""
-    from fairseq.data import data_utils
-
-    dataset = data_utils.load_indexed_dataset(str(data / split), dictionary)
-    return torch.cat([dataset[i] for i in range(len(dataset))]).long()
-
-
-def load(checkpoint):
-    from fairseq import checkpoint_utils
-
-    (model,), _, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)])
-    return model.eval(), task
 
 
 def mean_nll_base2(model, inputs, targets):
@@ -247,7 +220,7 @@ def test_folded_checkpoint_scores_identically(lm_data, trained, tmp_path):
     assert isinstance(model.decoder.embed_tokens, FoldedDeFINEEmbedding)
     assert model.decoder.output_projection.weight is model.decoder.embed_tokens.weight
     tokens = tokens_batch(len(task.target_dictionary))
-    torch.testing.assert_close(full_log_probs(model, tokens), full_log_probs(original, tokens), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(log_probs(model, tokens), log_probs(original, tokens), rtol=1e-5, atol=1e-5)
 
 
 # -- in-process: incremental decoding, beam search, round trip, carried state -------------------------------------
@@ -260,25 +233,13 @@ IN_PROCESS = {
 }
 
 
-def tokens_batch(vocab, batch=3, length=9, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(4, vocab, (batch, length), generator=g)
-    tokens[:, 0] = 2
-    return tokens
-
-
-def full_log_probs(model, tokens):
-    with torch.no_grad():
-        return model.get_normalized_probs(model(tokens), log_probs=True)
-
-
 @pytest.mark.parametrize("case", IN_PROCESS)
 def test_incremental_decoding_and_reordering_equal_the_full_pass(lm_data, case):
     arch, flags = IN_PROCESS[case]
     _, task, model = parsed_model(lm_data, arch, *flags)
     model.eval()
     tokens = tokens_batch(len(task.target_dictionary))
-    full = full_log_probs(model, tokens)
+    full = log_probs(model, tokens)
     state = {}
     with torch.no_grad():
         steps = [model.get_normalized_probs(model.decoder(tokens[:, : t + 1], incremental_state=state),
@@ -311,7 +272,7 @@ def test_beam_search_scores_equal_the_full_pass(lm_data, case):
             out = hypo["tokens"]
             assert torch.equal(out[:2], prefix[i])
             inputs = torch.cat([out.new_tensor([dictionary.eos()]), out[:-1]])[None]
-            expected = full_log_probs(model, inputs)[0].gather(-1, out[:, None])[:, 0]
+            expected = log_probs(model, inputs)[0].gather(-1, out[:, None])[:, 0]
             torch.testing.assert_close(hypo["positional_scores"], expected, rtol=1e-4, atol=1e-4)
 
 
@@ -330,11 +291,11 @@ def test_checkpoint_round_trip(lm_data, tmp_path, case):
     state = torch.load(path, map_location="cpu", weights_only=False)
     assert not any("carried" in key for key in state["model"])
     (loaded,), _ = checkpoint_utils.load_model_ensemble([path])
-    before = full_log_probs(model.eval(), tokens)
-    after = full_log_probs(loaded.eval(), tokens)
+    before = log_probs(model.eval(), tokens)
+    after = log_probs(loaded.eval(), tokens)
     torch.testing.assert_close(after, before, rtol=0, atol=0)
     _, _, fresh = parsed_model(lm_data, arch, *flags, "--seed", "7")
-    assert not torch.allclose(full_log_probs(fresh.eval(), tokens), before)  # the comparison can fail
+    assert not torch.allclose(log_probs(fresh.eval(), tokens), before)  # the comparison can fail
     if loaded.decoder.adaptive_softmax is not None:
         assert loaded.decoder.adaptive_softmax.head.word_proj.weight is \
             loaded.decoder.embed_tokens.weights_for_band(0)[0]
@@ -347,7 +308,7 @@ def test_carried_state(lm_data, caplog):
     decoder = model.decoder
     tokens = tokens_batch(len(task.target_dictionary), length=12)
     model.eval()
-    full = full_log_probs(model, tokens)
+    full = log_probs(model, tokens)
     with torch.no_grad():
         first = model(tokens[:, :5], reset_state=True)
         second = model(tokens[:, 5:], reset_state=False)
@@ -355,7 +316,7 @@ def test_carried_state(lm_data, caplog):
     torch.testing.assert_close(windows, full, rtol=1e-5, atol=1e-5)
     with torch.no_grad():  # reset_state=True starts from zeros again
         torch.testing.assert_close(model.get_normalized_probs(model(tokens[:, 5:], reset_state=True), True),
-                                   full_log_probs(model, tokens[:, 5:]), rtol=1e-5, atol=1e-5)
+                                   log_probs(model, tokens[:, 5:]), rtol=1e-5, atol=1e-5)
     kept = decoder.carried_state.kept_state(False)
     assert all(not h.requires_grad and not c.requires_grad for h, c in kept)
 
@@ -369,7 +330,7 @@ def test_carried_state(lm_data, caplog):
         out = model(tokens[:, 5:], reset_state=False)[0]
         model(tokens[:2], reset_state=False)
     assert len([r for r in caplog.records if "starting from zeros" in r.getMessage()]) == 1
-    torch.testing.assert_close(torch.log_softmax(out.detach(), -1), full_log_probs(model.eval(), tokens[:, 5:]),
+    torch.testing.assert_close(torch.log_softmax(out.detach(), -1), log_probs(model.eval(), tokens[:, 5:]),
                                rtol=1e-5, atol=1e-5)
     assert decoder.carried_state.has_state(True) and not decoder.carried_state.has_state(False)
     assert not any("carried" in key for key in model.state_dict())

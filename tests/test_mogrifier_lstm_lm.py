@@ -12,16 +12,8 @@ import define_fairseq  # noqa: F401  (registers the models, tasks and criteria)
 from define_fairseq.models.mogrifier_lstm_lm import MogrifierLSTMLMModel
 from define_fairseq.modules import DeFINEEmbedding
 
-from test_lstm_lm import (
-    eval_lm,
-    full_log_probs,
-    load,
-    mean_nll_base2,
-    parsed_model,
-    split_stream,
-    tokens_batch,
-    train,
-)
+from lm_helpers import eval_lm, load, log_probs, split_stream, tokens_batch
+from test_lstm_lm import mean_nll_base2, parsed_model, train
 
 PTB_VOCAB, WT2_VOCAB = 10_000, 33_278
 # Each arch on tiny dims (the arch's structure: rounds, mixture, projection, dropouts, kept).
@@ -236,11 +228,11 @@ def test_temperature_divides_the_logits_in_eval_mode_only(lm_data, case):
     _, task, model = parsed_model(lm_data, arch, *flags, *NO_DROPOUT, "--mogrifier-projection-dropout", "0")
     tokens = tokens_batch(len(task.target_dictionary))
     model.eval()
-    plain = full_log_probs(model, tokens)
+    plain = log_probs(model, tokens)
     torch.testing.assert_close(plain, reference_log_probs(model, tokens), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(plain.exp().sum(-1), torch.ones(plain.shape[:-1]))  # a distribution
     model.decoder.softmax_temperature = TEMPERATURE
-    tempered = full_log_probs(model, tokens)
+    tempered = log_probs(model, tokens)
     torch.testing.assert_close(tempered, reference_log_probs(model, tokens, TEMPERATURE), rtol=1e-5, atol=1e-5)
     assert not torch.allclose(tempered, plain, atol=1e-3)
     model.train()  # no dropout anywhere: training mode computes the same function, without the temperature
@@ -254,7 +246,7 @@ def test_mixture_of_softmaxes_is_a_distribution_that_one_softmax_cannot_give(lm_
     _, task, model = parsed_model(lm_data, arch, *flags)
     tokens = tokens_batch(len(task.target_dictionary))
     model.eval()
-    lprobs = full_log_probs(model, tokens)
+    lprobs = log_probs(model, tokens)
     torch.testing.assert_close(lprobs.exp().sum(-1), torch.ones(lprobs.shape[:-1]))
     head = model.decoder.output_projection
     assert head.prior.weight.shape == (2, 16) and head.prior.bias is None
@@ -282,8 +274,8 @@ def test_drop_state_probability_resets_streams_reproducibly(lm_task):
     tokens = tokens_batch(len(lm_task.target_dictionary), batch=64, length=6, seed=3)
     head, rest = tokens[:, :3], tokens[:, 3:]
     model.eval()
-    continued = full_log_probs(model, tokens)[:, 3:]
-    from_zeros = full_log_probs(model, rest)
+    continued = log_probs(model, tokens)[:, 3:]
+    from_zeros = log_probs(model, rest)
     assert ((continued - from_zeros).abs().amax(dim=(1, 2)) > 1e-4).all()  # the two are told apart in every row
 
     def restarted_rows(seed):
@@ -312,13 +304,13 @@ def test_carried_state(lm_task):
     model = build(lm_task)
     tokens = tokens_batch(len(lm_task.target_dictionary), length=12)
     model.eval()
-    full = full_log_probs(model, tokens)
+    full = log_probs(model, tokens)
     with torch.no_grad():
         windows = [model.get_normalized_probs(model(part, reset_state=first), log_probs=True)
                    for part, first in ((tokens[:, :5], True), (tokens[:, 5:9], False), (tokens[:, 9:], False))]
         torch.testing.assert_close(torch.cat(windows, 1), full, rtol=1e-5, atol=1e-5)
         restarted = model.get_normalized_probs(model(tokens[:, 5:], reset_state=True), log_probs=True)
-    torch.testing.assert_close(restarted, full_log_probs(model, tokens[:, 5:]), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(restarted, log_probs(model, tokens[:, 5:]), rtol=1e-5, atol=1e-5)
     kept = model.decoder.carried_state.kept_state(False)
     assert len(kept) == 2 and all(not h.requires_grad and not c.requires_grad for h, c in kept)
     assert not any("carried" in key for key in model.state_dict())
@@ -346,7 +338,7 @@ def test_incremental_decoding_and_reordering_equal_the_full_pass(lm_data, case):
     _, task, model = parsed_model(lm_data, arch, *flags, "--mogrifier-softmax-temperature", "1.2")
     model.eval()
     tokens = tokens_batch(len(task.target_dictionary))
-    full = full_log_probs(model, tokens)
+    full = log_probs(model, tokens)
     state = {}
     with torch.no_grad():
         steps = [model.get_normalized_probs(model.decoder(tokens[:, : t + 1], incremental_state=state),
@@ -378,7 +370,7 @@ def test_beam_search_scores_equal_the_full_pass(lm_data):
         for hypo in beam:
             out = hypo["tokens"]
             inputs = torch.cat([out.new_tensor([dictionary.eos()]), out[:-1]])[None]
-            expected = full_log_probs(model, inputs)[0].gather(-1, out[:, None])[:, 0]
+            expected = log_probs(model, inputs)[0].gather(-1, out[:, None])[:, 0]
             torch.testing.assert_close(hypo["positional_scores"], expected, rtol=1e-4, atol=1e-4)
 
 
@@ -397,15 +389,15 @@ def test_checkpoint_round_trip(lm_data, tmp_path, case):
     state = torch.load(path, map_location="cpu", weights_only=False)
     assert not any("carried" in key for key in state["model"])
     (loaded,), _ = checkpoint_utils.load_model_ensemble([path])
-    before = full_log_probs(model.eval(), tokens)
-    torch.testing.assert_close(full_log_probs(loaded.eval(), tokens), before, rtol=0, atol=0)
+    before = log_probs(model.eval(), tokens)
+    torch.testing.assert_close(log_probs(loaded.eval(), tokens), before, rtol=0, atol=0)
     assert loaded.decoder.output_projection.weight is loaded.decoder.embed_tokens.weight
     _, _, fresh = parsed_model(lm_data, arch, *flags, "--seed", "7")
-    assert not torch.allclose(full_log_probs(fresh.eval(), tokens), before)  # the comparison can fail
+    assert not torch.allclose(log_probs(fresh.eval(), tokens), before)  # the comparison can fail
     (overridden,), _ = checkpoint_utils.load_model_ensemble(
         [path], arg_overrides={"mogrifier_softmax_temperature": TEMPERATURE})
     assert overridden.decoder.softmax_temperature == TEMPERATURE
-    torch.testing.assert_close(full_log_probs(overridden.eval(), tokens),
+    torch.testing.assert_close(log_probs(overridden.eval(), tokens),
                                reference_log_probs(loaded, tokens, TEMPERATURE), rtol=1e-5, atol=1e-5)
     if case == "DeFINE input":  # define_fairseq.tools.fold_define: the DeFINE unit folded into a V x e table
         from define_fairseq.modules import FoldedDeFINEEmbedding
@@ -415,7 +407,7 @@ def test_checkpoint_round_trip(lm_data, tmp_path, case):
         (folded,), _ = checkpoint_utils.load_model_ensemble([str(tmp_path / "folded.pt")])
         assert isinstance(folded.decoder.embed_tokens, FoldedDeFINEEmbedding)
         assert folded.decoder.output_projection.weight is folded.decoder.embed_tokens.weight
-        torch.testing.assert_close(full_log_probs(folded.eval(), tokens), before, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(log_probs(folded.eval(), tokens), before, rtol=1e-5, atol=1e-5)
 
 
 # -- errors ---------------------------------------------------------------------------------------------------

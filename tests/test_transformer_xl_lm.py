@@ -10,6 +10,7 @@ import torch
 import define_fairseq  # noqa: F401  (registers the models, tasks and criteria)
 from define_fairseq.tools.params import parameter_breakdown, setup_from_train_args, write_dictionaries
 from conftest import USER_DIR, run_cli
+from lm_helpers import eval_lm, load, log_probs, split_stream, tokens_batch
 
 WT103_VOCAB = 267_735
 TINY = ["--decoder-layers", "2", "--decoder-embed-dim", "16", "--decoder-attention-heads", "2", "--txl-head-dim", "6",
@@ -25,16 +26,6 @@ def parsed_model(data, *flags, arch="transformer_xl_lm", task="stateful_lm"):
                                   "--optimizer", "adam", "--lr", "1", "--cpu", "--batch-size", "2"])
 
 
-def tokens_batch(vocab, batch=3, length=24, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(4, vocab, (batch, length), generator=g)
-
-
-def log_probs(model, tokens, **kwargs):
-    with torch.no_grad():
-        return model.get_normalized_probs(model(tokens, **kwargs), log_probs=True)
-
-
 @pytest.fixture(scope="module", params=list(INPUT_FLAGS))
 def model(request, lm_data):
     """A tiny eval-mode model of each input layer, with a memory longer than the test sequences."""
@@ -48,7 +39,7 @@ def test_segments_with_memory_equal_one_pass(model):
     """Fed in segments of 8 with the memory carried (stateful task), the log-probabilities are those of one pass
     over all 24 tokens; a reset starts from an empty memory again."""
     model, vocab = model
-    tokens = tokens_batch(vocab)
+    tokens = tokens_batch(vocab, length=24, bos=False)
     full = log_probs(model, tokens)
     parts = [log_probs(model, tokens[:, :8], reset_state=True)]
     parts += [log_probs(model, tokens[:, s:s + 8], reset_state=False) for s in (8, 16)]
@@ -60,7 +51,7 @@ def test_segments_with_memory_equal_one_pass(model):
 
 def test_memory_keeps_mem_len_states_and_no_gradient(lm_data):
     _, task, model = parsed_model(lm_data, *TINY, "--txl-mem-len", "5")
-    tokens = tokens_batch(len(task.target_dictionary), length=8)
+    tokens = tokens_batch(len(task.target_dictionary), length=8, bos=False)
     model.train()
     model(tokens, reset_state=True)
     memory = model.decoder.memory.kept_state(True)["memory"]
@@ -76,7 +67,7 @@ def test_memory_keeps_mem_len_states_and_no_gradient(lm_data):
 
 def test_changing_a_token_never_changes_an_earlier_output(model):
     model, vocab = model
-    tokens = tokens_batch(vocab, batch=2, length=16)
+    tokens = tokens_batch(vocab, batch=2, length=16, bos=False)
     base = log_probs(model, tokens)
     for t in (0, 7, 15):
         changed = tokens.clone()
@@ -88,7 +79,7 @@ def test_changing_a_token_never_changes_an_earlier_output(model):
 
 def test_incremental_decoding_and_reordering_equal_the_full_pass(model):
     model, vocab = model
-    tokens = tokens_batch(vocab, length=12)
+    tokens = tokens_batch(vocab, length=12, bos=False)
     full = log_probs(model, tokens)
     state = {}
     with torch.no_grad():
@@ -178,33 +169,13 @@ def checkpoint(lm_data, tmp_path_factory):
     return save_dir / "checkpoint_last.pt"
 
 
-def load(path, **overrides):
-    from fairseq import checkpoint_utils
-
-    (model,), _, task = checkpoint_utils.load_model_ensemble_and_task([str(path)], arg_overrides=overrides or None)
-    return model.eval(), task
-
-
-def split_stream(data, dictionary, split="test"):
-    from fairseq.data import data_utils
-
-    dataset = data_utils.load_indexed_dataset(str(data / split), dictionary)
-    return torch.cat([dataset[i] for i in range(len(dataset))]).long()
-
-
-def eval_lm_loss(data, checkpoint, *flags):
-    proc = run_cli("fairseq-eval-lm", data, "--user-dir", USER_DIR, "--path", checkpoint, "--gen-subset", "test",
-                   "--cpu", "--num-workers", "0", *flags)
-    return float(re.findall(r"Loss \(base 2\): ([\d.]+)", proc.stdout + proc.stderr)[-1])
-
-
 @pytest.mark.parametrize("mem_len,clamp_len,same_length", [(8, -1, False), (20, 5, True)])
 def test_eval_lm_carries_the_memory_through_the_split(lm_data, checkpoint, mem_len, clamp_len, same_length):
     """fairseq-eval-lm --task stateful_lm with one stream equals scoring the split segment by segment in process,
     the memory carried, with the evaluation settings given by --model-overrides (as Transformer-XL evaluates)."""
     overrides = {"txl_mem_len": mem_len, "txl_clamp_len": clamp_len, "txl_same_length": same_length}
-    loss = eval_lm_loss(lm_data, checkpoint, "--task", "stateful_lm", "--batch-size", "1", "--tokens-per-sample", "6",
-                        "--model-overrides", str(overrides))
+    loss, _ = eval_lm(lm_data, checkpoint, "--task", "stateful_lm", "--batch-size", "1", "--tokens-per-sample", "6",
+                      "--model-overrides", str(overrides))
     model, task = load(checkpoint, **overrides)
     assert (model.decoder.stack.mem_len, model.decoder.stack.clamp_len) == (mem_len, clamp_len)
     stream = split_stream(lm_data, task.target_dictionary)
@@ -236,7 +207,7 @@ def test_checkpoint_round_trip_and_folding(lm_data, checkpoint, tmp_path):
     model, task = load(checkpoint)
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)  # plain containers: no unsafe load
     assert state["cfg"]["model"]["_name"] == "transformer_xl_lm"
-    tokens = tokens_batch(len(task.target_dictionary), length=10)
+    tokens = tokens_batch(len(task.target_dictionary), length=10, bos=False)
     before = log_probs(model, tokens)
     fresh = parsed_model(lm_data, *TINY, "--txl-input", "define", "--txl-mem-len", "8")[2].eval()
     assert not torch.allclose(log_probs(fresh, tokens), before)  # the weights are the trained ones
@@ -250,8 +221,8 @@ def test_checkpoint_round_trip_and_folding(lm_data, checkpoint, tmp_path):
     assert folded.decoder.adaptive_softmax.table is folded.decoder.embed_tokens.weight
     torch.testing.assert_close(log_probs(folded, tokens), before, rtol=1e-5, atol=1e-5)
     flags = ("--task", "stateful_lm", "--batch-size", "1", "--tokens-per-sample", "6")
-    assert eval_lm_loss(lm_data, folded_path, *flags) == pytest.approx(eval_lm_loss(lm_data, checkpoint, *flags),
-                                                                       abs=1e-4)
+    assert eval_lm(lm_data, folded_path, *flags)[0] == pytest.approx(eval_lm(lm_data, checkpoint, *flags)[0],
+                                                                      abs=1e-4)
 
 
 @pytest.mark.parametrize("flags,message", [
@@ -349,8 +320,8 @@ def test_recipe_trains_and_evaluates_with_the_evaluation_settings(lm_data, tmp_p
     assert "memory 640, clamp_len 400, same_length" in results[1]
     test_ppl = float(re.search(r"^test +perplexity ([\d.]+)", "\n".join(results), re.M).group(1))
     overrides = "{'txl_mem_len': 640, 'txl_clamp_len': 400, 'txl_same_length': True}"
-    loss = eval_lm_loss(lm_data, checkpoint, "--task", "stateful_lm", "--tokens-per-sample", "64", "--batch-size",
-                        "10", "--model-overrides", overrides)
+    loss, _ = eval_lm(lm_data, checkpoint, "--task", "stateful_lm", "--tokens-per-sample", "64", "--batch-size",
+                      "10", "--model-overrides", overrides)
     assert test_ppl == pytest.approx(2 ** loss, rel=2e-3)
 
 
@@ -358,7 +329,7 @@ def test_validation_between_training_batches_keeps_the_training_memory(lm_data):
     """Training and evaluation keep separate memories: a validation pass (eval mode, its own reset) between two
     training batches leaves the training stream's memory as it was."""
     _, task, model = parsed_model(lm_data, *TINY, "--txl-mem-len", "6")
-    tokens = tokens_batch(len(task.target_dictionary), length=8)
+    tokens = tokens_batch(len(task.target_dictionary), length=8, bos=False)
     model.train()
     model(tokens, reset_state=True)
     kept = [m.clone() for m in model.decoder.memory.kept_state(True)["memory"]]
