@@ -11,7 +11,7 @@ from define_fairseq.criterions.lm_regularized_loss import LMRegularizedLoss
 from define_fairseq.modules import DeFINEEmbedding
 from define_fairseq.tools.params import parameter_breakdown
 
-from lm_helpers import eval_lm, load, log_probs, split_stream, tokens_batch
+from lm_helpers import check_beam_search_scores, eval_lm, load, log_probs, split_stream, tokens_batch
 from test_lstm_lm import (  # noqa: F401  (one_thread: an autouse fixture)
     lstm_params,
     mean_nll_base2,
@@ -167,23 +167,8 @@ def test_lm_regularized_loss_adds_the_penalty_per_token(lm_data):
 
 
 def test_generation_scores_equal_the_full_pass(lm_data):
-    from fairseq.sequence_generator import SequenceGenerator
-
     _, task, model = parsed_model(lm_data, "awd_lstm_lm_define", *TINY_AWD_DEFINE)
-    model.eval()
-    dictionary = task.target_dictionary
-    prefix = tokens_batch(len(dictionary), batch=2, length=3, seed=2)[:, 1:]
-    generator = SequenceGenerator([model], dictionary, beam_size=3, max_len_b=6)
-    with torch.no_grad():
-        hypotheses = generator.generate([model], {"net_input": {"src_tokens": prefix,
-                                                                "src_lengths": torch.tensor([2, 2])}},
-                                        prefix_tokens=prefix)
-    for beam in hypotheses:
-        for hypo in beam:
-            out = hypo["tokens"]
-            inputs = torch.cat([out.new_tensor([dictionary.eos()]), out[:-1]])[None]
-            expected = log_probs(model, inputs)[0].gather(-1, out[:, None])[:, 0]
-            torch.testing.assert_close(hypo["positional_scores"], expected, rtol=1e-4, atol=1e-4)
+    check_beam_search_scores(model, task.target_dictionary, max_len_b=6, seed=2)
 
 
 def test_train_and_eval_lm(lm_data, tmp_path):

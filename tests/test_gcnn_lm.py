@@ -13,7 +13,7 @@ from define_fairseq.modules.gated_conv import (
     ACTIVATIONS, CausalConv1d, GatedConvLayer, GatedConvStack, parse_layer_spec, receptive_field)
 from define_fairseq.tools.params import parameter_breakdown, setup_from_train_args
 from conftest import USER_DIR, run_cli
-from lm_helpers import load, log_probs, tokens_batch
+from lm_helpers import check_beam_search_scores, check_generate_continues_a_prefix, load, log_probs, tokens_batch
 
 WT103_VOCAB = 267_735
 TINY = ["--decoder-embed-dim", "16", "--gcnn-layers", "[(16, 3)] * 2 + [[(8, 1), (8, 3), (24, 1)]]"]
@@ -214,24 +214,8 @@ def test_incremental_decoding_and_reordering_equal_the_full_pass(lm_data, case):
 
 
 def test_beam_search_scores_equal_the_full_pass(lm_data):
-    from fairseq.sequence_generator import SequenceGenerator
-
     _, task, model = parsed_model(lm_data, "gcnn_lm", *CASES["adaptive softmax, bottleneck"])
-    model.eval()
-    dictionary = task.target_dictionary
-    generator = SequenceGenerator([model], dictionary, beam_size=3, max_len_b=7)
-    prefix = tokens_batch(len(dictionary), batch=2, length=3, seed=1)[:, 1:]
-    sample = {"net_input": {"src_tokens": prefix, "src_lengths": torch.tensor([2, 2])}}
-    with torch.no_grad():
-        hypotheses = generator.generate([model], sample, prefix_tokens=prefix)
-    for i, beam in enumerate(hypotheses):
-        assert len(beam) == 3
-        for hypo in beam:
-            out = hypo["tokens"]
-            assert torch.equal(out[:2], prefix[i])
-            inputs = torch.cat([out.new_tensor([dictionary.eos()]), out[:-1]])[None]
-            expected = log_probs(model, inputs)[0].gather(-1, out[:, None])[:, 0]
-            torch.testing.assert_close(hypo["positional_scores"], expected, rtol=1e-4, atol=1e-4)
+    check_beam_search_scores(model, task.target_dictionary)
 
 
 # -- parameter counts and the arch defaults ----------------------------------------------------------------------
@@ -332,15 +316,7 @@ def test_eval_lm_equals_scoring_each_block_in_process(lm_data, checkpoint):
 
 
 def test_fairseq_generate_continues_a_prefix(lm_data, checkpoint):
-    proc = run_cli("fairseq-generate", lm_data, "--user-dir", USER_DIR, "--task", "language_modeling",
-                   "--path", checkpoint, "--gen-subset", "valid", "--cpu", "--beam", "3", "--nbest", "2",
-                   "--prefix-size", "2", "--max-len-b", "6", "--batch-size", "4", "--sample-break-mode", "eos")
-    targets = dict(re.findall(r"^T-(\d+)\t(.*)$", proc.stdout, re.M))
-    hypotheses = re.findall(r"^H-(\d+)\t(\S+)\t(.*)$", proc.stdout, re.M)
-    assert targets and len(hypotheses) == 2 * len(targets)
-    for index, score, text in hypotheses:
-        assert text.split()[:2] == targets[index].split()[:2]
-        assert math.isfinite(float(score))
+    check_generate_continues_a_prefix(lm_data, checkpoint, "--beam", "3")
 
 
 def test_checkpoint_round_trip(lm_data, checkpoint, tmp_path):

@@ -17,7 +17,16 @@ from define_fairseq.modules.lstm_stack import LSTMStack
 from define_fairseq.tools.params import parameter_breakdown, setup_from_train_args
 
 from conftest import USER_DIR, run_cli
-from lm_helpers import eval_lm, last_float, load, log_probs, split_stream, tokens_batch
+from lm_helpers import (
+    check_beam_search_scores,
+    check_generate_continues_a_prefix,
+    eval_lm,
+    last_float,
+    load,
+    log_probs,
+    split_stream,
+    tokens_batch,
+)
 
 WT103_VOCAB = 267_735
 COMMON = ["--optimizer", "adam", "--lr", "0.005", "--cpu", "--num-workers", "0", "--no-progress-bar",
@@ -194,17 +203,8 @@ def test_stateful_training_and_eval(lm_data, tmp_path):
 
 
 def test_fairseq_generate_samples_after_a_prefix(lm_data, trained):
-    checkpoint = trained("lstm_lm_define")
-    proc = run_cli("fairseq-generate", lm_data, "--user-dir", USER_DIR, "--task", "language_modeling",
-                   "--path", checkpoint, "--gen-subset", "valid", "--cpu", "--sampling", "--sampling-topk", "5",
-                   "--beam", "2", "--nbest", "2", "--prefix-size", "2", "--max-len-b", "6", "--batch-size", "4",
-                   "--sample-break-mode", "eos", "--seed", "3")  # one sentence per sample: no EOS in the prefix
-    targets = dict(re.findall(r"^T-(\d+)\t(.*)$", proc.stdout, re.M))
-    hypotheses = re.findall(r"^H-(\d+)\t(\S+)\t(.*)$", proc.stdout, re.M)
-    assert targets and len(hypotheses) == 2 * len(targets)
-    for index, score, text in hypotheses:
-        assert text.split()[:2] == targets[index].split()[:2]  # the forced prefix
-        assert math.isfinite(float(score))
+    check_generate_continues_a_prefix(lm_data, trained("lstm_lm_define"), "--sampling", "--sampling-topk", "5",
+                                      "--beam", "2", "--seed", "3")
 
 
 def test_folded_checkpoint_scores_identically(lm_data, trained, tmp_path):
@@ -255,25 +255,9 @@ def test_incremental_decoding_and_reordering_equal_the_full_pass(lm_data, case):
 
 @pytest.mark.parametrize("case", IN_PROCESS)
 def test_beam_search_scores_equal_the_full_pass(lm_data, case):
-    from fairseq.sequence_generator import SequenceGenerator
-
     arch, flags = IN_PROCESS[case]
     _, task, model = parsed_model(lm_data, arch, *flags)
-    model.eval()
-    dictionary = task.target_dictionary
-    generator = SequenceGenerator([model], dictionary, beam_size=3, max_len_b=7)
-    prefix = tokens_batch(len(dictionary), batch=2, length=3, seed=1)[:, 1:]
-    sample = {"net_input": {"src_tokens": prefix, "src_lengths": torch.tensor([2, 2])}}
-    with torch.no_grad():
-        hypotheses = generator.generate([model], sample, prefix_tokens=prefix)
-    for i, beam in enumerate(hypotheses):
-        assert len(beam) == 3
-        for hypo in beam:
-            out = hypo["tokens"]
-            assert torch.equal(out[:2], prefix[i])
-            inputs = torch.cat([out.new_tensor([dictionary.eos()]), out[:-1]])[None]
-            expected = log_probs(model, inputs)[0].gather(-1, out[:, None])[:, 0]
-            torch.testing.assert_close(hypo["positional_scores"], expected, rtol=1e-4, atol=1e-4)
+    check_beam_search_scores(model, task.target_dictionary)
 
 
 @pytest.mark.parametrize("case", ["tied full softmax with a projection", "adaptive + DeFINE"])

@@ -12,7 +12,7 @@ import define_fairseq  # noqa: F401  (registers the models, tasks and criteria)
 from define_fairseq.models.mogrifier_lstm_lm import MogrifierLSTMLMModel
 from define_fairseq.modules import DeFINEEmbedding
 
-from lm_helpers import eval_lm, load, log_probs, split_stream, tokens_batch
+from lm_helpers import check_beam_search_scores, eval_lm, load, log_probs, split_stream, tokens_batch
 from test_lstm_lm import mean_nll_base2, parsed_model, train
 
 PTB_VOCAB, WT2_VOCAB = 10_000, 33_278
@@ -353,25 +353,9 @@ def test_incremental_decoding_and_reordering_equal_the_full_pass(lm_data, case):
 
 
 def test_beam_search_scores_equal_the_full_pass(lm_data):
-    from fairseq.sequence_generator import SequenceGenerator
-
     arch, flags = CASES["mixture of 2 softmaxes"]
     _, task, model = parsed_model(lm_data, arch, *flags)
-    model.eval()
-    dictionary = task.target_dictionary
-    generator = SequenceGenerator([model], dictionary, beam_size=3, max_len_b=6)
-    prefix = tokens_batch(len(dictionary), batch=2, length=3, seed=1)[:, 1:]
-    with torch.no_grad():
-        hypotheses = generator.generate([model], {"net_input": {"src_tokens": prefix,
-                                                                "src_lengths": torch.tensor([2, 2])}},
-                                        prefix_tokens=prefix)
-    for beam in hypotheses:
-        assert len(beam) == 3
-        for hypo in beam:
-            out = hypo["tokens"]
-            inputs = torch.cat([out.new_tensor([dictionary.eos()]), out[:-1]])[None]
-            expected = log_probs(model, inputs)[0].gather(-1, out[:, None])[:, 0]
-            torch.testing.assert_close(hypo["positional_scores"], expected, rtol=1e-4, atol=1e-4)
+    check_beam_search_scores(model, task.target_dictionary, max_len_b=6)
 
 
 @pytest.mark.parametrize("case", ["mixture of 2 softmaxes", "DeFINE input"])

@@ -10,7 +10,7 @@ import torch
 import define_fairseq  # noqa: F401  (registers the models, tasks and criteria)
 from define_fairseq.tools.params import parameter_breakdown, setup_from_train_args, write_dictionaries
 from conftest import USER_DIR, run_cli
-from lm_helpers import eval_lm, load, log_probs, split_stream, tokens_batch
+from lm_helpers import check_generate_continues_a_prefix, eval_lm, load, log_probs, split_stream, tokens_batch
 
 WT103_VOCAB = 267_735
 TINY = ["--decoder-layers", "2", "--decoder-embed-dim", "16", "--decoder-attention-heads", "2", "--txl-head-dim", "6",
@@ -189,15 +189,7 @@ def test_eval_lm_carries_the_memory_through_the_split(lm_data, checkpoint, mem_l
 
 
 def test_fairseq_generate_continues_a_prefix(lm_data, checkpoint):
-    proc = run_cli("fairseq-generate", lm_data, "--user-dir", USER_DIR, "--task", "language_modeling",
-                   "--path", checkpoint, "--gen-subset", "valid", "--cpu", "--beam", "3", "--nbest", "2",
-                   "--prefix-size", "2", "--max-len-b", "6", "--batch-size", "4", "--sample-break-mode", "eos")
-    targets = dict(re.findall(r"^T-(\d+)\t(.*)$", proc.stdout, re.M))
-    hypotheses = re.findall(r"^H-(\d+)\t(\S+)\t(.*)$", proc.stdout, re.M)
-    assert targets and len(hypotheses) == 2 * len(targets)
-    for index, score, text in hypotheses:
-        assert text.split()[:2] == targets[index].split()[:2]
-        assert math.isfinite(float(score))
+    check_generate_continues_a_prefix(lm_data, checkpoint, "--beam", "3")
 
 
 def test_checkpoint_round_trip_and_folding(lm_data, checkpoint, tmp_path):
