@@ -33,7 +33,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from benchmarks.common import header, interleaved, median, paired_ratio, set_threads, table, write_result
-from define_fairseq.modules import MogrifierLSTM
+from define_fairseq.modules import MogrifierLSTM, mogrifier_lstm
 
 
 class NaiveMogrifierLSTM(nn.Module):
@@ -250,6 +250,9 @@ def main(argv=None):
         f"{L} layer(s), input {H}, hidden {H}, batch {args.batch}, BPTT {args.bptt} ({tokens} tokens per call), "
         f"rounds {r}, rank {k}, capped input gate (MogrifierLSTM); no dropout; input requires grad; "
         f"{args.rounds} interleaved rounds after {args.warmup} warm-up round(s)",
+        f"MogrifierLSTM's small per-step work on one thread: "
+        f"{'yes' if mogrifier_lstm.SMALL_WORK_ON_ONE_THREAD else 'no'} (only under OMP_WAIT_POLICY=PASSIVE; see "
+        f"define_fairseq/modules/mogrifier_lstm.py)",
     ])
     text += "\n" + table(["variant", "parameters", "ms per call (median)", "ms (min)", "tokens/s",
                           "speed vs `MogrifierLSTM`"], rows)

@@ -1,6 +1,9 @@
 """MogrifierLSTM against a literal re-computation of the paper's equations, nn.LSTM, gradcheck and its settings."""
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -504,3 +507,38 @@ def test_gpu_matches_cpu():
     assert_same((got[0].cpu(), [(h.cpu(), c.cpu()) for h, c in got[1]], [g.cpu() for g in got[2]]), expected,
                 "gpu", atol=1e-9)
     assert math.isfinite(got[0].sum().item())
+
+
+@pytest.mark.parametrize("policy, one_thread", [("PASSIVE", "True"), ("passive", "True"), ("ACTIVE", "False"),
+                                                (None, "False")])
+def test_small_work_runs_on_one_thread_only_under_the_passive_wait_policy(policy, one_thread):
+    """The switch to one thread pays where waking OpenMP's sleeping threads is expensive (PASSIVE) and costs time
+    otherwise; the OpenMP runtime reads the policy at start-up, so a fresh process decides."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if policy is not None:
+        env["OMP_WAIT_POLICY"] = policy
+    code = "from define_fairseq.modules import mogrifier_lstm; print(mogrifier_lstm.SMALL_WORK_ON_ONE_THREAD)"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert proc.stdout.split()[-1] == one_thread
+
+
+def test_thread_switch_restores_the_callers_thread_count(monkeypatch):
+    from define_fairseq.modules import mogrifier_lstm
+
+    monkeypatch.setattr(mogrifier_lstm, "SMALL_WORK_ON_ONE_THREAD", True)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with pytest.raises(RuntimeError, match="inside"):
+            with mogrifier_lstm._Threads(torch.device("cpu")) as threads:
+                assert torch.get_num_threads() == 1
+                threads.large()
+                assert torch.get_num_threads() == 2
+                threads.small()
+                raise RuntimeError("inside")
+        assert torch.get_num_threads() == 2
+        monkeypatch.setattr(mogrifier_lstm, "SMALL_WORK_ON_ONE_THREAD", False)
+        with mogrifier_lstm._Threads(torch.device("cpu")):
+            assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -39,9 +39,11 @@ through time (``_MogrifierLayerFunction``, ``_LayerRecurrence``):
   or two per round, ATen's fused ``sigmoid_backward`` / ``tanh_backward``); every weight gradient is then ONE GEMM
   over all ``T * B`` rows, instead of ``T`` small GEMMs plus ``T`` accumulations of a ``4n x (m + n)`` matrix,
   which is what autograd records for any per-step loop (eager, TorchScript or compiled);
-* on CPU the small per-step work (element-wise kernels, low-rank GEMMs) runs on one thread and the large GEMMs on
-  all of torch's threads: at B x n = 64 x 1000 an element-wise kernel computes for a few microseconds, and
-  starting a parallel region costs ten times that (``_Threads``);
+* on CPU under ``OMP_WAIT_POLICY=PASSIVE`` (idle OpenMP threads sleep) the small per-step work (element-wise
+  kernels, low-rank GEMMs) runs on one thread and the large GEMMs on all of torch's threads: at B x n = 64 x 1000
+  an element-wise kernel computes for a few microseconds, and waking the sleeping threads costs ten times that
+  (``_Threads``). Under OpenMP's default policy (idle threads spin for a while) waking them is cheap, and
+  everything runs on all threads;
 * the buffers are kept from one call to the next (``_Workspace``; ``MogrifierLSTM.release_workspace()`` frees
   them), which saves the page faults of touching a few hundred MB of fresh memory at every step;
 * with ``rounds == 0`` (the capped LSTM baseline) the input projection is hoisted: one GEMM over the whole
@@ -58,14 +60,18 @@ compilation on the first call. Along the way the hand-written backward went from
 with fewer kernels per step (the 2 sigmoid(a) = 1 + tanh(a / 2) form, biases in the GEMMs, no recomputation) and
 to 1268 with the small work on one thread; reusing the buffers saved a further 7 % in a paired measurement. A
 fused ``nn.LSTM`` of the same size took 765-810. MKL's packed GEMM (the weight packed once per call) gave nothing
-here. ``benchmarks/results/mogrifier_speed.md`` holds the latest run (2 layers: 0.61x the tokens/s of
-``nn.LSTM``, 2.5x the straightforward ``nn.Linear`` + ``nn.LSTMCell`` module).
+here. Later, with the wait policy unset (2 layers, paired, median of 6): the small work on one thread took
+2258 ms a call against 2017 on all threads (1.12x slower), and under ``ACTIVE`` 2448 against 2138; under
+``PASSIVE`` it was the other way round, 2514 against 3035. Hence the choice by policy. ``benchmarks/results/
+mogrifier_speed.md`` holds the latest run (against ``nn.LSTM`` and the straightforward ``nn.Linear`` +
+``nn.LSTMCell`` module).
 
 :meth:`MogrifierLSTM.reference_forward` is a literal, readable per-step implementation (plain autograd) kept for
 the tests.
 """
 
 import math
+import os
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
@@ -168,8 +174,10 @@ class MogrifierDropoutMasks(NamedTuple):
 # - the weight gradients are one GEMM each over all T * B rows after the loop (bias included), instead of T
 #   small GEMMs and T accumulations.
 
-# Run the small per-step work on one thread (see _Threads); a module attribute so that benchmarks can compare.
-SMALL_WORK_ON_ONE_THREAD = True
+# Run the small per-step work on one thread (see _Threads) where waking OpenMP's threads is expensive: when they
+# sleep as soon as they are idle (OMP_WAIT_POLICY=PASSIVE, read by the OpenMP runtime at start-up, as here).
+# A module attribute so that benchmarks can compare.
+SMALL_WORK_ON_ONE_THREAD = os.environ.get("OMP_WAIT_POLICY", "").strip().upper() == "PASSIVE"
 
 _sigmoid_backward = torch.ops.aten.sigmoid_backward.grad_input  # (grad, sigmoid output, grad_input=out)
 _tanh_backward = torch.ops.aten.tanh_backward.grad_input  # (grad, tanh output, grad_input=out)
@@ -179,8 +187,9 @@ class _Threads:
     """Switches torch's CPU intra-op thread count between one thread, for the small per-step work, and the
     caller's setting, for the large GEMMs.
 
-    On a 2-core machine (``OMP_WAIT_POLICY=PASSIVE``) a multiply of two 64 x 1000 tensors took 72 us on two threads
-    and 7.5 us on one, and ten of them between two GEMMs cost 3.2 ms on two threads against 0.08 ms on one;
+    On a 2-core machine under ``OMP_WAIT_POLICY=PASSIVE`` a multiply of two 64 x 1000 tensors took 72 us on two
+    threads and 7.5 us on one, and ten of them between two GEMMs cost 3.2 ms on two threads against 0.08 ms on one
+    (with the default policy the switch makes a training call 1.12x slower instead: see the module docstring);
     ``torch.set_num_threads`` itself costs about 0.1 us. Used as a context manager, it restores the caller's
     thread count on exit (also on error). Does nothing on GPU or with one thread.
     """
