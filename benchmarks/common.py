@@ -1,16 +1,20 @@
-"""Shared helpers of the benchmarks: interleaved timing, the machine header and markdown tables.
+"""Shared helpers of the benchmarks: interleaved timing, the memory allocator a benchmark runs under (and running
+it in a child process), page-fault counts, the machine's peak matrix-product rate, the header and markdown tables.
 
 Every benchmark times its variants *interleaved*: each round runs every variant once (in an order rotated from
 round to round), and a variant's figure is the median over rounds. Load from other processes then hits all
 variants alike, and the ratios stay meaningful even on a busy machine.
 """
 
+import json
 import os
 import platform
 import resource
 import shlex
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -95,6 +99,11 @@ def allocator_child_env(name: str, base: Optional[Dict[str, str]] = None) -> Dic
     return env
 
 
+def current_allocator() -> str:
+    """The allocator this process was started under through :func:`allocator_child_env` ('' if none was)."""
+    return os.environ.get(_ALLOCATOR_VAR, "")
+
+
 def check_allocator_loaded(name: str) -> None:
     """Raise ``RuntimeError`` if this process was meant to run under tcmalloc but the library is not mapped
     (e.g. the dynamic loader refused the preloaded file)."""
@@ -119,6 +128,30 @@ def run_under_allocator(name: str, module: str, argv: Sequence[str]) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, "-m", module, *argv], wanted)
+
+
+def run_child_json(module: str, argv: Sequence[str], allocator: str) -> dict:
+    """Run ``python -m module argv --child-json FILE`` in a fresh process under ``allocator`` and return the JSON
+    that the child writes to FILE (a child that fails raises ``CalledProcessError``)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "result.json")
+        subprocess.run([sys.executable, "-m", module, *argv, "--child-json", out], env=allocator_child_env(allocator),
+                       check=True)
+        with open(out, encoding="utf-8") as f:
+            return json.load(f)
+
+
+def strip_option(argv: Sequence[str], option: str) -> List[str]:
+    """``argv`` without ``option`` and its value (``--option value`` or ``--option=value``)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == option:
+            skip = True
+        elif not a.startswith(option + "="):
+            out.append(a)
+    return out
 
 
 def add_allocator_option(parser, benchmark: str) -> None:
@@ -170,16 +203,23 @@ def counting_faults(fns: Dict[str, Callable[[], object]]):
     return {name: wrap(name, fn) for name, fn in fns.items()}, faults
 
 
-def peak_gflops(size: int = 2048, reps: int = 5) -> float:
-    """GFLOP/s of the fastest of ``reps`` float32 ``size``-cubed products on this machine (after one untimed run)."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    out = torch.empty(size, size)
+def fastest_mm_seconds(a_shape: Sequence[int], b_shape: Sequence[int], calls: int = 1, reps: int = 5) -> float:
+    """Seconds of ``calls`` float32 products ``[a_shape] @ [b_shape]`` through ``torch.mm`` into a preallocated
+    output, one after the other: the fastest of ``reps`` runs (after one untimed run)."""
+    a, b = torch.randn(*a_shape), torch.randn(*b_shape)
+    out = torch.empty(a_shape[0], b_shape[1])
     samples = []
     for _ in range(reps + 1):
         start = time.perf_counter()
-        torch.mm(a, b, out=out)
+        for _ in range(calls):
+            torch.mm(a, b, out=out)
         samples.append(time.perf_counter() - start)
-    return 2 * size ** 3 / min(samples[1:]) / 1e9
+    return min(samples[1:])
+
+
+def peak_gflops(size: int = 2048, reps: int = 5) -> float:
+    """GFLOP/s of the fastest of ``reps`` float32 ``size``-cubed products on this machine (after one untimed run)."""
+    return 2 * size ** 3 / fastest_mm_seconds((size, size), (size, size), reps=reps) / 1e9
 
 
 def set_threads(threads: int) -> None:
@@ -263,9 +303,8 @@ def header(title: str, module: str, notes: Sequence[str] = ()) -> str:
         f"timed interleaved (one call of each per round, order rotated), figures are medians over rounds",
         f"- Run: {_START[0]} to {time.strftime('%H:%M')}",
     ]
-    if os.environ.get(_ALLOCATOR_VAR):
-        lines.append(f"- Allocator: {allocator_note(os.environ[_ALLOCATOR_VAR])} (`--allocator`; see "
-                     f"benchmarks/README.md)")
+    if current_allocator():
+        lines.append(f"- Allocator: {allocator_note(current_allocator())} (`--allocator`; see benchmarks/README.md)")
     lines += [f"- {note}" for note in notes]
     return "\n".join(lines) + "\n"
 

@@ -41,8 +41,6 @@ does not write ``benchmarks/results/gcnn_speed.md``; neither does a run of only 
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -51,9 +49,9 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import (ALLOCATORS, allocator_child_env, allocator_note, check_allocator_loaded, counting_faults,
+from benchmarks.common import (ALLOCATORS, allocator_note, check_allocator_loaded, counting_faults, current_allocator,
                                header, interleaved, median, paired_ratio, parse_choices, require_allocators,
-                               set_threads, table, write_result, zipf_tokens)
+                               run_child_json, set_threads, strip_option, table, write_result, zipf_tokens)
 
 PARTS = ("layers", "train", "generate", "responsiveness")
 WT103_VOCAB = 267735
@@ -322,26 +320,7 @@ PART_FUNCTIONS = {"layers": part_layers, "train": part_train, "generate": part_g
 # -- running the parts in child processes -------------------------------------------------------------------------
 
 def run_part_in_child(part: str, allocator: str, argv: List[str]) -> dict:
-    env = allocator_child_env(allocator)
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "result.json")
-        subprocess.run([sys.executable, "-m", "benchmarks.gcnn_speed", *argv, "--child-part", part,
-                        "--child-json", out], env=env, check=True)
-        with open(out, encoding="utf-8") as f:
-            return json.load(f)
-
-
-def strip_option(argv: List[str], option: str) -> List[str]:
-    """``argv`` without ``option`` and its value (``--option value`` or ``--option=value``)."""
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a == option:
-            skip = True
-        elif not a.startswith(option + "="):
-            out.append(a)
-    return out
+    return run_child_json("benchmarks.gcnn_speed", [*argv, "--child-part", part], allocator)
 
 
 # -- rendering ----------------------------------------------------------------------------------------------------
@@ -545,7 +524,7 @@ def main(argv=None):
     s = settings(args)
 
     if args.child_part:
-        check_allocator_loaded(os.environ.get("DEFINE_BENCH_ALLOCATOR", ""))
+        check_allocator_loaded(current_allocator())
         set_threads(args.threads)
         import logging
         import warnings

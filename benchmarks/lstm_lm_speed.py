@@ -20,12 +20,11 @@ Every step: forward, loss, backward, gradient clipping (0.25), SGD step. Dropout
 import argparse
 import copy
 import tempfile
-import time
 
 import torch
 
-from benchmarks.common import (add_allocator_option, enter_allocator, header, interleaved, median, paired_ratio,
-                               peak_gflops, result_name, set_threads, table, write_result)
+from benchmarks.common import (add_allocator_option, enter_allocator, fastest_mm_seconds, header, interleaved, median,
+                               paired_ratio, peak_gflops, result_name, set_threads, table, write_result)
 
 
 def build_lm(arch: str, vocab: int, task_args, extra):
@@ -151,15 +150,8 @@ def step_products(layers, proj, vocab: int, batch: int, bptt: int, training: boo
     parts = []
 
     def timed(label, a_shape, b_shape, calls=1):
-        a, b = torch.randn(*a_shape), torch.randn(*b_shape)
-        out = torch.empty(a_shape[0], b_shape[1])
-        samples = []
-        for _ in range(reps + 1):
-            start = time.perf_counter()
-            for _ in range(calls):
-                torch.mm(a, b, out=out)
-            samples.append(time.perf_counter() - start)
-        parts.append((label, min(samples[1:]), 2 * a_shape[0] * a_shape[1] * b_shape[1] * calls))
+        parts.append((label, fastest_mm_seconds(a_shape, b_shape, calls, reps),
+                      2 * a_shape[0] * a_shape[1] * b_shape[1] * calls))
 
     for i, (inp, h) in enumerate(layers):
         timed(f"layer {i + 1} input product [{n}, {inp}] @ [{inp}, {4 * h}]", (n, inp), (inp, 4 * h))

@@ -32,21 +32,18 @@ Target: transformer_define >= 1.1x the tokens/s of transformer.
 import argparse
 import copy
 import json
-import os
-import subprocess
 import sys
-import tempfile
 
 import torch
 
 from benchmarks.common import (
     ALLOCATORS,
-    allocator_child_env,
     allocator_note,
     check_allocator_loaded,
     build_define_and_baseline,
     count_params,
     counting_faults,
+    current_allocator,
     fmt_params,
     header,
     interleaved,
@@ -54,7 +51,9 @@ from benchmarks.common import (
     paired_ratio,
     parse_choices,
     require_allocators,
+    run_child_json,
     set_threads,
+    strip_option,
     table,
     write_result,
     zipf_tokens,
@@ -151,14 +150,8 @@ def measure(args) -> dict:
 
 def measure_in_child(allocator: str, argv) -> dict:
     """Run :func:`measure` in a fresh interpreter whose environment carries the allocator's settings."""
-    env = allocator_child_env(allocator)
     print(f"[{allocator_note(allocator)}]", file=sys.stderr, flush=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "result.json")
-        subprocess.run([sys.executable, "-m", "benchmarks.train_speed", *argv, "--child-json", out], env=env,
-                       check=True)
-        with open(out, encoding="utf-8") as f:
-            return json.load(f)
+    return run_child_json("benchmarks.train_speed", argv, allocator)
 
 
 def render(args, results: dict) -> str:
@@ -223,7 +216,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     if args.child_json:
-        check_allocator_loaded(os.environ.get("DEFINE_BENCH_ALLOCATOR", ""))
+        check_allocator_loaded(current_allocator())
         result = measure(args)
         with open(args.child_json, "w", encoding="utf-8") as f:
             json.dump(result, f)
@@ -231,10 +224,7 @@ def main(argv=None):
 
     allocators = parse_choices(parser, "--allocators", args.allocators, list(ALLOCATORS))
     require_allocators(parser, allocators)
-    child_argv = [a for a in argv if not a.startswith("--allocators")]
-    if "--allocators" in argv:  # the space-separated form: drop its value too
-        i = argv.index("--allocators")
-        child_argv = argv[:i] + argv[i + 2:]
+    child_argv = strip_option(argv, "--allocators")
     results = {name: measure_in_child(name, child_argv) for name in allocators}
     write_result("train_speed", render(args, results))
 

@@ -118,8 +118,7 @@ def io_training_flops(model, sample) -> int:
     macs = 0
     if isinstance(emb, DeFINEEmbedding):
         unit = sum(layer.in_features * layer.out_features // layer.groups for layer in emb.define.layers)
-        once_per_token = emb.unique_tokens and not (emb.training and emb.define.dropout > 0)  # as its forward
-        macs += (tokens.unique().numel() if once_per_token else tokens.numel()) * unit
+        macs += (tokens.unique().numel() if emb.runs_per_distinct_token else tokens.numel()) * unit
     d, n, cut = softmax.input_dim, softmax.embed_dim, softmax.cutoff
     for c in range(softmax.num_clusters):
         lo, hi = (0, cut[0]) if c == 0 else (cut[c - 1], cut[c])

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from benchmarks.common import allocator_child_env, allocator_env, result_name
+from benchmarks.common import allocator_child_env, allocator_env, result_name, strip_option
 from benchmarks.lstm_lm_speed import build_lm, step_products
 from benchmarks.txl_speed import io_training_flops, txl_batch
 
@@ -37,6 +37,11 @@ def test_tcmalloc_given_library_is_preloaded_and_keeps_memory(monkeypatch, tmp_p
 def test_result_names():
     assert result_name("txl_speed", "glibc") == "txl_speed"
     assert result_name("txl_speed", "tcmalloc") == "txl_speed-tcmalloc"
+
+
+def test_strip_option_drops_both_forms_and_keeps_the_rest():
+    argv = ["--rounds", "3", "--allocators", "glibc", "--threads=2", "--allocators=tcmalloc", "--allocatorsx", "1"]
+    assert strip_option(argv, "--allocators") == ["--rounds", "3", "--threads=2", "--allocatorsx", "1"]
 
 
 FAULTS_SCRIPT = """

@@ -78,12 +78,18 @@ class DeFINEEmbedding(nn.Module):
                                  "adaptive_cutoff (an adaptive input map)")
         return self.adaptive.weights_for_band(band)
 
+    @property
+    def runs_per_distinct_token(self) -> bool:
+        """Whether a forward with autograd runs the unit once per distinct token (``unique_tokens``, unless the
+        unit has dropout while training: each position must then draw its own mask)."""
+        return self.unique_tokens and not (self.training and self.define.dropout > 0)
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         if not self.training and not torch.is_grad_enabled():
             if self._eval_table is None:
                 self._eval_table = self.folded_table()
             return F.embedding(tokens, self._eval_table)
-        if self.unique_tokens and not (self.training and self.define.dropout > 0):
+        if self.runs_per_distinct_token:
             distinct, index = torch.unique(tokens, return_inverse=True)
             return self.define(self.map(distinct) * self.embed_scale)[index]
         return self.define(self.map(tokens) * self.embed_scale)

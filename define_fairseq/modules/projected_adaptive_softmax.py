@@ -86,6 +86,7 @@ class ProjectedAdaptiveSoftmax(nn.Module):
         self.embed_dim = embed_dim
         self.input_dim = input_dim
         self.cutoff = _check_cutoff(cutoff, vocab_size)
+        self.cluster_sizes = [hi - lo for lo, hi in zip([0] + self.cutoff[:-1], self.cutoff)]
         clusters = len(self.cutoff)
         self.num_clusters = clusters
 
@@ -136,8 +137,7 @@ class ProjectedAdaptiveSoftmax(nn.Module):
         once (the split's gradient is the clusters' gradients put side by side) instead of a zero-filled
         ``[V, n]`` tensor per cluster summed one after the other.
         """
-        sizes = [hi - lo for lo, hi in zip([0] + self.cutoff[:-1], self.cutoff)]
-        return self.table.split(sizes), self.bias.split(sizes)
+        return self.table.split(self.cluster_sizes), self.bias.split(self.cluster_sizes)
 
     def _cluster_logits(self, h: torch.Tensor, c: int, table: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """``[N, size_c]`` logits of the words of cluster ``c`` (``table [size_c, n]``, ``bias [size_c]``) for

@@ -110,7 +110,6 @@ else
     die "neither $DATA_DIR/bpe/code nor $DATA_DIR/bpe/spm.model exists; was $DATA_DIR prepared by $HERE/prepare.sh?"
 fi
 
-
 checkpoint_name=$(basename "$CHECKPOINT" .pt)
 RESULTS="$(dirname "$CHECKPOINT")/bleu.$checkpoint_name.beam$BEAM.lenpen$LENPEN"
 SIGNATURE="# BLEU of $CHECKPOINT on $DATA_DIR ($BPE): beam $BEAM, lenpen $LENPEN, batch $BATCH; test sets ${TESTSET_LIST[*]};"

@@ -123,7 +123,6 @@ record_settings() {
     mv -f -- "$DATA_DIR/settings.tmp" "$DATA_DIR/settings"
 }
 
-
 # produce OUT COMMAND...: run COMMAND with its standard output going to OUT.tmp, renamed to OUT when it succeeds.
 produce() {
     local out=$1
@@ -141,7 +140,6 @@ invalidate() {
         lib_unmark "$DATA_DIR" "$step"
     done
 }
-
 
 # ----------------------------------------------------------------------------------------------- 1. download
 mkdir -p "$ORIG"
