@@ -20,7 +20,10 @@ def paper_widths(n, k, depth, groups):
 
 
 def closed_form_params(n, k, m, depth, g_max, variant):
-    """sum_l n^l k^l / g^l (weights) + k^l (biases) + 2 k^l (norm affine, expansion layers only)."""
+    """sum_l n^l k^l / g^l (weights) + k^l (biases) + 2 k^l (norm affine, expansion layers only); ``n m`` for
+    the projective map."""
+    if variant == "projective":
+        return n * m
     if variant == "lt":
         groups = [1] * depth
     elif variant == "glt":
@@ -121,6 +124,13 @@ def test_plain_concat_does_not_route_by_group():
     unit = DeFINE(32, 128, 48, depth=3, max_groups=4, variant="define_concat")
     e = torch.randn(4, 32)
     assert changed_groups(unit, e, 0, 2) == [0, 1]
+
+
+def test_projective_variant_is_one_bias_free_linear_map():
+    unit = DeFINE(32, 128, 48, depth=3, variant="projective")
+    assert [(l.in_features, l.out_features, l.groups, l.bias) for l in unit.layers] == [(32, 48, 1, None)]
+    e = torch.randn(2, 5, 32)
+    torch.testing.assert_close(unit(e), e @ unit.layers[0].weight[0], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("kwargs,flag", [

@@ -96,9 +96,32 @@ def test_untied_output(translation_data):
     _, task, model = parsed_model(translation_data, "--arch", "transformer_define", "--define-untie-output")
     assert model.decoder.project_out_dim is None
     assert tuple(model.decoder.output_projection.weight.shape) == (len(task.target_dictionary), 512)
-    with pytest.raises(ValueError, match="--define-untie-output"):
-        parsed_model(translation_data, "--arch", "transformer_define", "--define-untie-output",
-                     "--share-all-embeddings")
+
+
+def test_shared_input_with_untied_output(translation_data):
+    # --share-all-embeddings shares the DeFINE embedding; --define-untie-output gives the decoder its own V x d layer
+    _, task, model = parsed_model(translation_data, "--arch", "transformer_define", "--share-all-embeddings",
+                                  "--define-untie-output")
+    embed = model.encoder.embed_tokens
+    assert model.decoder.embed_tokens is embed and isinstance(embed, DeFINEEmbedding)
+    assert model.decoder.project_out_dim is None
+    output = model.decoder.output_projection.weight
+    assert tuple(output.shape) == (len(task.target_dictionary), 512)
+    assert all(output is not p for p in embed.parameters())
+
+
+def test_shared_input_with_untied_output_trains_and_generates(translation_data, tmp_path):
+    checkpoint = train(translation_data, tmp_path, "--share-all-embeddings", "--define-untie-output", updates=5)
+    assert len([h for h in generate(translation_data, checkpoint) if h.startswith("H-")]) == 20
+
+
+@pytest.mark.parametrize("variant,activation", [("define", "gelu"), ("projective", "gelu"), ("delight", "swish")])
+def test_each_variant_builds_with_its_default_activation(translation_data, variant, activation):
+    _, _, model = parsed_model(translation_data, "--arch", "transformer_define", "--define-variant", variant,
+                               "--share-all-embeddings")
+    unit = model.encoder.embed_tokens.define
+    assert unit.variant == variant and unit.activation == activation
+    assert unit(torch.randn(2, 128)).shape == (2, 512)
 
 
 def sample_batch(vocab, batch=3, src_len=7, tgt_len=6, seed=0):
@@ -201,6 +224,19 @@ def test_params_report(translation_data):
     assert counts["input/output"] == vocab * 128 + 512 * 128  # the V x n table + the d -> n projection
     assert counts["total"] == sum(p.numel() for p in model.parameters())
     assert float(lines["total"]) == pytest.approx(counts["total"] / 1e6, abs=0.006)
+
+
+@pytest.mark.parametrize("variant", ["delight", "projective"])
+def test_params_counts_the_authors_unit_as_define_and_a_projection_as_input_output(translation_data, variant):
+    _, task, model = parsed_model(translation_data, "--arch", "transformer_define", "--share-all-embeddings",
+                                  "--define-variant", variant)
+    counts = parameter_breakdown(model)
+    unit = sum(p.numel() for p in model.encoder.embed_tokens.define.parameters())
+    table_and_output = len(task.source_dictionary) * 128 + 512 * 128
+    if variant == "projective":  # the n -> d projection, as Transformer-XL's projective embedding counts it
+        assert (counts["DeFINE"], counts["input/output"]) == (0, table_and_output + unit)
+    else:
+        assert (counts["DeFINE"], counts["input/output"]) == (unit, table_and_output)
 
 
 def test_missing_data_directory_gives_a_clear_error(tmp_path):

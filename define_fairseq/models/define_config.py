@@ -1,6 +1,7 @@
 """The DeFINE options shared by every model of the plugin that can embed its tokens with DeFINE."""
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
@@ -17,16 +18,18 @@ class DeFINEConfig(FairseqDataclass):
     define_max_groups: int = field(
         default=4, metadata={"help": "groups g_max of the first DeFINE layer; layer l uses max(g_max/2^(l-1), 1)"}
     )
-    define_variant: ChoiceEnum(VARIANTS) = field(
+    define_variant: ChoiceEnum(VARIANTS + ("delight",)) = field(
         default="define",
         metadata={"help": "define: HGT + split-and-mix skip; define_concat: plain concat skip (no mixer); "
-                          "hgt: no skip; glt: fixed groups; lt: dense layers"},
+                          "hgt: no skip; glt: fixed groups; lt: dense layers; projective: one linear map n -> m; "
+                          "delight: the authors' unit (sacmehta/delight, --define-iclr)"},
     )
-    define_activation: ChoiceEnum(list(ACTIVATIONS)) = field(
-        default="gelu", metadata={"help": "activation after each DeFINE expansion layer"}
+    define_activation: Optional[ChoiceEnum(list(ACTIVATIONS))] = field(
+        default=None, metadata={"help": "activation after each DeFINE expansion layer (default: gelu; swish "
+                                        "for --define-variant delight)"}
     )
-    define_norm: ChoiceEnum(NORMS) = field(
-        default="group", metadata={"help": "normalisation after each DeFINE expansion layer"}
+    define_norm: Optional[ChoiceEnum(NORMS)] = field(
+        default=None, metadata={"help": "normalisation after each DeFINE expansion layer (default: group)"}
     )
     define_dropout: float = field(default=0.0, metadata={"help": "dropout after each DeFINE expansion layer"})
     define_folded: bool = field(
@@ -44,7 +47,7 @@ def define_embedding_kwargs(cfg, embed_dim: int) -> dict:
         depth=cfg.define_depth,
         max_groups=cfg.define_max_groups,
         variant=str(cfg.define_variant),
-        activation=str(cfg.define_activation),
-        norm=str(cfg.define_norm),
+        activation=None if cfg.define_activation is None else str(cfg.define_activation),
+        norm=None if cfg.define_norm is None else str(cfg.define_norm),
         dropout=cfg.define_dropout,
     )

@@ -4,7 +4,8 @@ Encoder and decoder embed their tokens with :class:`DeFINEEmbedding` (``V x n`` 
 The decoder output is tied to the n-dimensional table (unless ``--define-untie-output``): fairseq's
 ``project_out_dim`` maps d_model -> n, then the tied ``V x n`` output layer (the paper's Fig. 1a; the authors'
 code does the same). ``--share-all-embeddings`` shares the whole embedding (table and DeFINE unit) between
-encoder and decoder. DeFINE's output is not multiplied by sqrt(d_model) (``--no-scale-embedding`` is implied).
+encoder and decoder; with ``--define-untie-output`` too, the decoder gets its own ``V x d_model`` output layer.
+DeFINE's output is not multiplied by sqrt(d_model) (``--no-scale-embedding`` is implied).
 """
 
 import dataclasses
@@ -17,6 +18,8 @@ from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerConfig, TransformerModel
 from fairseq.models.transformer.transformer_legacy import (
+    DEFAULT_MAX_SOURCE_POSITIONS,
+    DEFAULT_MAX_TARGET_POSITIONS,
     base_architecture,
     transformer_iwslt_de_en,
     transformer_vaswani_wmt_en_de_big,
@@ -78,8 +81,6 @@ class TransformerDefineModel(TransformerModel):
                             if hasattr(args, f.name) and not str(getattr(args, f.name)).startswith("${")})
         transformer_define(args)
         args.no_scale_embedding = True  # DeFINE's output already has unit scale: no sqrt(d_model) multiplier
-        if args.define_untie_output and args.share_all_embeddings:
-            raise ValueError("--define-untie-output contradicts --share-all-embeddings (which ties the output)")
         args.share_decoder_input_output_embed = not args.define_untie_output
         if args.share_decoder_input_output_embed:
             # The tied output layer is the V x n table; the decoder projects d_model -> n before it.
@@ -88,7 +89,28 @@ class TransformerDefineModel(TransformerModel):
                                  f"transformer_define projects the decoder output to --define-n={args.define_n}; "
                                  f"drop the flag, or untie with --define-untie-output")
             args.decoder_output_dim = args.define_n
+        elif args.share_all_embeddings:
+            return cls.build_shared_input_untied_output(args, task)
         return super().build_model(args, task)
+
+    @classmethod
+    def build_shared_input_untied_output(cls, args, task):
+        """``--share-all-embeddings --define-untie-output``: one embedding for encoder and decoder, and a separate
+        ``V x d_model`` output layer (fairseq's ``--share-all-embeddings`` alone also ties the output)."""
+        src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
+        if src_dict != tgt_dict:
+            raise ValueError("--share-all-embeddings needs one dictionary for both languages: binarise with "
+                             "fairseq-preprocess --joined-dictionary")
+        if args.encoder_embed_dim != args.decoder_embed_dim:
+            raise ValueError(f"--share-all-embeddings needs --encoder-embed-dim ({args.encoder_embed_dim}) equal to "
+                             f"--decoder-embed-dim ({args.decoder_embed_dim})")
+        if getattr(args, "max_source_positions", None) is None:
+            args.max_source_positions = DEFAULT_MAX_SOURCE_POSITIONS
+        if getattr(args, "max_target_positions", None) is None:
+            args.max_target_positions = DEFAULT_MAX_TARGET_POSITIONS
+        cfg = TransformerConfig.from_namespace(args)
+        embed = cls.build_embedding(cfg, src_dict, cfg.encoder.embed_dim)
+        return cls(args, cls.build_encoder(cfg, src_dict, embed), cls.build_decoder(cfg, tgt_dict, embed))
 
     @classmethod
     def build_embedding(cls, cfg, dictionary, embed_dim, path=None):

@@ -22,10 +22,12 @@ import torch.nn.functional as F
 
 from .group_linear import GroupLinear
 
-VARIANTS = ("define", "define_concat", "hgt", "glt", "lt")
+VARIANTS = ("define", "define_concat", "hgt", "glt", "lt", "projective")
 """``define``: HGT + split-and-mix skip (the paper's DeFINE). ``define_concat``: HGT + plain concatenation of
 the input and the previous output (Fig. 5d, "without mixer"). ``hgt``: HGT, no skip. ``glt``: every layer
-uses ``max_groups`` groups, no skip. ``lt``: dense layers (one group), no skip."""
+uses ``max_groups`` groups, no skip. ``lt``: dense layers (one group), no skip. ``projective``: one bias-free
+linear map ``n -> m`` (the plain factorisation, Transformer-XL's projective embedding; ``k`` and ``depth``
+unused). The authors' unit is :class:`~define_fairseq.modules.define_delight.DelightDeFINE`."""
 
 ACTIVATIONS = {
     "gelu": F.gelu,
@@ -79,6 +81,11 @@ def define_layer_sizes(n: int, k: int, m: int, depth: int, max_groups: int, vari
     """
     if variant not in VARIANTS:
         raise ValueError(f"--define-variant: unknown variant {variant!r}; choose one of {', '.join(VARIANTS)}")
+    if variant == "projective":
+        for flag, value in (("--define-n", n), ("--define-m", m)):
+            if value < 1:
+                raise ValueError(f"{flag}={value} must be positive")
+        return [(n, m, 1)]
     if depth < 2:
         raise ValueError(
             f"--define-depth={depth}: DeFINE needs at least 2 layers (N-1 expansion layers to k, then the reduce to m)"
@@ -169,7 +176,8 @@ class DeFINE(nn.Module):
         self.variant = variant
         self.activation = activation
         self.dropout = dropout
-        self.layers = nn.ModuleList(GroupLinear(i, o, g) for i, o, g in self.sizes)
+        bias = variant != "projective"
+        self.layers = nn.ModuleList(GroupLinear(i, o, g, bias=bias) for i, o, g in self.sizes)
         self.norms = nn.ModuleList()
         for _, out_features, groups in self.sizes[:-1]:
             if norm == "group":

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from .adaptive_input import AdaptiveInput
 from .define import DeFINE
+from .define_delight import DelightDeFINE
 
 
 class DeFINEEmbedding(nn.Module):
@@ -26,7 +27,9 @@ class DeFINEEmbedding(nn.Module):
 
     Args:
         num_embeddings: vocabulary size V.
-        n, k, m, depth, max_groups, variant, activation, norm, dropout: see :class:`DeFINE`.
+        n, k, m, depth, max_groups, variant, activation, norm, dropout: see :class:`DeFINE`; ``variant="delight"``
+            builds :class:`DelightDeFINE`. ``activation`` and ``norm`` default to the variant's (``gelu`` and
+            ``group``; ``swish`` for ``delight``).
         padding_idx: row of the table kept at zero.
         unique_tokens: run DeFINE on the batch's distinct tokens only.
         adaptive_cutoff, adaptive_factor: make the map an :class:`AdaptiveInput` with these band boundaries.
@@ -35,7 +38,7 @@ class DeFINEEmbedding(nn.Module):
     """
 
     def __init__(self, num_embeddings: int, n: int, k: int, m: int, padding_idx=None, depth: int = 3,
-                 max_groups: int = 4, variant: str = "define", activation: str = "gelu", norm: str = "group",
+                 max_groups: int = 4, variant: str = "define", activation=None, norm=None,
                  dropout: float = 0.0, unique_tokens: bool = True, adaptive_cutoff=None, adaptive_factor: float = 4):
         super().__init__()
         self.num_embeddings = num_embeddings
@@ -54,8 +57,11 @@ class DeFINEEmbedding(nn.Module):
                 nn.init.zeros_(self.table.weight[padding_idx])
         self.n = n
         self.embed_scale = math.sqrt(n)
-        self.define = DeFINE(n, k, m, depth=depth, max_groups=max_groups, variant=variant,
-                             activation=activation, norm=norm, dropout=dropout)
+        options = dict(depth=depth, max_groups=max_groups, dropout=dropout, norm=norm or "group")
+        if variant == "delight":
+            self.define = DelightDeFINE(n, k, m, activation=activation or "swish", **options)
+        else:
+            self.define = DeFINE(n, k, m, variant=variant, activation=activation or "gelu", **options)
         self._eval_table = None
 
     @property

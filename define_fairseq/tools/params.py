@@ -24,6 +24,7 @@ from typing import Dict, List, Optional
 import torch.nn as nn
 
 from define_fairseq.modules import DeFINE
+from define_fairseq.modules.define_delight import DelightDeFINE
 
 # Submodules that map tokens to vectors or vectors to the vocabulary (fairseq's names).
 INPUT_OUTPUT_MODULES = ("embed_tokens", "output_projection", "project_out_dim", "project_in_dim", "adaptive_softmax")
@@ -34,7 +35,8 @@ def parameter_breakdown(model: nn.Module) -> Dict[str, int]:
     """Count ``model``'s parameters by category (see the module docstring); shared tensors are counted once."""
     category = {}
     for module in model.modules():
-        if isinstance(module, DeFINE):
+        # A projective "unit" is the factorised table's projection: input/output, as Transformer-XL counts it.
+        if isinstance(module, (DeFINE, DelightDeFINE)) and module.variant != "projective":
             for p in module.parameters():
                 category.setdefault(id(p), ("DeFINE", p.numel()))
     for name, module in model.named_modules():

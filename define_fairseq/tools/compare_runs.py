@@ -1,0 +1,163 @@
+"""The results table and learning curves of a comparison: models trained with several seeds, for equal updates
+and for equal wall time (``examples/translation/compare.sh``, ``examples/language_model/compare.sh``)::
+
+    python -m define_fairseq.tools.compare_runs OUT_DIR --metric BLEU [--plot OUT_DIR/curves.png]
+
+reads ``OUT_DIR/runs/{updates,time}/MODEL.sSEED/`` (``time`` is optional), each holding ``train.log`` (fairseq-train
+with ``--log-format json``), ``params.txt`` (``define_fairseq.tools.params``) and ``score`` (the test metric, one
+number), and prints a Markdown table: parameters, the metric's mean, standard deviation and per-seed values,
+the training time and the updates done, per regime. ``--plot`` draws the validation loss against updates and
+against wall-clock time (matplotlib needed for the plot only). Models keep the order of their first appearance in
+``--models`` (default: alphabetical).
+"""
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional
+
+RUN_NAME = re.compile(r"^(?P<model>.+)\.s(?P<seed>\d+)$")
+LOG_ENTRY = re.compile(r"\| (?P<kind>train_inner|valid|train) \| (?P<json>\{.*\})\s*$")
+DONE = re.compile(r"done training in (?P<seconds>[\d.]+) seconds")
+
+
+class Run:
+    """One training run: its validation curve, wall-clock times, parameters and test score."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        match = RUN_NAME.match(directory.name)
+        if match is None:
+            raise ValueError(f"{directory}: a run directory is named MODEL.sSEED")
+        self.model, self.seed = match["model"], int(match["seed"])
+        self.valid: List[tuple] = []  # (updates, loss)
+        self.wall: Dict[int, float] = {}  # updates -> seconds since the start
+        self.updates, self.seconds = 0, None
+        log = directory / "train.log"
+        if not log.is_file():
+            raise ValueError(f"{log} is missing: the run did not train")
+        for line in log.read_text(errors="replace").splitlines():
+            entry = LOG_ENTRY.search(line)
+            if entry:
+                values = json.loads(entry["json"])
+                if entry["kind"] == "valid":
+                    self.valid.append((int(values["valid_num_updates"]), float(values["valid_loss"])))
+                elif "num_updates" in values:
+                    self.updates = max(self.updates, int(values["num_updates"]))
+                    if "wall" in values:
+                        self.wall[int(values["num_updates"])] = float(values["wall"])
+            done = DONE.search(line)
+            if done:
+                self.seconds = float(done["seconds"])
+        if self.seconds is None:
+            raise ValueError(f"{log} has no 'done training' line: the run did not finish")
+        self.params = dict(re.findall(r"^(DeFINE|context|input/output|total)\s+([\d.]+)M$",
+                                      (directory / "params.txt").read_text(), re.M))
+        score = (directory / "score").read_text().split()
+        if len(score) != 1:
+            raise ValueError(f"{directory / 'score'}: expected one number, found {score!r}")
+        self.score = float(score[0])
+
+    def seconds_at(self, updates: int) -> Optional[float]:
+        """Wall-clock seconds when ``updates`` were done (linear between the logged points)."""
+        points = sorted(self.wall.items())
+        for (u0, t0), (u1, t1) in zip(points, points[1:]):
+            if u0 <= updates <= u1:
+                return t0 + (t1 - t0) * (updates - u0) / max(u1 - u0, 1)
+        return points[-1][1] if points and updates >= points[-1][0] else None
+
+
+def load(out: Path, regime: str) -> List[Run]:
+    root = out / "runs" / regime
+    return [Run(d) for d in sorted(root.iterdir()) if d.is_dir()] if root.is_dir() else []
+
+
+def summary(values: List[float], digits: int) -> str:
+    mean = statistics.fmean(values)
+    spread = f" ± {statistics.stdev(values):.{digits}f}" if len(values) > 1 else ""
+    each = ", ".join(f"{v:.{digits}f}" for v in values)
+    return f"{mean:.{digits}f}{spread} ({each})"
+
+
+def table(updates: List[Run], time: List[Run], metric: str, order: List[str]) -> str:
+    by_model = {m: sorted([r for r in updates if r.model == m], key=lambda r: r.seed) for m in order}
+    timed = {m: sorted([r for r in time if r.model == m], key=lambda r: r.seed) for m in order}
+    header = ["model", "parameters", "input/output", "DeFINE", f"{metric}, equal updates",
+              "training time (s)", "updates"]
+    if time:
+        header += [f"{metric}, equal time", "updates in equal time"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for model in order:
+        runs = by_model[model]
+        if not runs:
+            continue
+        p = runs[0].params
+        row = [f"`{model}`", f"{p.get('total', '?')}M", f"{p.get('input/output', '?')}M", f"{p.get('DeFINE', '?')}M",
+               summary([r.score for r in runs], 2), f"{statistics.fmean(r.seconds for r in runs):.0f}",
+               "/".join(sorted({str(r.updates) for r in runs}))]
+        if time:
+            t = timed[model]
+            row += [summary([r.score for r in t], 2) if t else "-",
+                    "/".join(str(r.updates) for r in t) if t else "-"]
+        lines.append("| " + " | ".join(row) + " |")
+    seeds = sorted({r.seed for r in updates})
+    lines += ["", f"Seeds {', '.join(map(str, seeds))}: mean ± standard deviation over the seeds (each seed's value in "
+                  f"brackets)."]
+    return "\n".join(lines)
+
+
+def plot(runs: List[Run], order: List[str], path: Path) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("error: --plot needs matplotlib (pip install matplotlib)") from None
+    figure, (by_updates, by_time) = plt.subplots(1, 2, figsize=(11, 4.2))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for index, model in enumerate(order):
+        colour = colours[index % len(colours)]
+        for number, run in enumerate(r for r in runs if r.model == model):
+            label = model if number == 0 else None
+            steps = [u for u, _ in run.valid]
+            losses = [loss for _, loss in run.valid]
+            by_updates.plot(steps, losses, color=colour, alpha=0.8, linewidth=1.2, label=label)
+            minutes = [run.seconds_at(u) for u in steps]
+            kept = [(m / 60, loss) for m, loss in zip(minutes, losses) if m is not None]
+            by_time.plot([m for m, _ in kept], [loss for _, loss in kept], color=colour, alpha=0.8, linewidth=1.2,
+                         label=label)
+    for axis, xlabel in ((by_updates, "updates"), (by_time, "wall-clock minutes of training")):
+        axis.set_xlabel(xlabel)
+        axis.set_ylabel("validation loss (label-smoothed, base 2)" if axis is by_updates else "validation loss")
+        axis.grid(alpha=0.3)
+    by_updates.legend()
+    figure.tight_layout()
+    tmp = path.with_name(path.name + ".tmp.png")
+    figure.savefig(tmp, dpi=110)
+    tmp.replace(path)
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path, help="the comparison's output directory (with runs/updates, runs/time)")
+    parser.add_argument("--metric", default="score", help="the name of the test metric in the table")
+    parser.add_argument("--models", default=None, help="comma separated model names, in the table's order")
+    parser.add_argument("--plot", type=Path, default=None, help="write the learning curves to this PNG")
+    args = parser.parse_args(argv)
+    try:
+        updates, time = load(args.out, "updates"), load(args.out, "time")
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"error: {error}") from None
+    if not updates:
+        raise SystemExit(f"error: {args.out / 'runs' / 'updates'} holds no finished run")
+    order = args.models.split(",") if args.models else sorted({r.model for r in updates})
+    print(table(updates, time, args.metric, order))
+    if args.plot is not None:
+        plot(updates, order, args.plot)
+
+
+if __name__ == "__main__":
+    main()
