@@ -33,7 +33,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from benchmarks.common import header, interleaved, median, paired_ratio, set_threads, table, write_result
-from define_fairseq.modules import MogrifierLSTM, mogrifier_lstm
+from define_fairseq.modules import MogrifierLSTM, mogrifier_recurrence
 
 
 class NaiveMogrifierLSTM(nn.Module):
@@ -251,8 +251,8 @@ def main(argv=None):
         f"rounds {r}, rank {k}, capped input gate (MogrifierLSTM); no dropout; input requires grad; "
         f"{args.rounds} interleaved rounds after {args.warmup} warm-up round(s)",
         f"MogrifierLSTM's small per-step work on one thread: "
-        f"{'yes' if mogrifier_lstm.SMALL_WORK_ON_ONE_THREAD else 'no'} (only under OMP_WAIT_POLICY=PASSIVE; see "
-        f"define_fairseq/modules/mogrifier_lstm.py)",
+        f"{'yes' if mogrifier_recurrence.small_work_on_one_thread() else 'no'} (only under "
+        f"OMP_WAIT_POLICY=PASSIVE; see define_fairseq/modules/mogrifier_recurrence.py)",
     ])
     text += "\n" + table(["variant", "parameters", "ms per call (median)", "ms (min)", "tokens/s",
                           "speed vs `MogrifierLSTM`"], rows)

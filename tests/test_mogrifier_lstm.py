@@ -9,16 +9,23 @@ import pytest
 import torch
 import torch.nn as nn
 
-from define_fairseq.modules.mogrifier_lstm import MogrifierDropoutMasks, MogrifierLSTM, MogrifierRound
+from define_fairseq.modules import mogrifier_recurrence
+from define_fairseq.modules.mogrifier_lstm import (MogrifierDropoutMasks, MogrifierLSTM, MogrifierLSTMLayer,
+                                                   MogrifierRound)
 
 M, N, B, T = 7, 5, 3, 4  # input size, hidden size, batch, time steps of the small models
+
+
+def at_step(mask, t):
+    """The mask of time step ``t``: a shared ``[B, C]`` mask, or row ``t`` of a per-step ``[T, B, C]`` one."""
+    return None if mask is None else mask if mask.dim() == 2 else mask[t]
 
 
 def literal_mogrifier(model, x, state=None, masks=None):
     """The equations of the paper (Eq. 1-2 and the LSTM), one time step and one round at a time, with plain tensor
     operations on the module's parameters; separate products for x and h (no fused GEMM).
 
-    x [B, T, m] -> (output [B, T, n], [(h, c)] per layer).
+    x [B, T, m] -> (output [B, T, n], [(h, c)] per layer); masks [B, C] shared or [T, B, C] per step.
     """
     batch, steps, _ = x.shape
     n = model.hidden_size
@@ -38,8 +45,8 @@ def literal_mogrifier(model, x, state=None, masks=None):
         h, c = state[k]
         outputs = []
         for t in range(steps):
-            x_t = inputs[t] if masks.inputs[k] is None else inputs[t] * masks.inputs[k]
-            h_prev = h if masks.states[k] is None else h * masks.states[k]
+            x_t = inputs[t] if masks.inputs[k] is None else inputs[t] * at_step(masks.inputs[k], t)
+            h_prev = h if masks.states[k] is None else h * at_step(masks.states[k], t)
             xs, hs = {-1: x_t}, {0: h_prev}
             for i in range(1, r + 1):
                 q, bias = maps[i - 1]
@@ -63,7 +70,7 @@ def literal_mogrifier(model, x, state=None, masks=None):
         inputs = outputs
     out = sum(per_layer_outputs) if model.sum_layer_outputs else per_layer_outputs[-1]
     if masks.output is not None:
-        out = out * masks.output.unsqueeze(1)
+        out = out * (masks.output.unsqueeze(1) if masks.output.dim() == 2 else masks.output.transpose(0, 1))
     return out, new_state
 
 
@@ -75,11 +82,13 @@ def randomize(model, std=0.5, seed=0):
     return model
 
 
-def random_masks(model, batch, p=0.3, seed=1):
+def random_masks(model, batch, p=0.3, seed=1, steps=None):
+    """Masks shared by every step ``[B, C]``, or with ``steps`` one per step ``[steps, B, C]``."""
     g = torch.Generator().manual_seed(seed)
+    shape = (batch,) if steps is None else (steps, batch)
 
     def mask(size):
-        return (torch.rand(batch, size, generator=g, dtype=torch.float64) > p).double() / (1 - p)
+        return (torch.rand(*shape, size, generator=g, dtype=torch.float64) > p).double() / (1 - p)
 
     return MogrifierDropoutMasks([mask(layer.input_size) for layer in model.layers],
                                  [mask(model.hidden_size) for _ in model.layers], mask(model.hidden_size))
@@ -127,19 +136,20 @@ def assert_same(a, b, what, atol=1e-10, rtol=1e-8):
         torch.testing.assert_close(ga, gb, atol=atol, rtol=rtol, msg=f"{what}: gradient {i}")
 
 
-@pytest.mark.parametrize("dropout", [False, True], ids=["no-dropout", "masks"])
+@pytest.mark.parametrize("dropout", [None, "shared", "per-step"], ids=["no-dropout", "masks", "per-step-masks"])
 @pytest.mark.parametrize("cap", [True, False], ids=["cap", "no-cap"])
 @pytest.mark.parametrize("rank", [0, 3], ids=["full", "rank3"])
 @pytest.mark.parametrize("rounds", range(7))
 def test_matches_literal_equations(rounds, rank, cap, dropout):
     """Fast path and reference path against the literal equations: output, final state and every gradient;
-    2 layers (m != n in layer 1), random weights and initial state, summed layer outputs for odd ``rounds``."""
+    2 layers (m != n in layer 1), random weights and initial state, summed layer outputs for odd ``rounds``; no
+    dropout, masks shared by all steps, or a new mask (state mask included) at every step."""
     torch.manual_seed(0)
     model = MogrifierLSTM(M, N, num_layers=2, rounds=rounds, rank=rank, cap_input_gate=cap,
                           sum_layer_outputs=rounds % 2 == 1).double()
     randomize(model, seed=rounds)
     x, state = make_inputs(model)
-    masks = random_masks(model, B) if dropout else None
+    masks = None if dropout is None else random_masks(model, B, steps=T if dropout == "per-step" else None)
     expected = outputs_and_grads(lambda *a: literal_mogrifier(model, *a), model, x, state, masks)
     assert_same(outputs_and_grads(model.forward, model, x, state, masks), expected, "fast path")
     assert_same(outputs_and_grads(model.reference_forward, model, x, state, masks), expected, "reference path")
@@ -264,7 +274,7 @@ def test_rounds_zero_with_cap_or_state_dropout_is_not_the_fused_kernel(monkeypat
     torch.testing.assert_close(capped(x, state)[0], literal_mogrifier(capped, x, state)[0])
     plain = MogrifierLSTM(M, N, rounds=0, cap_input_gate=False, state_dropout=0.5).double().train()
     plain.load_lstm_weights(capped.to_lstm())
-    masks = plain.sample_dropout_masks(B, x)
+    masks = plain.sample_dropout_masks(B, T, x)
     torch.testing.assert_close(plain(x, state, masks)[0], literal_mogrifier(plain, x, state, masks)[0])
     assert calls == []
     plain.eval()  # no state mask in eval mode: the fused kernel again
@@ -310,11 +320,12 @@ class _Reference(nn.Module):
         return self.model.reference_forward(*args)
 
 
+@pytest.mark.parametrize("per_step", [False, True], ids=["shared-masks", "per-step-masks"])
 @pytest.mark.parametrize("path", ["fast", "reference"])
 @pytest.mark.parametrize("rank", [0, 2], ids=["full", "rank2"])
-def test_gradcheck(path, rank):
-    """torch.autograd.gradcheck in float64 on a tiny 2-layer model with capped input gate, state and dropout masks:
-    gradients of the input, the initial state and every parameter."""
+def test_gradcheck(path, rank, per_step):
+    """torch.autograd.gradcheck in float64 on a tiny 2-layer model with capped input gate, state and dropout masks
+    (shared by the steps, or one per step): gradients of the input, the initial state and every parameter."""
     torch.manual_seed(0)
     model = MogrifierLSTM(4, 3, num_layers=2, rounds=5, rank=rank, cap_input_gate=True,
                           sum_layer_outputs=True).double()
@@ -322,7 +333,7 @@ def test_gradcheck(path, rank):
     module = model if path == "fast" else _Reference(model)
     names = [name for name, _ in module.named_parameters()]
     params = [p.detach().clone().requires_grad_(True) for p in module.parameters()]
-    masks = random_masks(model, 2, seed=4)
+    masks = random_masks(model, 2, seed=4, steps=3 if per_step else None)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 3, 4, generator=g, dtype=torch.float64, requires_grad=True)
     h0 = torch.randn(2, 3, generator=g, dtype=torch.float64, requires_grad=True)
@@ -338,11 +349,11 @@ def test_gradcheck(path, rank):
 def test_dropout_masks_are_shared_over_time_and_come_before_the_rounds():
     torch.manual_seed(0)
     model = MogrifierLSTM(M, N, num_layers=2, rounds=5, rank=3, input_dropout=0.5, inter_layer_dropout=0.4,
-                          state_dropout=0.3, output_dropout=0.6).double().train()
+                          state_dropout=0.3, output_dropout=0.6, shared_mask_dropout=True).double().train()
     randomize(model)
     x, state = make_inputs(model)
     # one mask per sequence: [B, features], no time dimension
-    masks = model.sample_dropout_masks(B, x)
+    masks = model.sample_dropout_masks(B, T, x)
     assert [m.shape for m in masks.inputs] == [(B, M), (B, N)]
     assert [m.shape for m in masks.states] == [(B, N), (B, N)]
     assert masks.output.shape == (B, N)
@@ -352,7 +363,7 @@ def test_dropout_masks_are_shared_over_time_and_come_before_the_rounds():
     torch.manual_seed(7)
     out, _ = model(x, state)
     torch.manual_seed(7)
-    drawn = model.sample_dropout_masks(B, x)
+    drawn = model.sample_dropout_masks(B, T, x)
     torch.testing.assert_close(out, literal_mogrifier(model, x, state, drawn)[0], atol=1e-10, rtol=1e-8)
     # the same masks applied after the rounds (to x_up and h_up) would give something else
     after = literal_after_rounds(model, x, state, drawn)
@@ -386,10 +397,10 @@ def literal_after_rounds(model, x, state, masks):
 
 
 def test_input_and_output_masks_drop_the_same_features_at_every_step():
-    """Behaviour, not just shapes: the features input dropout removes get zero gradient at every time step; the
-    output features output dropout removes are zero at every time step."""
+    """With ``shared_mask_dropout`` (behaviour, not just shapes): the features input dropout removes get zero
+    gradient at every time step; the output features output dropout removes are zero at every time step."""
     torch.manual_seed(0)
-    model = MogrifierLSTM(M, N, rounds=5, rank=3, input_dropout=0.5).train()
+    model = MogrifierLSTM(M, N, rounds=5, rank=3, input_dropout=0.5, shared_mask_dropout=True).train()
     x = torch.randn(B, 6, M, requires_grad=True)
     out, _ = model(x)
     (grad,) = torch.autograd.grad(out.sum(), x)
@@ -397,12 +408,80 @@ def test_input_and_output_masks_drop_the_same_features_at_every_step():
     assert dropped.any() and (~dropped).any()
     for t in range(6):
         assert torch.equal(grad[:, t] == 0, dropped)
-    model = MogrifierLSTM(M, N, rounds=5, rank=3, output_dropout=0.5).train()
+    model = MogrifierLSTM(M, N, rounds=5, rank=3, output_dropout=0.5, shared_mask_dropout=True).train()
     out, _ = model(torch.randn(B, 6, M))
     zeros = out[:, 0] == 0
     assert zeros.any() and (~zeros).any()
     for t in range(6):
         assert torch.equal(out[:, t] == 0, zeros)
+
+
+def test_input_and_output_masks_are_new_at_every_step_by_default():
+    """The official configs' dropout (``shared_mask_dropout`` off): the features input dropout removes (zero
+    gradient) and the output features output dropout zeroes change from step to step."""
+    torch.manual_seed(0)
+    model = MogrifierLSTM(M, N, rounds=5, rank=3, input_dropout=0.5).train()
+    x = torch.randn(B, 6, M, requires_grad=True)
+    out, _ = model(x)
+    (grad,) = torch.autograd.grad(out.sum(), x)
+    dropped = grad == 0
+    assert dropped.any() and (~dropped).any()
+    assert any(not torch.equal(dropped[:, t], dropped[:, 0]) for t in range(1, 6))
+    model = MogrifierLSTM(M, N, rounds=5, rank=3, output_dropout=0.5).train()
+    zeros = model(torch.randn(B, 6, M))[0] == 0
+    assert zeros.any() and (~zeros).any()
+    assert any(not torch.equal(zeros[:, t], zeros[:, 0]) for t in range(1, 6))
+
+
+@pytest.mark.parametrize("state_per_step", [False, True], ids=["state-mask-per-window", "state-mask-per-step"])
+def test_training_draws_masks_per_step_and_eval_none(state_per_step):
+    """Training mode, the official configs' dropout: new input, inter-layer and output masks at every step; the
+    state mask shared by the steps of a call (PTB) or new at every step (WikiText-2); forward (the fast path) uses
+    exactly the masks it draws. Eval mode: no dropout at all."""
+    torch.manual_seed(0)
+    model = MogrifierLSTM(M, N, num_layers=2, rounds=5, rank=3, input_dropout=0.5, inter_layer_dropout=0.4,
+                          state_dropout=0.3, output_dropout=0.6, state_dropout_per_step=state_per_step)
+    model = randomize(model.double()).train()
+    steps = 6
+    x, state = make_inputs(model, steps=steps)
+    torch.manual_seed(7)
+    out, _ = model(x, state)
+    torch.manual_seed(7)
+    masks = model.sample_dropout_masks(B, steps, x)
+    torch.testing.assert_close(out, literal_mogrifier(model, x, state, masks)[0], atol=1e-10, rtol=1e-8)
+
+    def new_at_some_step(mask):
+        return any(not torch.equal(mask[t], mask[0]) for t in range(1, steps))
+
+    assert [m.shape for m in masks.inputs] == [(steps, B, M), (steps, B, N)]
+    assert masks.output.shape == (steps, B, N)
+    assert all(new_at_some_step(m) for m in masks.inputs + [masks.output])
+    if state_per_step:
+        assert all(m.shape == (steps, B, N) and new_at_some_step(m) for m in masks.states)
+    else:  # one [B, N] mask per layer, multiplying h_{t-1} at every step (the literal re-computation does so)
+        assert [m.shape for m in masks.states] == [(B, N), (B, N)]
+        assert not torch.equal(masks.states[0], masks.states[1])
+    model.eval()
+    out, _ = model(x, state)
+    torch.testing.assert_close(out, literal_mogrifier(model, x, state)[0], atol=1e-10, rtol=1e-8)
+    torch.testing.assert_close(model(x, state)[0], out)
+
+
+def test_gate_biases_follow_the_official_initialisation():
+    """The official code draws each gate's bias (a vector of n) from its variance-scaling truncated normal with
+    fan_in n: std sqrt(1.3 / n) before the cut at two of those, so 0.8796 sqrt(1.3 / n) after it; the forget gate's
+    is centred on the forget bias. n = 2000 draws per gate: the sample mean within 5 standard errors, the sample std
+    within 10 % (about 7 standard errors)."""
+    torch.manual_seed(0)
+    n, forget_bias = 2000, 1.0
+    bias = MogrifierLSTMLayer(1, n, rounds=0, forget_bias=forget_bias).bias.detach().double()
+    cut = 2 * math.sqrt(1.3 / n)
+    std = 0.87962566 * math.sqrt(1.3 / n)
+    for k, (gate, mean) in enumerate(zip("ifjo", (0.0, forget_bias, 0.0, 0.0))):
+        values = bias[k * n: (k + 1) * n]
+        assert abs(values.mean().item() - mean) < 5 * std / math.sqrt(n), gate
+        assert abs(values.std().item() / std - 1) < 0.1, gate
+        assert (values - mean).abs().max().item() <= cut * (1 + 1e-6), gate
 
 
 def test_parameter_counts_per_round():
@@ -443,9 +522,6 @@ def test_initialisation():
     layer = model.layers[0]
     assert abs(layer.weight_ih.var().item() * 300 - 1) < 0.05
     assert abs(layer.weight_hh.var().item() * 200 - 1) < 0.05
-    expected_bias = torch.zeros(800)
-    expected_bias[200:400] = 1.0
-    assert torch.equal(layer.bias.detach(), expected_bias)
 
 
 @pytest.mark.parametrize("kwargs, words", [
@@ -478,6 +554,9 @@ def test_bad_input_shapes_raise():
         model(torch.randn(B, T, M), [(torch.zeros(B, N), torch.zeros(B, N))])
     with pytest.raises(ValueError, match="nn.LSTM"):
         model.load_lstm_weights(nn.LSTM(M, N, num_layers=1))
+    wrong_steps = MogrifierDropoutMasks([None, None], [torch.ones(T + 1, B, N), None], None)
+    with pytest.raises(ValueError, match=r"state mask must be \[B, n\]"):
+        model(torch.randn(B, T, M), None, wrong_steps)
 
 
 def test_attributes_and_float32_training_step():
@@ -517,28 +596,35 @@ def test_small_work_runs_on_one_thread_only_under_the_passive_wait_policy(policy
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     if policy is not None:
         env["OMP_WAIT_POLICY"] = policy
-    code = "from define_fairseq.modules import mogrifier_lstm; print(mogrifier_lstm.SMALL_WORK_ON_ONE_THREAD)"
+    code = ("from define_fairseq.modules import mogrifier_recurrence; "
+            "print(mogrifier_recurrence.small_work_on_one_thread())")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert proc.stdout.split()[-1] == one_thread
 
 
-def test_thread_switch_restores_the_callers_thread_count(monkeypatch):
-    from define_fairseq.modules import mogrifier_lstm
+def test_wait_policy_is_read_when_first_needed_not_at_import():
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    code = ("import os; from define_fairseq.modules import mogrifier_recurrence; "
+            "os.environ['OMP_WAIT_POLICY'] = 'PASSIVE'; print(mogrifier_recurrence.small_work_on_one_thread())")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert proc.stdout.split()[-1] == "True"
 
-    monkeypatch.setattr(mogrifier_lstm, "SMALL_WORK_ON_ONE_THREAD", True)
+
+def test_thread_switch_restores_the_callers_thread_count(monkeypatch):
+    monkeypatch.setattr(mogrifier_recurrence, "SMALL_WORK_ON_ONE_THREAD", True)
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
         with pytest.raises(RuntimeError, match="inside"):
-            with mogrifier_lstm._Threads(torch.device("cpu")) as threads:
+            with mogrifier_recurrence.Threads(torch.device("cpu")) as threads:
                 assert torch.get_num_threads() == 1
                 threads.large()
                 assert torch.get_num_threads() == 2
                 threads.small()
                 raise RuntimeError("inside")
         assert torch.get_num_threads() == 2
-        monkeypatch.setattr(mogrifier_lstm, "SMALL_WORK_ON_ONE_THREAD", False)
-        with mogrifier_lstm._Threads(torch.device("cpu")):
+        monkeypatch.setattr(mogrifier_recurrence, "SMALL_WORK_ON_ONE_THREAD", False)
+        with mogrifier_recurrence.Threads(torch.device("cpu")):
             assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)

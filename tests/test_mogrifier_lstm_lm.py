@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import define_fairseq  # noqa: F401  (registers the models, tasks and criteria)
-from define_fairseq.models.mogrifier_lstm_lm import MogrifierLSTMLMModel
+from define_fairseq.models.mogrifier_lstm_lm import MogrifierLSTMLMModel, TiedOutput
 from define_fairseq.modules import DeFINEEmbedding
 
 from lm_helpers import check_beam_search_scores, eval_lm, load, log_probs, split_stream, tokens_batch
@@ -189,7 +189,11 @@ def test_parameter_budget_is_filled_by_the_largest_hidden_size(dictionary_dirs, 
     assert lstm.sum_layer_outputs and lstm.cap_input_gate and lstm.layers[0].forget_bias == 1.0
     assert (lstm.input_dropout, lstm.inter_layer_dropout, lstm.state_dropout, lstm.output_dropout) == \
         TUNED_DROPOUTS[arch]
+    # lamb's configs: shared_mask_dropout False; the state mask per window (static_rnn, PTB) or per step
+    # (dynamic_rnn, WikiText-2)
+    assert not lstm.shared_mask_dropout and lstm.state_dropout_per_step == (vocab == WT2_VOCAB)
     head = decoder.output_projection
+    assert not head.shared_mask
     assert head.components == components and head.weight is decoder.embed_tokens.weight
     assert head.dropout == TUNED_DROPOUTS[arch][3]  # lamb: the projected output's dropout is the output dropout
     assert (head.projection is None) == (components == 1 and n == e)
@@ -254,6 +258,28 @@ def test_mixture_of_softmaxes_is_a_distribution_that_one_softmax_cannot_give(lm_
     with torch.no_grad():  # both components take part: the prior is not one-hot and the mixture is not either one
         prior = torch.softmax(head.prior(model(tokens, features_only=True)[0]), -1)
     assert prior.min() > 0.01
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["mask-per-step", "shared-mask"])
+def test_projection_dropout_draws_a_mask_per_step_or_one_per_sequence(shared):
+    """With an identity table (V = e) and a zero bias the logits are the dropped projection itself: the features
+    it zeroes change from step to step, or with a shared mask (--mogrifier-shared-mask-dropout) stay the same."""
+    torch.manual_seed(0)
+    head = TiedOutput(torch.nn.Parameter(torch.eye(8)), 16, dropout=0.5, shared_mask=shared).train()
+    zeros = head(torch.randn(3, 6, 16)) == 0
+    assert zeros.any() and (~zeros).any()
+    assert all(torch.equal(zeros[:, t], zeros[:, 0]) for t in range(6)) == shared
+
+
+def test_dropout_mask_flags_reach_the_stack_and_the_output_layer(lm_data):
+    for arch, flags, shared, per_step in [
+            ("mogrifier_lstm_lm_ptb", ["--mogrifier-state-dropout-mask", "step"], False, True),
+            ("mogrifier_lstm_lm_wt2", ["--mogrifier-state-dropout-mask", "window"], False, False),
+            ("lstm_lm_wt2", ["--mogrifier-shared-mask-dropout"], True, True)]:
+        _, _, model = parsed_model(lm_data, arch, *TINY[arch], *flags)
+        lstm = model.decoder.lstm
+        assert (lstm.shared_mask_dropout, lstm.state_dropout_per_step) == (shared, per_step), arch
+        assert model.decoder.output_projection.shared_mask == shared
 
 
 def build(task, **overrides):
@@ -414,6 +440,7 @@ def test_checkpoint_round_trip(lm_data, tmp_path, case):
     (dict(mogrifier_softmax_temperature=0.0), "--mogrifier-softmax-temperature=0.0 must be a positive number"),
     (dict(mogrifier_softmax_temperature=-1.0), "--mogrifier-softmax-temperature=-1.0"),
     (dict(mogrifier_mos_components=0), "--mogrifier-mos-components=0 must be at least 1"),
+    (dict(mogrifier_state_dropout_mask="time"), "--mogrifier-state-dropout-mask=time: give window"),
     (dict(mogrifier_l2_penalty=-1e-4), "--mogrifier-l2-penalty=-0.0001 must be >= 0"),
     (dict(define_depth=-1), "--define-depth=-1 must be >= 0"),
     (dict(define_folded=True), "--define-folded needs a DeFINE unit (--define-depth > 0)"),

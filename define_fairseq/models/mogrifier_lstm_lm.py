@@ -16,6 +16,12 @@ Everything follows the official code (DeepMind's lamb, whose tuned configs the a
   and one bias shared by the components);
 * the dropout after the projection (``--mogrifier-projection-dropout``) is lamb's ``downprojected_output_dropout``,
   which defaults to the output dropout; with H = e and one softmax there is no projection and no second dropout;
+* the dropout masks are those of lamb's configs (``shared_mask_dropout False``): the input, inter-layer, output and
+  projection dropout draw a new mask at every time step; the state dropout draws one mask per layer and BPTT window
+  (``--mogrifier-state-dropout-mask window``, the PTB archs: lamb unrolls the window statically) or a new one at
+  every step (``step``, the WikiText-2 archs: lamb runs them as a ``dynamic_rnn`` loop).
+  ``--mogrifier-shared-mask-dropout`` shares the input, inter-layer, output and projection masks over the window
+  (variational dropout);
 * ``--mogrifier-softmax-temperature T`` divides the logits by T in eval mode only (in ``get_normalized_probs``;
   with a mixture, each component's logits in the output layer, as lamb does), so ``fairseq-eval-lm --model-overrides
   "{'mogrifier_softmax_temperature': T}"`` scores with it. Note that lamb multiplies the logits by its
@@ -47,6 +53,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from fairseq import utils
+from fairseq.dataclass import ChoiceEnum
 from fairseq.models import FairseqIncrementalDecoder, FairseqLanguageModel, register_model, register_model_architecture
 from fairseq.utils import safe_getattr
 from torch import Tensor
@@ -56,17 +63,11 @@ from define_fairseq.models.define_config import DeFINEConfig, define_embedding_k
 from define_fairseq.models.config_helpers import check_rate as _check_rate, config_namespace
 from define_fairseq.models.lstm_lm_define import MAX_POSITIONS
 from define_fairseq.modules.define_embedding import DeFINEEmbedding, FoldedDeFINEEmbedding
+from define_fairseq.modules.locked_dropout import locked_dropout
 from define_fairseq.modules.mogrifier_lstm import MogrifierLSTM
+from define_fairseq.modules.variance_scaling import variance_scaling_
 
-# lamb initialises with TensorFlow's truncated normal (cut at 2 standard deviations) scaled so that the variance is
-# the intended one: stddev = sqrt(1.3 * scale / fan).
-TRUNCATED_NORMAL_FACTOR = 1.3
-
-
-def truncated_normal_(tensor: Tensor, fan: int) -> Tensor:
-    """lamb's variance scaling init (scale 1): truncated normal with variance ~ 1 / fan, cut at 2 std."""
-    std = math.sqrt(TRUNCATED_NORMAL_FACTOR / fan)
-    return nn.init.trunc_normal_(tensor, mean=0.0, std=std, a=-2 * std, b=2 * std)
+STATE_MASKS = ["window", "step"]  # --mogrifier-state-dropout-mask
 
 
 @dataclass
@@ -85,18 +86,25 @@ class MogrifierLSTMLMConfig(DeFINEConfig):
                                      "state, even rounds the state with the input"})
     mogrifier_rank: int = field(
         default=0, metadata={"help": "rank k of each round's matrix (0: full rank; else 0 < k < min(e, H))"})
-    mogrifier_input_dropout: float = field(
-        default=0.0, metadata={"help": "variational dropout on the first layer's input"})
+    mogrifier_input_dropout: float = field(default=0.0, metadata={"help": "dropout on the first layer's input"})
     mogrifier_inter_layer_dropout: float = field(
-        default=0.0, metadata={"help": "variational dropout on the input of layers 2 and above"})
+        default=0.0, metadata={"help": "dropout on the input of layers 2 and above"})
     mogrifier_state_dropout: float = field(
-        default=0.0, metadata={"help": "variational dropout on the recurrent state h before the mogrifier rounds"})
+        default=0.0, metadata={"help": "dropout on the recurrent state h before the mogrifier rounds"})
     mogrifier_output_dropout: float = field(
         default=0.0, metadata={"help": "dropout on the stack's output, before the output layer"})
     mogrifier_projection_dropout: Optional[float] = field(
         default=None, metadata={"help": "dropout on the output projection's result (H -> e, or the mixture "
                                         "components) before the softmax; default: --mogrifier-output-dropout "
                                         "(lamb's downprojected_output_dropout)"})
+    mogrifier_shared_mask_dropout: bool = field(
+        default=False, metadata={"help": "one mask per BPTT window, shared by its time steps, for the input, "
+                                         "inter-layer, output and projection dropout (variational dropout; lamb's "
+                                         "shared_mask_dropout); default: a new mask at every step, as lamb's configs"})
+    mogrifier_state_dropout_mask: ChoiceEnum(STATE_MASKS) = field(
+        default="window", metadata={"help": "state dropout: one mask per layer and BPTT window, shared by its steps "
+                                            "(lamb's static_rnn, as in its PTB configs), or a new mask at every step "
+                                            "(its dynamic_rnn, as in its WikiText-2 configs)"})
     mogrifier_no_cap_input_gate: bool = field(
         default=False, metadata={"help": "use the textbook c = f*c + i*j instead of lamb's capped input gate "
                                          "c = f*c + min(1 - f, i)*j"})
@@ -123,6 +131,7 @@ class TiedOutput(nn.Module):
     """Scores over the vocabulary from the stack's output, tied to the ``V x e`` embedding table ``table``.
 
     ``components == 1``: ``[projection H -> e (no bias) when H != e] -> dropout -> x table^T + bias``: logits.
+    The dropout draws a new mask at every position, or with ``shared_mask`` one per sequence (``x [B, T, H]``).
     ``components == K > 1`` (lamb's mixture of softmaxes): ``p = tanh(projection(x))`` split into K vectors of
     ``e``, ``prior = log_softmax(prior(x))``; the result is ``log sum_k exp(prior_k + log_softmax(logits_k / T))``
     with ``logits_k = dropout(p_k) table^T + bias``: log-probabilities.
@@ -130,11 +139,13 @@ class TiedOutput(nn.Module):
     Shapes: ``x [..., H]`` -> ``[..., V]``.
     """
 
-    def __init__(self, table: nn.Parameter, hidden_size: int, components: int = 1, dropout: float = 0.0):
+    def __init__(self, table: nn.Parameter, hidden_size: int, components: int = 1, dropout: float = 0.0,
+                 shared_mask: bool = False):
         super().__init__()
         vocab, width = table.shape
         self.components = components
         self.dropout = dropout
+        self.shared_mask = shared_mask
         self.width = width
         self.weight = table  # tied: the embedding's parameter, registered here too
         self.bias = nn.Parameter(torch.zeros(vocab))
@@ -146,25 +157,30 @@ class TiedOutput(nn.Module):
         else:
             self.projection = nn.Linear(hidden_size, components * width, bias=True)
             self.prior = nn.Linear(hidden_size, components, bias=False)
-            truncated_normal_(self.projection.weight, hidden_size)
+            variance_scaling_(self.projection.weight, hidden_size)
             nn.init.zeros_(self.projection.bias)
-            truncated_normal_(self.prior.weight, hidden_size)
+            variance_scaling_(self.prior.weight, hidden_size)
 
     def forward(self, x: Tensor, temperature: float = 1.0) -> Tensor:
         if self.components == 1:
             if self.projection is not None:
-                x = F.dropout(self.projection(x), self.dropout, self.training)
+                x = self._dropout(self.projection(x))
             return F.linear(x, self.weight, self.bias)
-        components = torch.tanh(self.projection(x)).unflatten(-1, (self.components, self.width))
-        components = F.dropout(components, self.dropout, self.training)
+        components = self._dropout(torch.tanh(self.projection(x))).unflatten(-1, (self.components, self.width))
         logits = F.linear(components, self.weight, self.bias)  # [..., K, V]
         if temperature != 1.0:
             logits = logits / temperature
         log_prior = torch.log_softmax(self.prior(x).float(), dim=-1)  # [..., K]
         return torch.logsumexp(torch.log_softmax(logits.float(), dim=-1) + log_prior.unsqueeze(-1), dim=-2)
 
+    def _dropout(self, x: Tensor) -> Tensor:
+        if self.shared_mask:
+            return locked_dropout(x, self.dropout, self.training)
+        return F.dropout(x, self.dropout, self.training)
+
     def extra_repr(self) -> str:
-        return f"components={self.components}, width={self.width}, dropout={self.dropout}"
+        return (f"components={self.components}, width={self.width}, dropout={self.dropout}, "
+                f"shared_mask={self.shared_mask}")
 
 
 class MogrifierLMDecoder(IncrementalLSTMState, FairseqIncrementalDecoder):
@@ -298,6 +314,9 @@ def build_mogrifier_decoder(cfg, dictionary) -> MogrifierLMDecoder:
     if not (temperature > 0 and math.isfinite(temperature)):
         raise ValueError(f"--mogrifier-softmax-temperature={temperature} must be a positive number "
                          f"(1: no temperature)")
+    if str(cfg.mogrifier_state_dropout_mask) not in STATE_MASKS:
+        raise ValueError(f"--mogrifier-state-dropout-mask={cfg.mogrifier_state_dropout_mask}: give window (one mask "
+                         f"per BPTT window) or step (a new mask at every step)")
     if cfg.mogrifier_mos_components < 1:
         raise ValueError(f"--mogrifier-mos-components={cfg.mogrifier_mos_components} must be at least 1 "
                          f"(1: one softmax)")
@@ -312,7 +331,7 @@ def build_mogrifier_decoder(cfg, dictionary) -> MogrifierLMDecoder:
     # input: a V x e table, or a V x n table and DeFINE n -> e; the output ties to the table
     if depth == 0:
         embed = nn.Embedding(vocab, embed_dim, padding_idx=pad)
-        truncated_normal_(embed.weight, embed_dim)  # lamb: variance scaling, fan_out = e
+        variance_scaling_(embed.weight, embed_dim)  # lamb: variance scaling, fan_out = e
         with torch.no_grad():
             embed.weight[pad].zero_()
     elif cfg.define_folded:
@@ -327,8 +346,10 @@ def build_mogrifier_decoder(cfg, dictionary) -> MogrifierLMDecoder:
         cap_input_gate=not cfg.mogrifier_no_cap_input_gate, forget_bias=cfg.mogrifier_forget_bias,
         input_dropout=cfg.mogrifier_input_dropout, inter_layer_dropout=cfg.mogrifier_inter_layer_dropout,
         state_dropout=cfg.mogrifier_state_dropout, output_dropout=cfg.mogrifier_output_dropout,
-        sum_layer_outputs=cfg.mogrifier_sum_layer_outputs)
-    output = TiedOutput(embed.weight, hidden, components=cfg.mogrifier_mos_components, dropout=projection_dropout)
+        sum_layer_outputs=cfg.mogrifier_sum_layer_outputs, shared_mask_dropout=cfg.mogrifier_shared_mask_dropout,
+        state_dropout_per_step=str(cfg.mogrifier_state_dropout_mask) == "step")
+    output = TiedOutput(embed.weight, hidden, components=cfg.mogrifier_mos_components, dropout=projection_dropout,
+                        shared_mask=cfg.mogrifier_shared_mask_dropout)
     return MogrifierLMDecoder(dictionary, embed, lstm, output, softmax_temperature=temperature,
                               drop_state_probability=cfg.mogrifier_drop_state_probability,
                               l2_penalty=cfg.mogrifier_l2_penalty)
@@ -349,9 +370,11 @@ class MogrifierLSTMLMModel(FairseqLanguageModel):
 
 
 def _lamb_config(args, hidden: int, rounds: int, rank: int, dropouts, embed_dim: Optional[int] = None,
-                 mos: int = 1):
+                 mos: int = 1, state_dropout_mask: str = "window"):
     """Defaults shared by lamb's tuned 2-layer configs: capped input gate, forget bias 1, the sum of both layers'
-    outputs, state dropped with probability 0.01; ``dropouts`` = (input, inter-layer, state, output)."""
+    outputs, state dropped with probability 0.01, new input / inter-layer / output masks at every step
+    (``shared_mask_dropout False``); ``dropouts`` = (input, inter-layer, state, output); ``state_dropout_mask``:
+    "step" where lamb runs the config as a ``dynamic_rnn`` (``swap_memory True``: the WikiText-2 configs)."""
     args.mogrifier_layers = safe_getattr(args, "mogrifier_layers", 2)
     args.mogrifier_hidden_size = safe_getattr(args, "mogrifier_hidden_size", hidden)
     args.mogrifier_embed_dim = safe_getattr(args, "mogrifier_embed_dim", embed_dim)
@@ -363,6 +386,8 @@ def _lamb_config(args, hidden: int, rounds: int, rank: int, dropouts, embed_dim:
     args.mogrifier_sum_layer_outputs = safe_getattr(args, "mogrifier_sum_layer_outputs", True)
     args.mogrifier_mos_components = safe_getattr(args, "mogrifier_mos_components", mos)
     args.mogrifier_drop_state_probability = safe_getattr(args, "mogrifier_drop_state_probability", 0.01)
+    args.mogrifier_shared_mask_dropout = safe_getattr(args, "mogrifier_shared_mask_dropout", False)
+    args.mogrifier_state_dropout_mask = safe_getattr(args, "mogrifier_state_dropout_mask", state_dropout_mask)
 
 
 @register_model_architecture("mogrifier_lstm_lm", "mogrifier_lstm_lm_ptb")
@@ -400,7 +425,8 @@ def mogrifier_lstm_lm_wt2(args):
     layer 2 8 n^2 + 4 n + 12 k n + 6 n; mixture 2 e n + 2 e (projection) + 2 n (prior). n = 1366 with e = 272 is
     the largest that fits (34,991,552 parameters; n = 1367, e = 272 would give 35,026,863).
     """
-    _lamb_config(args, hidden=1366, rounds=6, rank=48, dropouts=(0.547, 0.199, 0.221, 0.348), embed_dim=272, mos=2)
+    _lamb_config(args, hidden=1366, rounds=6, rank=48, dropouts=(0.547, 0.199, 0.221, 0.348), embed_dim=272, mos=2,
+                 state_dropout_mask="step")
 
 
 @register_model_architecture("mogrifier_lstm_lm", "lstm_lm_wt2")
@@ -412,4 +438,5 @@ def lstm_lm_wt2(args):
     Budget 35M at V = 33,278: the Mogrifier WT2 count without the rounds; n = 1211 with e = 428 is the largest
     that fits (34,997,328 parameters; n = 1212, e = 428 would give 35,028,982).
     """
-    _lamb_config(args, hidden=1211, rounds=0, rank=0, dropouts=(0.609, 0.091, 0.271, 0.348), embed_dim=428, mos=2)
+    _lamb_config(args, hidden=1211, rounds=0, rank=0, dropouts=(0.609, 0.091, 0.271, 0.348), embed_dim=428, mos=2,
+                 state_dropout_mask="step")

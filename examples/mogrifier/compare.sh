@@ -42,7 +42,7 @@ fi
 # Mogrifier's (the paper's protocol: equal budgets, so the Mogrifier's rounds cost it hidden units).
 COMMON=(--task stateful_lm --tokens-per-sample 35 --batch-size 20 --batch-size-valid 10
         --mogrifier-layers 2 --mogrifier-input-dropout 0.3 --mogrifier-inter-layer-dropout 0.2
-        --mogrifier-state-dropout 0.2 --mogrifier-output-dropout 0.3
+        --mogrifier-state-dropout 0.2 --mogrifier-output-dropout 0.3 --mogrifier-shared-mask-dropout
         --criterion cross_entropy --optimizer adam --adam-betas '(0, 0.999)' --lr 0.002 --clip-norm 10
         --seed 1 --cpu --num-workers 0 --no-progress-bar --log-format simple --log-interval 50
         --stop-time-hours "$HOURS" --max-epoch 1000 --disable-validation --no-epoch-checkpoints)
