@@ -146,3 +146,22 @@ def test_projective_variant_is_one_bias_free_linear_map():
 def test_impossible_configs_raise_naming_the_flag(kwargs, flag):
     with pytest.raises(ValueError, match=flag):
         DeFINE(**kwargs)
+
+
+@pytest.mark.parametrize("variant", ["define", "hgt", "lt", "projective"])
+def test_unit_init_gives_outputs_of_unit_scale_for_unit_inputs(variant):
+    torch.manual_seed(0)
+    unit = DeFINE(64, 256, 128, variant=variant).eval()
+    after_unit = torch.rand(3)
+    torch.manual_seed(0)
+    linear = DeFINE(64, 256, 128, variant=variant, init="linear").eval()
+    assert torch.equal(torch.rand(3), after_unit)  # the probe leaves the global random stream alone
+    e = torch.randn(4000, 64)  # 512,000 outputs: the root mean square is known to well under 5% either way
+    with torch.no_grad():
+        assert 0.95 < unit(e).pow(2).mean().sqrt() < 1.05
+        assert 0.2 < linear(e).pow(2).mean().sqrt() < 0.7
+    # only the last layer differs, by one factor
+    for a, b in zip(unit.layers[:-1], linear.layers[:-1]):
+        assert torch.equal(a.weight, b.weight)
+    ratio = unit.layers[-1].weight / linear.layers[-1].weight
+    torch.testing.assert_close(ratio, ratio.flatten()[0].expand_as(ratio))

@@ -46,10 +46,12 @@ def test_eval_table_equals_per_token_computation_and_follows_weight_changes():
         looked_up = emb(tokens())
     expected = emb.define(emb.table.weight * math.sqrt(16))[tokens()]
     torch.testing.assert_close(looked_up, expected.detach(), rtol=0, atol=0)
-    # a training step in between must not leave a stale table behind
+    # a training step in between must not leave a stale table behind. (A perturbation the unit can see: a
+    # constant added to a group's weights only shifts its outputs equally, which the per-group LayerNorm removes.)
     emb.train()
     with torch.no_grad():
-        emb.define.layers[0].weight.add_(0.5)
+        emb.define.layers[0].weight.add_(0.5 * torch.randn(emb.define.layers[0].weight.shape,
+                                                            generator=torch.Generator().manual_seed(1)))
     emb.eval()
     with torch.no_grad():
         after = emb(tokens())
@@ -76,3 +78,14 @@ def test_fold_gives_the_eval_outputs_and_keeps_the_table():
     assert folded.table is emb.table and folded.weight is emb.weight
     with torch.no_grad():
         torch.testing.assert_close(folded(tokens()), emb(tokens()), rtol=0, atol=0)
+
+
+def test_an_in_place_change_in_eval_mode_reaches_the_next_output():
+    emb = make().eval()
+    with torch.no_grad():
+        before = emb(tokens())
+        emb.table.weight[5].mul_(-1.0)  # token 5 only, no train() in between
+        after = emb(tokens())
+    torch.testing.assert_close(after, emb.define(emb.table.weight * 4.0)[tokens()].detach(), rtol=0, atol=0)
+    changed = (after - before).abs().amax(dim=-1) > 1e-3
+    assert changed.tolist() == (tokens() == 5).tolist()

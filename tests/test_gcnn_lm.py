@@ -148,7 +148,7 @@ def test_inference_reuses_the_normalised_weight_until_a_parameter_changes():
     x = torch.randn(1, 6, 4)
     with torch.no_grad():
         before = conv(x)
-        assert conv._cached_weight is not None
+        assert conv._weight.value is not None
         conv.weight_g.mul_(2.0)  # e.g. an optimizer step in between
         after = conv(x)
         torch.testing.assert_close(after - conv.bias, 2 * (before - conv.bias))

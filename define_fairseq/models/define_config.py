@@ -5,7 +5,7 @@ from typing import Optional
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
-from define_fairseq.modules.define import ACTIVATIONS, NORMS, VARIANTS
+from define_fairseq.modules.define import ACTIVATIONS, INITS, NORMS, VARIANTS
 
 
 @dataclass
@@ -32,6 +32,10 @@ class DeFINEConfig(FairseqDataclass):
         default=None, metadata={"help": "normalisation after each DeFINE expansion layer (default: group)"}
     )
     define_dropout: float = field(default=0.0, metadata={"help": "dropout after each DeFINE expansion layer"})
+    define_init: ChoiceEnum(INITS) = field(
+        default="unit", metadata={"help": "unit: the DeFINE unit's last layer starts scaled so that its output has "
+                                          "unit variance, like the table it replaces; linear: nn.Linear's init "
+                                          "throughout (not for --define-variant delight, which keeps the authors')"})
     define_folded: bool = field(
         default=False,
         metadata={"help": "embeddings are plain V x m tables folded from DeFINE (set by define_fairseq.tools.fold_define)"},
@@ -50,4 +54,5 @@ def define_embedding_kwargs(cfg, embed_dim: int) -> dict:
         activation=None if cfg.define_activation is None else str(cfg.define_activation),
         norm=None if cfg.define_norm is None else str(cfg.define_norm),
         dropout=cfg.define_dropout,
+        init=str(cfg.define_init),
     )

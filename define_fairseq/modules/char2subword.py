@@ -24,6 +24,8 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
+from .parameter_cache import ParameterCache
+
 PAD_CHAR = 0
 WORD_START_CHAR = 1  # sentencepiece's "▁" prefix
 CONTINUES_CHAR = 2  # subword-nmt's "@@" suffix
@@ -139,7 +141,7 @@ class Char2SubwordEmbedding(nn.Module):
         self.final_norm = nn.LayerNorm(char_dim)
         self.out_proj = nn.Linear(char_dim, embedding_dim)
         self.layer_norm = nn.LayerNorm(embedding_dim)
-        self._table: Optional[Tuple[tuple, Tensor]] = None
+        self._table = ParameterCache()  # the eval-mode table of every token, while no parameter changes
 
     # -- composing from characters ---------------------------------------------------------------------------
 
@@ -182,17 +184,11 @@ class Char2SubwordEmbedding(nn.Module):
         for tensor in (self.layer_norm.weight, self.layer_norm.bias, self.special):
             tensor.mul_(ratio)
         self.output_scale = float(output_scale)
-        self._table = None
 
     def train(self, mode: bool = True):
-        self._table = None
+        if mode:
+            self._table.clear()
         return super().train(mode)
-
-    def _cached_table(self) -> Tensor:
-        key = tuple((p._version, p.data_ptr()) for p in self.parameters())
-        if self._table is None or self._table[0] != key:
-            self._table = (key, self.table())
-        return self._table[1]
 
     # -- forward ---------------------------------------------------------------------------------------------
 
@@ -205,7 +201,7 @@ class Char2SubwordEmbedding(nn.Module):
         by_id = None if given is None else (~given).nonzero().squeeze(1)
         ids = flat if by_id is None else flat[by_id]
         if not self.training and not torch.is_grad_enabled():
-            from_ids = self._cached_table()[ids]
+            from_ids = self._table.get(self.parameters(), self.table)[ids]
         else:
             from_ids = self._lookup(ids) if ids.numel() else self.special.new_zeros(0, self.embedding_dim)
         if by_id is None:

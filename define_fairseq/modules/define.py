@@ -37,6 +37,10 @@ ACTIVATIONS = {
     "none": None,
 }
 NORMS = ("group", "layer", "none")
+INITS = ("unit", "linear")
+"""``unit``: ``nn.Linear``'s initialisation, then the last layer scaled so that the unit maps unit-variance inputs to
+unit-variance outputs, the scale of the embedding it replaces. ``linear``: ``nn.Linear``'s alone (output variance
+about 0.2)."""
 
 
 def _is_power_of_two(x: int) -> bool:
@@ -148,6 +152,7 @@ class DeFINE(nn.Module):
         activation: one of ``ACTIVATIONS``; after each expansion layer.
         norm: ``group`` (LayerNorm per group), ``layer`` (LayerNorm over the whole width) or ``none``.
         dropout: dropout after each expansion layer.
+        init: one of ``INITS``.
 
     Shapes: ``[..., n] -> [..., m]``.
     """
@@ -163,6 +168,7 @@ class DeFINE(nn.Module):
         activation: str = "gelu",
         norm: str = "group",
         dropout: float = 0.0,
+        init: str = "unit",
     ):
         super().__init__()
         if activation not in ACTIVATIONS:
@@ -171,6 +177,8 @@ class DeFINE(nn.Module):
             raise ValueError(f"--define-norm: unknown {norm!r}; choose one of {', '.join(NORMS)}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"--define-dropout={dropout} must be in [0, 1)")
+        if init not in INITS:
+            raise ValueError(f"--define-init: unknown {init!r}; choose one of {', '.join(INITS)}")
         self.sizes = define_layer_sizes(n, k, m, depth, max_groups, variant)
         self.n, self.k, self.m = n, k, m
         self.variant = variant
@@ -186,6 +194,21 @@ class DeFINE(nn.Module):
                 self.norms.append(nn.LayerNorm(out_features))
             else:
                 self.norms.append(nn.Identity())
+        if init == "unit":
+            self.scale_to_unit_output()
+
+    @torch.no_grad()
+    def scale_to_unit_output(self, probes: int = 256) -> None:
+        """Scale the last layer so that standard normal inputs give outputs of unit root mean square (measured on
+        ``probes`` fixed random inputs, in eval mode)."""
+        probe = torch.randn(probes, self.n, generator=torch.Generator().manual_seed(0))
+        was_training = self.training
+        self.eval()
+        rms = self(probe.to(self.layers[0].weight)).pow(2).mean().sqrt()
+        self.train(was_training)
+        self.layers[-1].weight.div_(rms)
+        if self.layers[-1].bias is not None:
+            self.layers[-1].bias.div_(rms)
 
     def forward(self, e: torch.Tensor) -> torch.Tensor:
         act = ACTIVATIONS[self.activation]

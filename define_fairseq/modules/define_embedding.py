@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from .adaptive_input import AdaptiveInput
 from .define import DeFINE
 from .define_delight import DelightDeFINE
+from .parameter_cache import ParameterCache
 
 
 class DeFINEEmbedding(nn.Module):
@@ -22,12 +23,12 @@ class DeFINEEmbedding(nn.Module):
     DeFINE depends only on the token. While training, the unit runs once per distinct token of the batch and
     the results are indexed back to the positions (``unique_tokens``; skipped when the unit has dropout, since
     each position must draw its own mask). In eval mode without autograd (validation, generation) the whole
-    ``V x m`` table is computed once and rows are looked up, exactly as the folded model does; the table is
-    dropped by ``train()``, by loading a state dict and by moving the module.
+    ``V x m`` table is computed once and rows are looked up, exactly as the folded model does, until a parameter
+    changes (:class:`ParameterCache`); ``train()`` drops it.
 
     Args:
         num_embeddings: vocabulary size V.
-        n, k, m, depth, max_groups, variant, activation, norm, dropout: see :class:`DeFINE`; ``variant="delight"``
+        n, k, m, depth, max_groups, variant, activation, norm, dropout, init: see :class:`DeFINE`; ``variant="delight"``
             builds :class:`DelightDeFINE`. ``activation`` and ``norm`` default to the variant's (``gelu`` and
             ``group``; ``swish`` for ``delight``).
         padding_idx: row of the table kept at zero.
@@ -39,7 +40,8 @@ class DeFINEEmbedding(nn.Module):
 
     def __init__(self, num_embeddings: int, n: int, k: int, m: int, padding_idx=None, depth: int = 3,
                  max_groups: int = 4, variant: str = "define", activation=None, norm=None,
-                 dropout: float = 0.0, unique_tokens: bool = True, adaptive_cutoff=None, adaptive_factor: float = 4):
+                 dropout: float = 0.0, unique_tokens: bool = True, adaptive_cutoff=None, adaptive_factor: float = 4,
+                 init: str = "unit"):
         super().__init__()
         self.num_embeddings = num_embeddings
         self.padding_idx = padding_idx
@@ -61,8 +63,8 @@ class DeFINEEmbedding(nn.Module):
         if variant == "delight":
             self.define = DelightDeFINE(n, k, m, activation=activation or "swish", **options)
         else:
-            self.define = DeFINE(n, k, m, variant=variant, activation=activation or "gelu", **options)
-        self._eval_table = None
+            self.define = DeFINE(n, k, m, variant=variant, activation=activation or "gelu", init=init, **options)
+        self._eval_table = ParameterCache()
 
     @property
     def map(self) -> nn.Module:
@@ -92,25 +94,16 @@ class DeFINEEmbedding(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         if not self.training and not torch.is_grad_enabled():
-            if self._eval_table is None:
-                self._eval_table = self.folded_table()
-            return F.embedding(tokens, self._eval_table)
+            return F.embedding(tokens, self._eval_table.get(self.parameters(), self.folded_table))
         if self.runs_per_distinct_token:
             distinct, index = torch.unique(tokens, return_inverse=True)
             return self.define(self.map(distinct) * self.embed_scale)[index]
         return self.define(self.map(tokens) * self.embed_scale)
 
     def train(self, mode: bool = True):
-        self._eval_table = None
+        if mode:
+            self._eval_table.clear()
         return super().train(mode)
-
-    def _apply(self, fn, *args, **kwargs):
-        self._eval_table = None
-        return super()._apply(fn, *args, **kwargs)
-
-    def _load_from_state_dict(self, *args, **kwargs):
-        self._eval_table = None
-        return super()._load_from_state_dict(*args, **kwargs)
 
     @torch.no_grad()
     def folded_table(self) -> torch.Tensor:

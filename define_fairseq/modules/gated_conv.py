@@ -30,6 +30,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from .parameter_cache import ParameterCache
+
 ACTIVATIONS = ("glu", "gtu", "bilinear", "relu", "tanh", "linear")
 GATED_ACTIVATIONS = ("glu", "gtu", "bilinear")  # these read 2n channels: value and gate
 
@@ -123,8 +125,7 @@ class CausalConv1d(nn.Module):
     input ``kernel - 1 - j`` steps back. With ``weight_norm`` the parameters are ``weight_v`` (same layout)
     and ``weight_g [out_dim]``, and ``weight = weight_g · weight_v / ||weight_v||`` (norm per output channel);
     without, the parameter is ``weight`` itself. Under ``torch.no_grad`` the normalised weight is computed once
-    and reused until a parameter changes in place (the tensors' version counters), is replaced, or the module
-    switches between ``train()`` and ``eval()``.
+    and reused until ``weight_v`` or ``weight_g`` changes (:class:`ParameterCache`).
 
     ``init_gain``: ``weight_v`` is drawn from N(0, init_gain / (kernel · in_dim)) (He et al.'s initialisation,
     with the gain of the activation that follows); the bias starts at zero.
@@ -143,23 +144,16 @@ class CausalConv1d(nn.Module):
         else:
             self.weight = nn.Parameter(v)
         self.bias = nn.Parameter(torch.zeros(out_dim))
-        self._cached_weight: Optional[Tuple[tuple, Tensor]] = None
-
-    def train(self, mode: bool = True):
-        self._cached_weight = None  # a new train/eval phase recomputes the weight once
-        return super().train(mode)
+        self._weight = ParameterCache()  # the normalised weight, reused without autograd while v and g stay
 
     def normalized_weight(self) -> Tensor:
         """The effective weight ``[out_dim, kernel * in_dim]``."""
         if not self.weight_norm:
             return self.weight
         if torch.is_grad_enabled():
-            self._cached_weight = None
+            self._weight.clear()
             return self._normalize()
-        key = (self.weight_v._version, self.weight_g._version, self.weight_v.data_ptr(), self.weight_g.data_ptr())
-        if self._cached_weight is None or self._cached_weight[0] != key:
-            self._cached_weight = (key, self._normalize())
-        return self._cached_weight[1]
+        return self._weight.get((self.weight_v, self.weight_g), self._normalize)
 
     def _normalize(self) -> Tensor:
         # g · v / ||v|| per row, as one fused kernel with a fused backward (the op behind PyTorch's own weight

@@ -3,11 +3,11 @@ and for equal wall time (``examples/translation/compare.sh``, ``examples/languag
 
     python -m define_fairseq.tools.compare_runs OUT_DIR --metric BLEU [--plot OUT_DIR/curves.png]
 
-reads ``OUT_DIR/runs/{updates,time}/MODEL.sSEED/`` (``time`` is optional), each holding ``train.log`` (fairseq-train
+reads ``OUT_DIR/runs/{updates,time}/MODEL.sSEED/`` (either or both regimes), each holding ``train.log`` (fairseq-train
 with ``--log-format json``), ``params.txt`` (``define_fairseq.tools.params``) and ``score`` (the test metric, one
 number), and prints a Markdown table: parameters, the metric's mean, standard deviation and per-seed values,
 the training time and the updates done, per regime. ``--plot`` draws the validation loss against updates and
-against wall-clock time (matplotlib needed for the plot only). Models keep the order of their first appearance in
+against wall-clock time, from the ``updates`` runs when there are any (matplotlib needed for the plot only). Models keep the order of their first appearance in
 ``--models`` (default: alphabetical).
 """
 
@@ -82,30 +82,30 @@ def summary(values: List[float], digits: int) -> str:
     return f"{mean:.{digits}f}{spread} ({each})"
 
 
-def table(updates: List[Run], time: List[Run], metric: str, order: List[str]) -> str:
-    by_model = {m: sorted([r for r in updates if r.model == m], key=lambda r: r.seed) for m in order}
-    timed = {m: sorted([r for r in time if r.model == m], key=lambda r: r.seed) for m in order}
-    header = ["model", "parameters", "input/output", "DeFINE", f"{metric}, equal updates",
-              "training time (s)", "updates"]
-    if time:
-        header += [f"{metric}, equal time", "updates in equal time"]
+REGIMES = {"updates": "equal updates", "time": "equal time"}
+
+
+def table(runs: Dict[str, List[Run]], metric: str, order: List[str]) -> str:
+    """One row per model: parameters, then per regime the metric, the training time and the updates done."""
+    header = ["model", "parameters", "input/output", "DeFINE"]
+    for regime in runs:
+        header += [f"{metric}, {REGIMES[regime]}", "training time (s)", "updates"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for model in order:
-        runs = by_model[model]
-        if not runs:
+        per_regime = {regime: sorted((r for r in rs if r.model == model), key=lambda r: r.seed)
+                      for regime, rs in runs.items()}
+        first = next((rs[0] for rs in per_regime.values() if rs), None)
+        if first is None:
             continue
-        p = runs[0].params
-        row = [f"`{model}`", f"{p.get('total', '?')}M", f"{p.get('input/output', '?')}M", f"{p.get('DeFINE', '?')}M",
-               summary([r.score for r in runs], 2), f"{statistics.fmean(r.seconds for r in runs):.0f}",
-               "/".join(sorted({str(r.updates) for r in runs}))]
-        if time:
-            t = timed[model]
-            row += [summary([r.score for r in t], 2) if t else "-",
-                    "/".join(str(r.updates) for r in t) if t else "-"]
+        p = first.params
+        row = [f"`{model}`", f"{p.get('total', '?')}M", f"{p.get('input/output', '?')}M", f"{p.get('DeFINE', '?')}M"]
+        for rs in per_regime.values():
+            row += ([summary([r.score for r in rs], 2), f"{statistics.fmean(r.seconds for r in rs):.0f}",
+                     "/".join(str(r.updates) for r in rs)] if rs else ["-", "-", "-"])
         lines.append("| " + " | ".join(row) + " |")
-    seeds = sorted({r.seed for r in updates})
-    lines += ["", f"Seeds {', '.join(map(str, seeds))}: mean ± standard deviation over the seeds (each seed's value in "
-                  f"brackets)."]
+    seeds = sorted({r.seed for rs in runs.values() for r in rs})
+    lines += ["", f"Seeds {', '.join(map(str, seeds))}: mean ± standard deviation over the seeds, each seed's value in "
+                  f"brackets (updates: per seed)."]
     return "\n".join(lines)
 
 
@@ -131,7 +131,7 @@ def plot(runs: List[Run], order: List[str], path: Path) -> None:
                          label=label)
     for axis, xlabel in ((by_updates, "updates"), (by_time, "wall-clock minutes of training")):
         axis.set_xlabel(xlabel)
-        axis.set_ylabel("validation loss (label-smoothed, base 2)" if axis is by_updates else "validation loss")
+        axis.set_ylabel("validation loss (base 2)")
         axis.grid(alpha=0.3)
     by_updates.legend()
     figure.tight_layout()
@@ -148,15 +148,17 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--plot", type=Path, default=None, help="write the learning curves to this PNG")
     args = parser.parse_args(argv)
     try:
-        updates, time = load(args.out, "updates"), load(args.out, "time")
+        runs = {regime: load(args.out, regime) for regime in REGIMES}
     except (OSError, ValueError) as error:
         raise SystemExit(f"error: {error}") from None
-    if not updates:
-        raise SystemExit(f"error: {args.out / 'runs' / 'updates'} holds no finished run")
-    order = args.models.split(",") if args.models else sorted({r.model for r in updates})
-    print(table(updates, time, args.metric, order))
+    runs = {regime: rs for regime, rs in runs.items() if rs}
+    if not runs:
+        raise SystemExit(f"error: {args.out / 'runs'} holds no finished run (runs/updates or runs/time)")
+    found = sorted({r.model for rs in runs.values() for r in rs})
+    order = args.models.split(",") if args.models else found
+    print(table(runs, args.metric, order))
     if args.plot is not None:
-        plot(updates, order, args.plot)
+        plot(next(iter(runs.values())), order, args.plot)
 
 
 if __name__ == "__main__":

@@ -11,91 +11,51 @@
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-for tool in python subword-nmt fairseq-preprocess fairseq-train fairseq-generate sacrebleu; do
-    command -v "$tool" >/dev/null || { echo "error: $tool not found on PATH; run 'make demo' (it installs into .venv)" >&2; exit 1; }
-done
+source examples/lib.sh
+require_tools python subword-nmt fairseq-preprocess fairseq-train fairseq-generate sacrebleu
 
 # One process, one OpenMP/MKL thread per core (2 on the reference machine; at most 8, beyond which this small
 # model gains nothing), no extra data-loading workers. On a busy machine OMP_NUM_THREADS=1 is faster.
 threads=$(nproc 2>/dev/null || echo 2); (( threads > 8 )) && threads=8
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$threads}" MKL_NUM_THREADS="${MKL_NUM_THREADS:-${OMP_NUM_THREADS:-$threads}}"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$threads}"
+export MKL_NUM_THREADS="${MKL_NUM_THREADS:-$OMP_NUM_THREADS}"
 export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore}"  # torch's deprecation warnings about fairseq's calls
 
 OUT=demo_output
-BPE_MERGES=8000
-BPE_THRESHOLD=10
 mkdir -p "$OUT"
 
-# The model and training arguments, shared by fairseq-train and the parameter breakdown. The arch is
-# fairseq's IWSLT transformer size with DeFINE (n=64, k=512); the overrides shrink it to d_model 128,
-# 3+3 pre-norm layers, DeFINE k=256, which learns fastest in the ~5 minutes of two CPU cores (bigger
-# models, or bigger batches, get fewer updates done and end worse). No dropout: ~3 epochs do not overfit.
-# --max-update fixes the amount of training (no time-based stop), so runs are reproducible.
-TRAIN_ARGS=(
-    "$OUT/data-bin" --user-dir define_fairseq
-    --arch transformer_define_iwslt_de_en --share-all-embeddings
-    --encoder-layers 3 --decoder-layers 3
-    --encoder-embed-dim 128 --decoder-embed-dim 128
-    --encoder-ffn-embed-dim 512 --decoder-ffn-embed-dim 512
-    --encoder-normalize-before --decoder-normalize-before
-    --define-n 64 --define-k 256
-    --dropout 0.0
-    --optimizer adam --adam-betas '(0.9, 0.98)'
-    --lr 3e-3 --lr-scheduler inverse_sqrt --warmup-updates 150
-    --criterion label_smoothed_cross_entropy --label-smoothing 0.1
-    --max-tokens 1024 --max-update 2000 --seed 1
-    --cpu --num-workers 0
-)
+# The model and training arguments, shared by fairseq-train and the parameter breakdown: the demo's Transformer
+# (examples/lib.sh: d_model 128, 3+3 pre-norm layers, which learns fastest in the ~5 minutes of two CPU cores)
+# with DeFINE n=64, k=256 on the shared V x 64 table. --max-update fixes the amount of training (no time-based
+# stop), so runs are reproducible.
+TRAIN_ARGS=("$OUT/data-bin" --user-dir define_fairseq --arch transformer_define_iwslt_de_en --define-n 64 --define-k 256
+            "${DEMO_TRANSFORMER[@]}" --max-update 2000 --seed 1)
 
 step_start() { STEP_T0=$SECONDS; echo; echo "==> $*"; }
 step_done() { echo "    done in $((SECONDS - STEP_T0)) s"; }
 skip() { echo; echo "==> $1: $2 exists, reusing it"; }
 
-# 1. Corpus
+# 1-3. Corpus, joint BPE, binarised data (examples/lib.sh).
 if [[ -d $OUT/corpus ]]; then
     skip "1/6 corpus" "$OUT/corpus"
 else
     step_start "1/6 corpus: English-German pairs from the German gettext catalogs -> $OUT/corpus"
-    rm -rf "$OUT/corpus.tmp"
-    python -m define_fairseq.tools.demo_corpus "$OUT/corpus.tmp"
-    mv "$OUT/corpus.tmp" "$OUT/corpus"
+    demo_corpus "$OUT"
     step_done
 fi
-
-# 2. Joint BPE on the raw text. No Moses tokenisation: on these messages (%s, »%s«, --options, paths) its
-# detokeniser does not restore the text (a round trip of the test references alone scores ~93 BLEU), while
-# BPE on whitespace-separated words is undone exactly by --remove-bpe.
 if [[ -d $OUT/bpe ]]; then
     skip "2/6 BPE" "$OUT/bpe"
 else
-    step_start "2/6 joint BPE, $BPE_MERGES merges (subword-nmt) -> $OUT/bpe"
-    rm -rf "$OUT/bpe.tmp" && mkdir "$OUT/bpe.tmp"
-    subword-nmt learn-joint-bpe-and-vocab --input "$OUT/corpus/train.en" "$OUT/corpus/train.de" \
-        -s "$BPE_MERGES" -o "$OUT/bpe.tmp/codes" \
-        --write-vocabulary "$OUT/bpe.tmp/vocab.en" "$OUT/bpe.tmp/vocab.de" 2> "$OUT/bpe.tmp/learn.log" \
-        || { cat "$OUT/bpe.tmp/learn.log" >&2; exit 1; }
-    for split in train valid test; do
-        for lang in en de; do
-            subword-nmt apply-bpe -c "$OUT/bpe.tmp/codes" --vocabulary "$OUT/bpe.tmp/vocab.$lang" \
-                --vocabulary-threshold "$BPE_THRESHOLD" < "$OUT/corpus/$split.$lang" > "$OUT/bpe.tmp/$split.$lang"
-        done
-    done
-    mv "$OUT/bpe.tmp" "$OUT/bpe"
+    step_start "2/6 joint BPE, $DEMO_BPE_MERGES merges (subword-nmt) -> $OUT/bpe"
+    joint_bpe "$OUT"
     step_done
 fi
-
-# 3. Binarise with one dictionary for both languages (--share-all-embeddings needs it).
 if [[ -d $OUT/data-bin ]]; then
     skip "3/6 fairseq-preprocess" "$OUT/data-bin"
 else
     step_start "3/6 fairseq-preprocess --joined-dictionary -> $OUT/data-bin"
-    rm -rf "$OUT/data-bin.tmp"
-    fairseq-preprocess --source-lang en --target-lang de \
-        --trainpref "$OUT/bpe/train" --validpref "$OUT/bpe/valid" --testpref "$OUT/bpe/test" \
-        --destdir "$OUT/data-bin.tmp" --joined-dictionary --workers 2 > "$OUT/preprocess.log" 2>&1 \
-        || { cat "$OUT/preprocess.log" >&2; exit 1; }
+    binarize_translation "$OUT"
     grep -E "Dictionary|sents" "$OUT/preprocess.log" | sed 's/^.*| //; s/^INFO:[^:]*://' | awk '!seen[$0]++' | sed 's/^/    /'
-    mv "$OUT/data-bin.tmp" "$OUT/data-bin"
     step_done
 fi
 

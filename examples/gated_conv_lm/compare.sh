@@ -17,30 +17,12 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 OUT=${1:-gcnn_compare_output}
 UPDATES=${2:-1000}
-for tool in python fairseq-preprocess fairseq-train fairseq-eval-lm; do
-    command -v "$tool" >/dev/null || { echo "error: $tool not found on PATH; activate .venv (make install)" >&2; exit 1; }
-done
+source examples/lib.sh
+require_tools python fairseq-preprocess fairseq-train fairseq-eval-lm
 export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore}"
 mkdir -p "$OUT"
 
-# 1. Text: the English side of the demo corpus.
-if [[ ! -d $OUT/text ]]; then
-    rm -rf "$OUT/corpus.tmp" "$OUT/text.tmp"
-    python -m define_fairseq.tools.demo_corpus "$OUT/corpus.tmp"
-    mkdir "$OUT/text.tmp"
-    for split in train valid test; do cp "$OUT/corpus.tmp/$split.en" "$OUT/text.tmp/$split.txt"; done
-    rm -rf "$OUT/corpus.tmp"
-    mv "$OUT/text.tmp" "$OUT/text"
-fi
-
-# 2. Binarize.
-if [[ ! -d $OUT/data-bin ]]; then
-    rm -rf "$OUT/data-bin.tmp"
-    fairseq-preprocess --only-source --thresholdsrc 3 --trainpref "$OUT/text/train.txt" \
-        --validpref "$OUT/text/valid.txt" --testpref "$OUT/text/test.txt" --destdir "$OUT/data-bin.tmp" \
-        --workers 2 > "$OUT/preprocess.log"
-    mv "$OUT/data-bin.tmp" "$OUT/data-bin"
-fi
+lm_data "$OUT"  # the English side of the demo corpus, binarised (examples/lib.sh)
 VOCAB=$(( $(wc -l < "$OUT/data-bin/dict.txt") + 4 ))
 
 # The paper's optimiser; dropout 0.1 for both (the paper uses none, but this corpus has 250k words).

@@ -1,51 +1,36 @@
 #!/usr/bin/env bash
-# Real-text comparison on CPU: DeFINE against its baseline, each pair trained for the same wall time.
-#
-#   bash examples/language_model/compare.sh [OUT_DIR] [MINUTES_PER_MODEL]
-#
-# Text: the English side of the demo corpus (English gettext messages installed on this machine, see
-# examples/demo/README.md), word level, split as the demo splits it; words seen fewer than 3 times in train
-# become <unk>. Four small models, each trained for MINUTES_PER_MODEL (default 4) of wall time with
-# --stop-time-hours, then scored on the test split with fairseq-eval-lm:
-#   transformer_lm         vs transformer_lm_define    (language_modeling, 64-token blocks, context window 32)
-#   lstm (adaptive only)   vs lstm (adaptive + DeFINE) (stateful_lm: state carried, BPTT 35, batch 20)
-# The results land in OUT_DIR/results.md (default: lm_compare_output/). Steps whose output exists are skipped.
+# Real-text comparison on CPU: DeFINE language models against their baselines, several seeds, equal wall time.
 set -euo pipefail
+usage() {
+    cat <<EOF
+Usage: $(basename "$0") [-o OUT] [-s SEEDS] [-t MINUTES] [-m MODELS]
 
+Text: the English side of the demo corpus (examples/demo/README.md), word level, words seen fewer than 3 times in
+train mapped to <unk>. Each model of MODELS (default: all four) is trained for MINUTES (default 4) of wall time
+with each seed 1..SEEDS (default 3), validated every 100 updates, then scored on the test split with
+fairseq-eval-lm:
+  transformer_lm        vs transformer_lm_define   (language_modeling, 64-token blocks, context window 32)
+  lstm_adaptive         vs lstm_adaptive_define    (stateful_lm: state carried, BPTT 35, batch 20)
+Writes OUT/results.md (parameters, test perplexity mean, standard deviation and per-seed values, updates) and
+OUT/curves.png (validation loss against updates and time; needs matplotlib). OUT defaults to
+lm_compare_output. A rerun skips what is done. Time figures need a machine doing nothing else.
+EOF
+}
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-OUT=${1:-lm_compare_output}
-MINUTES=${2:-4}
-for tool in python fairseq-preprocess fairseq-train fairseq-eval-lm; do
-    command -v "$tool" >/dev/null || { echo "error: $tool not found on PATH; activate .venv (make install)" >&2; exit 1; }
+source examples/lib.sh
+
+OUT=lm_compare_output SEEDS=3 MINUTES=4 MODELS="transformer_lm transformer_lm_define lstm_adaptive lstm_adaptive_define"
+while getopts "o:s:t:m:h" opt; do
+    case $opt in
+        o) OUT=$OPTARG ;; s) SEEDS=$OPTARG ;; t) MINUTES=$OPTARG ;; m) MODELS=$OPTARG ;;
+        h) usage; exit 0 ;; *) usage >&2; exit 2 ;;
+    esac
 done
+require_tools python fairseq-preprocess fairseq-eval-lm
 export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore}"
-HOURS=$(python -c "print($MINUTES / 60)")
-mkdir -p "$OUT"
 
-# 1. Text: the English side of the demo corpus.
-if [[ ! -d $OUT/text ]]; then
-    rm -rf "$OUT/corpus.tmp" "$OUT/text.tmp"
-    python -m define_fairseq.tools.demo_corpus "$OUT/corpus.tmp"
-    mkdir "$OUT/text.tmp"
-    for split in train valid test; do cp "$OUT/corpus.tmp/$split.en" "$OUT/text.tmp/$split.txt"; done
-    rm -rf "$OUT/corpus.tmp"
-    mv "$OUT/text.tmp" "$OUT/text"
-fi
-
-# 2. Binarize.
-if [[ ! -d $OUT/data-bin ]]; then
-    rm -rf "$OUT/data-bin.tmp"
-    fairseq-preprocess --only-source --thresholdsrc 3 --trainpref "$OUT/text/train.txt" \
-        --validpref "$OUT/text/valid.txt" --testpref "$OUT/text/test.txt" --destdir "$OUT/data-bin.tmp" \
-        --workers 2 > "$OUT/preprocess.log"
-    mv "$OUT/data-bin.tmp" "$OUT/data-bin"
-fi
-VOCAB=$(( $(wc -l < "$OUT/data-bin/dict.txt") + 4 ))
-
-COMMON=(--optimizer adam --adam-betas '(0.9, 0.98)' --lr 0.001 --clip-norm 0.25 --dropout 0.1 --seed 1
-        --cpu --num-workers 0 --no-progress-bar --log-format simple --log-interval 50
-        --stop-time-hours "$HOURS" --max-epoch 1000 --disable-validation --no-epoch-checkpoints
-        --ddp-backend legacy_ddp)
+COMMON=(--optimizer adam --adam-betas '(0.9, 0.98)' --lr 0.001 --clip-norm 0.25 --dropout 0.1
+        --cpu --num-workers 0 --max-epoch 1000 --ddp-backend legacy_ddp)
 TRANSFORMER=(--task language_modeling --tokens-per-sample 64 --sample-break-mode none --max-tokens 2048
              --decoder-layers 2 --decoder-embed-dim 256 --decoder-ffn-embed-dim 1024 --decoder-attention-heads 4
              --criterion cross_entropy)
@@ -58,43 +43,43 @@ declare -A MODEL=(
     [lstm_adaptive]="--arch lstm_lm_adaptive_wt103"
     [lstm_adaptive_define]="--arch lstm_lm_define_wt103_n3 --define-k 1024"
 )
-ORDER=(transformer_lm transformer_lm_define lstm_adaptive lstm_adaptive_define)
-
-for name in "${ORDER[@]}"; do
-    case $name in transformer*) family=("${TRANSFORMER[@]}");; *) family=("${LSTM[@]}");; esac
-    # shellcheck disable=SC2206
-    model=(${MODEL[$name]})
-    dir=$OUT/$name
-    if [[ ! -f $dir/checkpoint_last.pt ]]; then
-        mkdir -p "$dir"
-        echo "==> training $name for $MINUTES min"
-        fairseq-train "$OUT/data-bin" --user-dir define_fairseq "${model[@]}" "${family[@]}" "${COMMON[@]}" \
-            --save-dir "$dir" > "$dir/train.log" 2>&1 || { tail -20 "$dir/train.log" >&2; exit 1; }
-    fi
-    python -m define_fairseq.tools.params "$OUT/data-bin" --user-dir define_fairseq "${model[@]}" \
-        "${family[@]}" --optimizer adam --lr 0.001 --cpu --ddp-backend legacy_ddp > "$dir/params.txt"
-    case $name in
-        transformer*) eval_args=(--task language_modeling --tokens-per-sample 64 --context-window 32
-                                 --max-tokens 2048);;
-        *) eval_args=(--task stateful_lm --tokens-per-sample 35 --batch-size 1);;
-    esac
-    fairseq-eval-lm "$OUT/data-bin" --user-dir define_fairseq --path "$dir/checkpoint_last.pt" --cpu \
-        --gen-subset test "${eval_args[@]}" > "$dir/eval.log" 2>&1 || { tail -20 "$dir/eval.log" >&2; exit 1; }
+for name in $MODELS; do
+    [[ -n ${MODEL[$name]:-} ]] || { echo "error: -m: unknown model '$name'; see -h" >&2; exit 2; }
 done
 
-{
-    echo "| model | parameters (total) | of which input/output | DeFINE | updates in $MINUTES min | test perplexity |"
-    echo "|---|---|---|---|---|---|"
-    for name in "${ORDER[@]}"; do
-        dir=$OUT/$name
-        total=$(awk '/^total/ {print $2}' "$dir/params.txt")
-        io=$(awk '/^input\/output/ {print $2}' "$dir/params.txt")
-        define=$(awk '/^DeFINE/ {print $2}' "$dir/params.txt")
-        updates=$(grep -o 'num_updates": "[0-9]*\|num_updates [0-9]*\|num_updates=[0-9]*' "$dir/train.log" | tail -1 | grep -o '[0-9]*$' || echo "?")
-        ppl=$(grep -o 'Perplexity: [0-9.]*' "$dir/eval.log" | tail -1 | awk '{print $2}')
-        echo "| \`$name\` | $total | $io | $define | $updates | $ppl |"
+mkdir -p "$OUT"
+lm_data "$OUT"
+
+for seed in $(seq 1 "$SEEDS"); do
+    for name in $MODELS; do
+        dir=$OUT/runs/time/$name.s$seed
+        [[ -f $dir/score ]] && continue
+        case $name in transformer*) family=("${TRANSFORMER[@]}");; *) family=("${LSTM[@]}");; esac
+        # shellcheck disable=SC2206
+        args=("$OUT/data-bin" --user-dir define_fairseq ${MODEL[$name]} "${family[@]}" "${COMMON[@]}" --seed "$seed")
+        echo "==> $name, seed $seed: $MINUTES min"
+        train_run "$dir" "${args[@]}" --validate-interval-updates 100 \
+            --stop-time-hours "$(python -c "print($MINUTES / 60)")"
+        python -m define_fairseq.tools.params "${args[@]}" > "$dir/params.txt" 2> "$dir/params.log"
+        case $name in
+            transformer*) eval_args=(--task language_modeling --tokens-per-sample 64 --context-window 32
+                                     --max-tokens 2048);;
+            *) eval_args=(--task stateful_lm --tokens-per-sample 35 --batch-size 1);;
+        esac
+        fairseq-eval-lm "$OUT/data-bin" --user-dir define_fairseq --path "$dir/checkpoint_last.pt" --cpu \
+            --gen-subset test "${eval_args[@]}" > "$dir/eval.log" 2>&1 || { tail -20 "$dir/eval.log" >&2; exit 1; }
+        grep -o 'Perplexity: [0-9.]*' "$dir/eval.log" | tail -1 | awk '{print $2}' > "$dir/score.tmp"
+        mv "$dir/score.tmp" "$dir/score"
     done
+done
+
+plot=(--plot "$OUT/curves.png")
+python -c "import matplotlib" 2>/dev/null || { plot=(); echo "note: no matplotlib, so no curves.png (pip install matplotlib)" >&2; }
+{
+    python -m define_fairseq.tools.compare_runs "$OUT" --metric "test perplexity" --models "${MODELS// /,}" "${plot[@]}"
     echo
-    echo "Vocabulary: $VOCAB symbols (words seen at least 3 times in train, plus fairseq's specials)."
-} > "$OUT/results.md"
+    echo "Vocabulary: $(( $(wc -l < "$OUT/data-bin/dict.txt") + 4 )) symbols (words seen at least 3 times in train," \
+         "plus fairseq's specials); $MINUTES minutes of training per run."
+} > "$OUT/results.md.tmp"
+mv "$OUT/results.md.tmp" "$OUT/results.md"
 cat "$OUT/results.md"

@@ -1,0 +1,119 @@
+# shellcheck shell=bash disable=SC2034
+# Shell functions shared by the examples' scripts (sourced, not run). Every step writes its output under a
+# temporary name and renames it into place when done, so an interrupted script never leaves a half-written output
+# that a rerun would trust; a step whose output exists is skipped.
+
+# The demo's model: fairseq's IWSLT Transformer size shrunk for two CPU cores (d_model 128, FFN 512, 4 heads, 3+3
+# pre-norm layers), all embeddings shared, and its training (Adam, inverse-sqrt schedule, label smoothing, no
+# dropout, 1,024 tokens a batch). Used by examples/demo/run.sh and examples/translation/compare.sh.
+DEMO_TRANSFORMER=(
+    --share-all-embeddings --encoder-layers 3 --decoder-layers 3
+    --encoder-embed-dim 128 --decoder-embed-dim 128 --encoder-ffn-embed-dim 512 --decoder-ffn-embed-dim 512
+    --encoder-attention-heads 4 --decoder-attention-heads 4
+    --encoder-normalize-before --decoder-normalize-before --dropout 0.0
+    --optimizer adam --adam-betas '(0.9, 0.98)' --lr 3e-3 --lr-scheduler inverse_sqrt --warmup-updates 150
+    --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --max-tokens 1024
+    --cpu --num-workers 0
+)
+DEMO_BPE_MERGES=8000
+DEMO_BPE_THRESHOLD=10
+
+# require_tools TOOL...: stop with a message when one is not on PATH.
+require_tools() {
+    local tool
+    for tool in "$@"; do
+        command -v "$tool" >/dev/null || {
+            echo "error: $tool not found on PATH; run 'make install' and put .venv/bin first on PATH" >&2; exit 1; }
+    done
+}
+
+# demo_corpus OUT [DIR]: OUT/corpus/{train,valid,test}.{en,de}, the demo corpus built from this machine's gettext
+# catalogs (define_fairseq.tools.demo_corpus), or a copy of DIR's files of those names (your own corpus).
+demo_corpus() {
+    local out=$1 dir=${2:-} split lang
+    [[ -d $out/corpus ]] && return 0
+    rm -rf "$out/corpus.tmp"
+    if [[ -z $dir ]]; then
+        python -m define_fairseq.tools.demo_corpus "$out/corpus.tmp"
+    else
+        mkdir -p "$out/corpus.tmp"
+        for split in train valid test; do
+            for lang in en de; do
+                [[ -s $dir/$split.$lang ]] || { echo "error: $dir/$split.$lang is missing or empty" >&2; exit 1; }
+                cp "$dir/$split.$lang" "$out/corpus.tmp/"
+            done
+        done
+    fi
+    mv "$out/corpus.tmp" "$out/corpus"
+}
+
+# joint_bpe OUT: OUT/bpe, a joint BPE (subword-nmt, DEMO_BPE_MERGES merges) learnt on OUT/corpus's train split and
+# applied to every split. No Moses tokenisation: on software messages (%s, »%s«, --options, paths) its detokeniser
+# does not restore the text, while BPE on whitespace-separated words is undone exactly by --remove-bpe.
+joint_bpe() {
+    local out=$1 split lang
+    [[ -d $out/bpe ]] && return 0
+    rm -rf "$out/bpe.tmp" && mkdir "$out/bpe.tmp"
+    subword-nmt learn-joint-bpe-and-vocab --input "$out/corpus/train.en" "$out/corpus/train.de" \
+        -s "$DEMO_BPE_MERGES" -o "$out/bpe.tmp/codes" \
+        --write-vocabulary "$out/bpe.tmp/vocab.en" "$out/bpe.tmp/vocab.de" 2> "$out/bpe.tmp/learn.log" \
+        || { cat "$out/bpe.tmp/learn.log" >&2; exit 1; }
+    for split in train valid test; do
+        for lang in en de; do
+            subword-nmt apply-bpe -c "$out/bpe.tmp/codes" --vocabulary "$out/bpe.tmp/vocab.$lang" \
+                --vocabulary-threshold "$DEMO_BPE_THRESHOLD" < "$out/corpus/$split.$lang" > "$out/bpe.tmp/$split.$lang"
+        done
+    done
+    mv "$out/bpe.tmp" "$out/bpe"
+}
+
+# binarize_translation OUT: OUT/data-bin from OUT/bpe, one dictionary for both languages (--share-all-embeddings
+# needs it).
+binarize_translation() {
+    local out=$1
+    [[ -d $out/data-bin ]] && return 0
+    rm -rf "$out/data-bin.tmp"
+    fairseq-preprocess --source-lang en --target-lang de \
+        --trainpref "$out/bpe/train" --validpref "$out/bpe/valid" --testpref "$out/bpe/test" \
+        --destdir "$out/data-bin.tmp" --joined-dictionary --workers 2 > "$out/preprocess.log" 2>&1 \
+        || { cat "$out/preprocess.log" >&2; exit 1; }
+    mv "$out/data-bin.tmp" "$out/data-bin"
+}
+
+# lm_data OUT [DIR]: OUT/text/{train,valid,test}.txt, the English side of the demo corpus (or of DIR's corpus), and
+# OUT/data-bin, word level, words seen fewer than 3 times in train mapped to <unk>.
+lm_data() {
+    local out=$1 dir=${2:-} split
+    if [[ ! -d $out/text ]]; then
+        demo_corpus "$out" "$dir"
+        rm -rf "$out/text.tmp" && mkdir "$out/text.tmp"
+        for split in train valid test; do cp "$out/corpus/$split.en" "$out/text.tmp/$split.txt"; done
+        mv "$out/text.tmp" "$out/text"
+        rm -rf "$out/corpus"
+    fi
+    [[ -d $out/data-bin ]] && return 0
+    rm -rf "$out/data-bin.tmp"
+    fairseq-preprocess --only-source --thresholdsrc 3 --trainpref "$out/text/train.txt" \
+        --validpref "$out/text/valid.txt" --testpref "$out/text/test.txt" --destdir "$out/data-bin.tmp" \
+        --workers 2 > "$out/preprocess.log" 2>&1 || { cat "$out/preprocess.log" >&2; exit 1; }
+    mv "$out/data-bin.tmp" "$out/data-bin"
+}
+
+# train_run DIR ARGS...: fairseq-train ARGS into DIR (checkpoint_last.pt, train.log with --log-format json),
+# skipped when DIR/train.log says the run finished; an unfinished DIR is started over. Training runs through
+# define_fairseq.tools.train, fairseq-train's loop with a clean process exit.
+train_run() {
+    local dir=$1; shift
+    grep -qs "done training" "$dir/train.log" && return 0
+    rm -rf "$dir" && mkdir -p "$dir"
+    python -m define_fairseq.tools.train "$@" --save-dir "$dir" --no-epoch-checkpoints --no-progress-bar \
+        --log-format json --log-interval 50 > "$dir/train.log.tmp" 2>&1 \
+        || { tail -20 "$dir/train.log.tmp" >&2; echo "error: training into $dir failed" >&2; exit 1; }
+    rm -f "$dir/checkpoint_best.pt"
+    mv "$dir/train.log.tmp" "$dir/train.log"
+}
+
+# seconds_of RUN_DIR: the training time fairseq-train logged for the run ("done training in S seconds").
+seconds_of() {
+    grep -o 'done training in [0-9.]* seconds' "$1/train.log" | grep -o '[0-9.]*' | tail -1
+}

@@ -1,0 +1,55 @@
+"""define_fairseq.tools.compare_runs: the comparison table and learning curves from run directories."""
+
+import json
+import statistics
+
+import pytest
+
+from define_fairseq.tools.compare_runs import main
+
+from conftest import run_module
+
+
+def write_run(root, regime, model, seed, score, valid, seconds, total="2.37"):
+    """A finished run: fairseq's json log lines (train_inner with wall time, valid), params and score."""
+    run = root / "runs" / regime / f"{model}.s{seed}"
+    run.mkdir(parents=True)
+    lines = []
+    for updates, loss in valid:
+        inner = {"num_updates": str(updates), "wall": str(updates * seconds / valid[-1][0]), "loss": "7.0"}
+        lines.append(f"2026-01-01 00:00:00 | INFO | train_inner | {json.dumps(inner)}")
+        lines.append(f"2026-01-01 00:00:00 | INFO | valid | "
+                     f"{json.dumps({'valid_loss': str(loss), 'valid_num_updates': str(updates)})}")
+    lines.append(f"2026-01-01 00:00:00 | INFO | fairseq_cli.train | done training in {seconds} seconds")
+    (run / "train.log").write_text("\n".join(lines) + "\n")
+    (run / "params.txt").write_text(f"DeFINE 0.07M\ncontext 1.39M\ninput/output 0.50M\ntotal {total}M\n".replace(
+        " ", " " * 10))
+    (run / "score").write_text(f"{score}\n")
+
+
+def test_table_gives_mean_spread_and_each_seed_per_regime(tmp_path, capsys):
+    for seed, score in ((1, 26.0), (2, 27.0), (3, 25.0)):
+        write_run(tmp_path, "updates", "baseline", seed, score, [(200, 8.0), (400, 7.0)], 100)
+        write_run(tmp_path, "updates", "define", seed, score - 1, [(200, 8.5), (400, 7.5)], 110, total="1.96")
+    write_run(tmp_path, "time", "define", 1, 24.5, [(200, 8.5), (360, 7.6)], 100, total="1.96")
+    main([str(tmp_path), "--metric", "BLEU", "--models", "baseline,define"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| `")]
+    assert rows[0].startswith("| `baseline` | 2.37M | 0.50M | 0.07M |")
+    spread = statistics.stdev([26.0, 27.0, 25.0])
+    assert f"26.00 ± {spread:.2f} (26.00, 27.00, 25.00) | 100 | 400/400/400 | - | - | - |" in rows[0]
+    assert f"25.00 ± {spread:.2f} (25.00, 26.00, 24.00) | 110 | 400/400/400 | 24.50 (24.50) | 100 | 360 |" in rows[1]
+
+
+def test_plot_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    write_run(tmp_path, "updates", "baseline", 1, 26.0, [(200, 8.0), (400, 7.0)], 100)
+    main([str(tmp_path), "--plot", str(tmp_path / "curves.png")])
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_an_unfinished_run_is_named(tmp_path):
+    write_run(tmp_path, "updates", "baseline", 1, 26.0, [(200, 8.0)], 100)
+    log = tmp_path / "runs" / "updates" / "baseline.s1" / "train.log"
+    log.write_text(log.read_text().replace("done training", "stopped"))
+    proc = run_module("define_fairseq.tools.compare_runs", tmp_path, check=False)
+    assert proc.returncode != 0 and f"{log} has no 'done training' line" in proc.stderr
