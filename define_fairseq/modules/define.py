@@ -201,14 +201,17 @@ class DeFINE(nn.Module):
     def scale_to_unit_output(self, probes: int = 256) -> None:
         """Scale the last layer so that standard normal inputs give outputs of unit root mean square (measured on
         ``probes`` fixed random inputs, in eval mode)."""
-        probe = torch.randn(probes, self.n, generator=torch.Generator().manual_seed(0))
+        last = self.layers[-1]
+        if last.weight.is_meta:  # shapes only (e.g. counting parameters): no values to scale
+            return
+        probe = torch.randn(probes, self.n, generator=torch.Generator().manual_seed(0), device="cpu")
         was_training = self.training
         self.eval()
-        rms = self(probe.to(self.layers[0].weight)).pow(2).mean().sqrt()
+        rms = self(probe.to(last.weight)).pow(2).mean().sqrt()
         self.train(was_training)
-        self.layers[-1].weight.div_(rms)
-        if self.layers[-1].bias is not None:
-            self.layers[-1].bias.div_(rms)
+        last.weight.div_(rms)
+        if last.bias is not None:
+            last.bias.div_(rms)
 
     def forward(self, e: torch.Tensor) -> torch.Tensor:
         act = ACTIVATIONS[self.activation]
