@@ -30,19 +30,24 @@ test: install
 demo: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash examples/demo/run.sh
 
-# The allocator of the benchmarks whose models allocate buffers of hundreds of MB per step (benchmarks/README.md);
-# tcmalloc needs libtcmalloc (Debian, Ubuntu: apt-get install libtcmalloc-minimal4), e.g.
-# `make bench BENCH_ALLOCATOR=glibc-retain` without it.
-BENCH_ALLOCATOR ?= tcmalloc
+# tcmalloc (keeping freed memory) for the benchmarks whose models allocate buffers of hundreds of MB per step
+# (benchmarks/README.md); Debian, Ubuntu: apt-get install libtcmalloc-minimal4. `make bench TCMALLOC=` runs them under
+# glibc's malloc. gcnn_speed runs with glibc's malloc told to keep freed memory.
+TCMALLOC ?= /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
+WITH_TCMALLOC = $(if $(TCMALLOC),LD_PRELOAD=$(TCMALLOC) TCMALLOC_RELEASE_RATE=0)
+GLIBC_RETAIN = MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=68719476736 MALLOC_TOP_PAD_=1073741824
 
 bench: install
+	@test -z "$(TCMALLOC)" -o -f "$(TCMALLOC)" || { echo "bench: $(TCMALLOC) not found: install libtcmalloc-minimal4, \
+	  or give its path with make bench TCMALLOC=..., or run without it: make bench TCMALLOC="; exit 1; }
 	$(PY) -m benchmarks.group_linear
-	$(PY) -m benchmarks.train_speed --allocators glibc,$(BENCH_ALLOCATOR)
+	$(PY) -m benchmarks.train_speed
+	$(if $(TCMALLOC),$(WITH_TCMALLOC) $(PY) -m benchmarks.train_speed)
 	$(PY) -m benchmarks.generate_speed
-	$(PY) -m benchmarks.lstm_lm_speed --allocator $(BENCH_ALLOCATOR)
+	$(WITH_TCMALLOC) $(PY) -m benchmarks.lstm_lm_speed
 	$(PY) -m benchmarks.mogrifier_speed
-	$(PY) -m benchmarks.gcnn_speed
-	$(PY) -m benchmarks.txl_speed --allocator $(BENCH_ALLOCATOR)
+	$(GLIBC_RETAIN) $(PY) -m benchmarks.gcnn_speed
+	$(WITH_TCMALLOC) $(PY) -m benchmarks.txl_speed
 
 clean:
 	rm -rf $(VENV) demo_output

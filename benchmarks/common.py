@@ -1,26 +1,28 @@
-"""Shared helpers of the benchmarks: interleaved timing, the memory allocator a benchmark runs under (and running
-it in a child process), page-fault counts, the machine's peak matrix-product rate, the header and markdown tables.
+"""The benchmarks' harness: common options, interleaved timing, the results file, and the models they compare.
 
 Every benchmark times its variants *interleaved*: each round runs every variant once (in an order rotated from
-round to round), and a variant's figure is the median over rounds. Load from other processes then hits all
-variants alike, and the ratios stay meaningful even on a busy machine.
+round to round), and a variant's figure is its median over rounds, after untimed warm-up rounds. Load from other
+processes then hits all variants alike. On a GPU every timed call is bracketed by ``torch.cuda.synchronize()``.
 """
 
-import json
+import argparse
 import os
 import platform
+import re
 import resource
 import shlex
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+import traceback
+from contextlib import nullcontext
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence
 
 import torch
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+KEEP_MARK = "<!-- written by hand below this line: kept when the benchmark is run again -->"
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def _loadavg() -> str:
@@ -30,157 +32,85 @@ def _loadavg() -> str:
         return "n/a"
 
 
-_START = (time.strftime("%Y-%m-%d %H:%M"), _loadavg())  # when the benchmark module was imported
+def options(doc: str, rounds: int, warmup: int = 1) -> argparse.ArgumentParser:
+    """The options every benchmark takes; the benchmark adds its own."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--dtype", choices=tuple(DTYPES), help="default fp32 on cpu, bf16 on cuda: autocast around "
+                   "forward and loss of whole models, parameters and inputs in that dtype for single modules")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default 2 on cpu; torch's default on cuda)")
+    p.add_argument("--rounds", type=int, default=rounds, help="timed interleaved rounds (median reported)")
+    p.add_argument("--warmup", type=int, default=warmup, help="untimed rounds first")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, one round: checks that the benchmark runs; "
+                                                        "prints its tables, writes no file")
+    p.add_argument("--out", help="results file ('-': none; default benchmarks/results/<name>[-tcmalloc|-<gpu>].md)")
+    return p
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Memory allocators. The models compared here allocate buffers of hundreds of MB per step (logits, the dense
-# gradient of a large embedding table). Whether such a buffer is fresh memory from the kernel (a minor page
-# fault per 4 KiB page on first touch) or memory the allocator kept from the previous step depends on the
-# allocator and its settings, and can cost seconds per step, more for the model with the larger buffers. A
-# benchmark runs under one of these, in its own process; each results file names it and counts the page faults.
+class Check(NamedTuple):
+    """A target: ``value`` (a ratio) against ``target``, at least (or, ``at_most``, at most)."""
+    what: str
+    value: float
+    target: float
+    at_most: bool = False
 
-# The environment each allocator needs. tcmalloc is preloaded (PyTorch's CPU performance guide recommends
-# jemalloc or tcmalloc); ``TCMALLOC_RELEASE_RATE=0`` keeps freed memory for reuse instead of returning it to the
-# kernel, so that a steady-state step takes no page faults.
-GLIBC_RETAIN = {
-    "MALLOC_MMAP_THRESHOLD_": str(4 << 30),  # no mmap for buffers under 4 GiB: they come from the heap
-    "MALLOC_TRIM_THRESHOLD_": str(64 << 30),  # never give freed heap memory back to the OS
-    "MALLOC_TOP_PAD_": str(1 << 30),  # grow the heap in 1 GiB steps
-}
-ALLOCATORS = ("glibc", "glibc-retain", "tcmalloc")
-TCMALLOC_PATHS = ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4",
-                  "/usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4", "/usr/lib64/libtcmalloc_minimal.so.4",
-                  "/usr/lib/libtcmalloc_minimal.so.4", "/usr/local/lib/libtcmalloc_minimal.so.4")
-_ALLOCATOR_VAR = "DEFINE_BENCH_ALLOCATOR"  # set in the process that runs under the chosen allocator
+    @property
+    def met(self) -> bool:
+        return self.value <= self.target if self.at_most else self.value >= self.target
+
+    def line(self) -> str:
+        verdict = "n/a" if self.value != self.value else "PASS" if self.met else "FAIL"
+        return f"- {verdict}: {self.what}: {ratio(self.value)} (target {'<=' if self.at_most else '>='} " \
+               f"{self.target:g}x)"
 
 
-def allocator_env(name: str) -> Dict[str, str]:
-    """Environment variables that make a fresh process use allocator ``name`` (one of :data:`ALLOCATORS`).
-
-    ``tcmalloc`` is looked for in ``$TCMALLOC_LIBRARY``, then in the usual library folders; if it is not found,
-    ``FileNotFoundError`` says how to install it or point to it.
-    """
-    if name == "glibc":
-        return {}
-    if name == "glibc-retain":
-        return dict(GLIBC_RETAIN)
-    if name == "tcmalloc":
-        given = os.environ.get("TCMALLOC_LIBRARY")
-        candidates = (given,) if given else TCMALLOC_PATHS
-        found = next((path for path in candidates if os.path.isfile(path)), None)
-        if found is None:
-            where = f"TCMALLOC_LIBRARY={given} does not exist" if given else f"looked in {', '.join(TCMALLOC_PATHS)}"
-            raise FileNotFoundError(f"--allocator tcmalloc: libtcmalloc not found ({where}). Install it (Debian, "
-                                    f"Ubuntu: apt-get install libtcmalloc-minimal4) or set TCMALLOC_LIBRARY to the "
-                                    f"library's path, or choose another allocator.")
-        return {"LD_PRELOAD": found, "TCMALLOC_RELEASE_RATE": "0"}
-    raise ValueError(f"unknown allocator {name!r}; choose from {', '.join(ALLOCATORS)}")
+class Result(NamedTuple):
+    text: str
+    checks: List[Check]
+    failed: bool  # a variant raised an error
 
 
-def allocator_note(name: str) -> str:
-    env = allocator_env(name)
-    return f"`{name}`" + (f" ({', '.join(f'`{k}={v}`' for k, v in env.items())})" if env else " (glibc's defaults)")
+class Timings:
+    """Seconds per call (``times``), minor page faults per call (``faults``) and errors, per variant."""
+
+    def __init__(self, names: Sequence[str]):
+        self.times: Dict[str, List[float]] = {n: [] for n in names}
+        self.faults: Dict[str, List[float]] = {n: [] for n in names}
+        self.errors: Dict[str, str] = {}
+
+    def median(self, name: str) -> float:
+        return statistics.median(self.times[name]) if self.times.get(name) else float("nan")
+
+    def ms(self, name: str) -> str:
+        return self.errors[name][:80] if name in self.errors else ms(self.median(name))
+
+    def min_ms(self, name: str) -> str:
+        return ms(min(self.times[name])) if self.times.get(name) else ""
+
+    def page_faults(self, name: str) -> str:
+        return f"{statistics.median(self.faults[name]):.0f}" if self.faults.get(name) else ""
+
+    def speedup(self, base: str, name: str) -> float:
+        """How many times faster ``name`` ran than ``base`` (ratio of medians)."""
+        return self.median(base) / self.median(name)
+
+    def paired(self, base: str, name: str) -> float:
+        """Median over rounds of ``base``'s time over ``name``'s: each round's two calls ran close in time."""
+        pairs = [a / b for a, b in zip(self.times.get(base, []), self.times.get(name, []))]
+        return statistics.median(pairs) if pairs else float("nan")
 
 
-def _allocator_setting(key: str) -> bool:
-    """Whether environment variable ``key`` changes which allocator runs or how it behaves."""
-    glibc_tunable = key.startswith("MALLOC_") and key.endswith("_")
-    return key == "LD_PRELOAD" or key.startswith("TCMALLOC_RELEASE") or glibc_tunable
+def ms(seconds: float) -> str:
+    v = seconds * 1e3
+    return "n/a" if v != v else f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.3g}"
 
 
-def allocator_child_env(name: str, base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-    """The environment of a fresh process that runs under allocator ``name``: ``base`` (default: this process's
-    environment) without any allocator setting of its own (``LD_PRELOAD``, glibc's ``MALLOC_*_`` tunables,
-    ``TCMALLOC_RELEASE_RATE``), plus :func:`allocator_env` of ``name`` and the marker that names it."""
-    env = {k: v for k, v in (os.environ if base is None else base).items() if not _allocator_setting(k)}
-    env.update(allocator_env(name))
-    env[_ALLOCATOR_VAR] = name
-    return env
+def ratio(x: float) -> str:
+    return "n/a" if x != x else f"{x:.2f}x"
 
 
-def current_allocator() -> str:
-    """The allocator this process was started under through :func:`allocator_child_env` ('' if none was)."""
-    return os.environ.get(_ALLOCATOR_VAR, "")
-
-
-def check_allocator_loaded(name: str) -> None:
-    """Raise ``RuntimeError`` if this process was meant to run under tcmalloc but the library is not mapped
-    (e.g. the dynamic loader refused the preloaded file)."""
-    if name != "tcmalloc" or not os.path.exists("/proc/self/maps"):
-        return
-    with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
-        if "tcmalloc" not in f.read():
-            raise RuntimeError(f"--allocator tcmalloc: LD_PRELOAD={os.environ.get('LD_PRELOAD')} did not load "
-                               f"tcmalloc into this process; check that the file is a working libtcmalloc")
-
-
-def run_under_allocator(name: str, module: str, argv: Sequence[str]) -> None:
-    """Make this benchmark run under allocator ``name``: returns at once if this process already does (its
-    environment is :func:`allocator_child_env` of ``name``, and tcmalloc, if asked for, is loaded); otherwise
-    re-executes ``python -m module argv`` in that environment, and does not return. Meant for a benchmark's
-    ``main`` run as a script: the process is replaced."""
-    wanted = allocator_child_env(name)
-    current = {k: v for k, v in os.environ.items() if _allocator_setting(k) or k == _ALLOCATOR_VAR}
-    if current == {k: v for k, v in wanted.items() if _allocator_setting(k) or k == _ALLOCATOR_VAR}:
-        check_allocator_loaded(name)
-        return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, "-m", module, *argv], wanted)
-
-
-def run_child_json(module: str, argv: Sequence[str], allocator: str) -> dict:
-    """Run ``python -m module argv --child-json FILE`` in a fresh process under ``allocator`` and return the JSON
-    that the child writes to FILE (a child that fails raises ``CalledProcessError``)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "result.json")
-        subprocess.run([sys.executable, "-m", module, *argv, "--child-json", out], env=allocator_child_env(allocator),
-                       check=True)
-        with open(out, encoding="utf-8") as f:
-            return json.load(f)
-
-
-def strip_option(argv: Sequence[str], option: str) -> List[str]:
-    """``argv`` without ``option`` and its value (``--option value`` or ``--option=value``)."""
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a == option:
-            skip = True
-        elif not a.startswith(option + "="):
-            out.append(a)
-    return out
-
-
-def add_allocator_option(parser, benchmark: str) -> None:
-    """``--allocator`` (default glibc) for a benchmark that runs under one allocator per process."""
-    parser.add_argument("--allocator", choices=ALLOCATORS, default="glibc",
-                        help=f"memory allocator to run under (the process re-executes itself with it); results of an "
-                             f"allocator other than glibc go to results/{benchmark}-<allocator>.md")
-
-
-def require_allocators(parser, names: Sequence[str]) -> None:
-    """Stop with ``parser.error`` (before any measuring) if an allocator of ``names`` cannot be set up here."""
-    for name in names:
-        try:
-            allocator_env(name)
-        except FileNotFoundError as error:
-            parser.error(str(error))
-
-
-def enter_allocator(parser, name: str, benchmark: str, argv: Optional[Sequence[str]]) -> None:
-    """:func:`run_under_allocator` for ``python -m benchmarks.<benchmark>`` given ``argv`` (``None``: this
-    process's arguments); a missing library stops with ``parser.error``."""
-    require_allocators(parser, [name])
-    run_under_allocator(name, f"benchmarks.{benchmark}", sys.argv[1:] if argv is None else argv)
-
-
-def result_name(benchmark: str, allocator: str) -> str:
-    """The results file of ``benchmark`` run under ``allocator``: ``<benchmark>`` for glibc, else
-    ``<benchmark>-<allocator>``."""
-    return benchmark if allocator == "glibc" else f"{benchmark}-{allocator}"
+def millions(n: int) -> str:
+    return f"{n / 1e6:.2f} M"
 
 
 def minor_faults() -> int:
@@ -188,86 +118,205 @@ def minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def counting_faults(fns: Dict[str, Callable[[], object]]):
-    """``(wrapped, faults)``: ``wrapped`` calls the same functions and appends each call's minor page faults to
-    ``faults[name]`` (warm-up calls included: drop the first ``warmup`` entries)."""
-    faults: Dict[str, List[int]] = {name: [] for name in fns}
+class Bench:
+    """One benchmark run: its options, device and precision, the timing and the results file."""
 
-    def wrap(name, fn):
+    def __init__(self, module: str, parser: argparse.ArgumentParser, argv: Optional[Sequence[str]] = None):
+        self.module, self.argv = module, list(sys.argv[1:] if argv is None else argv)
+        self.args = args = parser.parse_args(self.argv)
+        if args.device == "cuda" and not torch.cuda.is_available():
+            parser.error("--device cuda: torch sees no CUDA device (torch.cuda.is_available() is False)")
+        args.dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
+        if args.quick:
+            args.rounds, args.warmup = 1, 1
+        self.device, self.dtype, self.cuda = torch.device(args.device), DTYPES[args.dtype], args.device == "cuda"
+        if args.threads or not self.cuda:
+            torch.set_num_threads(args.threads or 2)
+        self.failed = False
+        self.start = (time.strftime("%Y-%m-%d %H:%M"), _loadavg())
+
+    def autocast(self):
+        """Mixed precision around a whole model's forward and loss (as fairseq's ``--amp``, in bfloat16)."""
+        return nullcontext() if self.dtype == torch.float32 else torch.autocast(self.device.type, self.dtype)
+
+    def to(self, obj):
+        """``obj`` (a tensor, a module, or dicts / lists of them) on the device."""
+        if isinstance(obj, dict):
+            return {k: self.to(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(self.to(v) for v in obj)
+        return obj.to(self.device) if hasattr(obj, "to") else obj
+
+    def step(self, model, criterion, sample, optimizer=None, clip: float = 0.0):
+        """A callable running one training step of ``model`` (``zero_grad``, forward and loss under autocast,
+        backward, gradient norm clipped to ``clip`` if given, ``optimizer.step()``) or, without ``optimizer``, one
+        scoring pass without autograd."""
         def run():
-            before = minor_faults()
-            fn()
-            faults[name].append(minor_faults() - before)
+            if optimizer is None:
+                with torch.no_grad(), self.autocast():
+                    return criterion(model, sample)
+            optimizer.zero_grad(set_to_none=True)
+            with self.autocast():
+                loss, _, _ = criterion(model, sample)
+            loss.backward()
+            if clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            optimizer.step()
         return run
 
-    return {name: wrap(name, fn) for name, fn in fns.items()}, faults
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
 
+    def time(self, fns: Dict[str, Callable[[], object]], rounds: Optional[int] = None, warmup: Optional[int] = None,
+             before: Optional[Callable[[str], None]] = None, repeat: int = 1, log: bool = True) -> Timings:
+        """Time each callable of ``fns`` once per round (``repeat`` calls in a row per timing, for calls too short
+        to time one by one), rounds interleaved, order rotated; ``before(name)`` runs untimed before each timing.
+        A callable that raises is reported (traceback on stderr), dropped and recorded in ``errors``."""
+        rounds = self.args.rounds if rounds is None else rounds
+        warmup = self.args.warmup if warmup is None else warmup
+        t = Timings(list(fns))
+        for r in range(warmup + rounds):
+            live = [n for n in fns if n not in t.errors]
+            shift = r % max(len(live), 1)
+            for name in live[shift:] + live[:shift]:
+                if before is not None:
+                    before(name)
+                self.sync()
+                faults, start = minor_faults(), time.perf_counter()
+                try:
+                    for _ in range(repeat):
+                        fns[name]()
+                    self.sync()
+                except Exception as error:  # reported in the table; the run goes on with the other variants
+                    t.errors[name] = self.error(error)
+                    continue
+                if r >= warmup:
+                    t.times[name].append((time.perf_counter() - start) / repeat)
+                    t.faults[name].append((minor_faults() - faults) / repeat)
+            if log and r >= warmup:
+                print(f"  round {r - warmup + 1}/{rounds}: " + ", ".join(f"{n} {t.ms(n)} ms" for n in live),
+                      file=sys.stderr, flush=True)
+        return t
 
-def fastest_mm_seconds(a_shape: Sequence[int], b_shape: Sequence[int], calls: int = 1, reps: int = 5) -> float:
-    """Seconds of ``calls`` float32 products ``[a_shape] @ [b_shape]`` through ``torch.mm`` into a preallocated
-    output, one after the other: the fastest of ``reps`` runs (after one untimed run)."""
-    a, b = torch.randn(*a_shape), torch.randn(*b_shape)
-    out = torch.empty(a_shape[0], b_shape[1])
-    samples = []
-    for _ in range(reps + 1):
-        start = time.perf_counter()
-        for _ in range(calls):
-            torch.mm(a, b, out=out)
-        samples.append(time.perf_counter() - start)
-    return min(samples[1:])
+    def error(self, error: Exception) -> str:
+        """Report an error of one variant (traceback on stderr), mark the run failed; returns its table cell."""
+        traceback.print_exc()
+        self.failed = True
+        return error_text(error)
 
-
-def peak_gflops(size: int = 2048, reps: int = 5) -> float:
-    """GFLOP/s of the fastest of ``reps`` float32 ``size``-cubed products on this machine (after one untimed run)."""
-    return 2 * size ** 3 / fastest_mm_seconds((size, size), (size, size), reps=reps) / 1e9
-
-
-def set_threads(threads: int) -> None:
-    """Use ``threads`` intra-op threads (and one inter-op thread where that can still be set)."""
-    torch.set_num_threads(threads)
-    try:
-        torch.set_num_interop_threads(1)
-    except RuntimeError:  # already set, or parallel work has started
-        pass
-
-
-def interleaved(fns: Dict[str, Callable[[], object]], rounds: int, warmup: int = 1,
-                before: Optional[Callable[[str], None]] = None, log: bool = False) -> Dict[str, List[float]]:
-    """Time each callable of ``fns`` once per round, rounds interleaved; returns seconds per call per variant.
-
-    ``warmup`` rounds are run first and not recorded. ``before(name)``, if given, runs untimed before each call
-    (e.g. to clear gradients). The order of the variants is rotated every round.
-    """
-    names = list(fns)
-    times: Dict[str, List[float]] = {name: [] for name in names}
-    for r in range(warmup + rounds):
-        shift = r % len(names)
-        for name in names[shift:] + names[:shift]:
-            if before is not None:
-                before(name)
+    def peak_flops(self) -> float:
+        """FLOP/s of the fastest of 5 square matrix products in the benchmark's dtype (a 2048-cubed float32 product
+        on a CPU, 8192-cubed on a GPU), after one untimed product: the machine's best case."""
+        size = 8192 if self.cuda else 2048
+        dtype = self.dtype if self.cuda else torch.float32
+        a, b = (torch.randn(size, size, device=self.device, dtype=dtype) for _ in range(2))
+        out = torch.empty_like(a)
+        samples = []
+        for _ in range(6):
+            self.sync()
             start = time.perf_counter()
-            fns[name]()
-            elapsed = time.perf_counter() - start
-            if r >= warmup:
-                times[name].append(elapsed)
-        if log and r >= warmup:
-            print(f"  round {r - warmup + 1}/{rounds}: "
-                  + ", ".join(f"{n} {times[n][-1] * 1e3:.1f} ms" for n in names), file=sys.stderr, flush=True)
-    return times
+            torch.mm(a, b, out=out)
+            self.sync()
+            samples.append(time.perf_counter() - start)
+        return 2 * size ** 3 / min(samples[1:])
+
+    def header(self, title: str, notes: Sequence[str] = ()) -> str:
+        """The results file's heading: command, versions, precision, device, load, notes."""
+        argv = " ".join(shlex.quote(a) for a in self.argv)
+        try:
+            import fairseq
+
+            fairseq_version = fairseq.__version__
+        except ImportError:
+            fairseq_version = "not installed"
+        precision = "float32" if self.dtype == torch.float32 else (
+            f"{self.args.dtype} (`--dtype`: autocast around forward and loss of whole models; single modules hold "
+            f"parameters and inputs in it)")
+        host = f"{os.cpu_count()}-core CPU, {cpu_name()}, {platform.system()} {platform.machine()}"
+        if self.cuda:
+            p = torch.cuda.get_device_properties(self.device)
+            device = (f"- GPU: {torch.cuda.get_device_name(self.device)} ({p.total_memory / 2 ** 30:.0f} GiB, CUDA "
+                      f"{torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}); host: {host}; "
+                      f"torch.cuda.synchronize() before and after every timed call")
+        else:
+            device = (f"- Machine: {host}; threads: {torch.get_num_threads()} (torch.set_num_threads), "
+                      f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}; allocator: {allocator()} "
+                      f"(see benchmarks/README.md)")
+        lines = [f"# {title}", "", f"- Command: `.venv/bin/python -m {self.module}{' ' + argv if argv else ''}`",
+                 f"- torch {torch.__version__}, fairseq {fairseq_version}, Python {platform.python_version()}, "
+                 f"{precision}", device,
+                 f"- Load average (1/5/15 min) at the start of the run: {self.start[1]}, at the end: {_loadavg()}; "
+                 f"variants are timed interleaved (one call of each per round, order rotated), figures are medians "
+                 f"over {self.args.rounds} rounds after {self.args.warmup} warm-up round(s) unless said otherwise",
+                 f"- Run: {self.start[0]} to {time.strftime('%H:%M')}"]
+        if self.args.quick:
+            lines.append("- **--quick: tiny sizes, one round; checks that the code runs, measures nothing**")
+        return "\n".join(lines + [f"- {note}" for note in notes]) + "\n"
+
+    def finish(self, title: str, notes: Sequence[str], body: str, checks: Sequence[Check]) -> Result:
+        """Assemble the results text, print it, write it (unless ``--quick`` or ``--out -``) and return it."""
+        text = self.header(title, notes) + "\n" + body.rstrip("\n") + "\n"
+        if checks:
+            text += "\n## Targets\n\n" + "\n".join(c.line() for c in checks) + "\n"
+        print(text)
+        path = self.result_path()
+        if path:
+            write_result(path, text)
+            print(f"wrote {os.path.relpath(path)}")
+        return Result(text, list(checks), self.failed)
+
+    def result_path(self) -> Optional[str]:
+        if self.args.quick or self.args.out == "-":
+            return None
+        if self.args.out:
+            return self.args.out
+        name = self.module.rsplit(".", 1)[-1]
+        if self.cuda:
+            name += "-" + slug(torch.cuda.get_device_name(self.device))
+        elif allocator().startswith("tcmalloc"):
+            name += "-tcmalloc"
+        return os.path.join(RESULTS_DIR, name + ".md")
 
 
-def parse_choices(parser, flag: str, value: str, known: Sequence[str]) -> List[str]:
-    """The comma-separated list ``value`` of option ``flag``, each item one of ``known``; an empty list or an
-    unknown item stops with ``parser.error`` naming the flag and the choices."""
-    items = list(dict.fromkeys(item.strip() for item in value.split(",") if item.strip()))  # in order, once each
-    unknown = [item for item in items if item not in known]
-    if unknown or not items:
-        parser.error(f"{flag}: unknown choice(s) {unknown}; choose from {', '.join(known)}")
-    return items
+def error_text(error: BaseException) -> str:
+    """An error as one line for a table cell."""
+    return f"failed: {type(error).__name__}: {error}".replace("|", "/").replace("\n", " ")[:300]
 
 
-def median(values: Sequence[float]) -> float:
-    return statistics.median(values)
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def write_result(path: str, text: str) -> None:
+    """Write ``text`` to ``path``, keeping what the file had from :data:`KEEP_MARK` on (hand-written history)."""
+    kept = ""
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            old = f.read()
+        if KEEP_MARK in old:
+            kept = "\n" + old[old.index(KEEP_MARK):]
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text + kept)
+
+
+def run_main(main: Callable[[], Result]) -> None:
+    """``python -m benchmarks.<name>``: exit status 1 when a variant failed (its table says which)."""
+    sys.exit(1 if main().failed else 0)
+
+
+def allocator() -> str:
+    """The memory allocator of this process (what is mapped into it) and the environment settings that tune it."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            maps = f.read()
+    except OSError:
+        maps = ""
+    name = next((lib for lib in ("tcmalloc", "jemalloc", "mimalloc") if lib in maps), "glibc malloc")
+    settings = [f"`{k}={v}`" for k, v in sorted(os.environ.items())
+                if k == "LD_PRELOAD" or k.startswith("TCMALLOC_") or (k.startswith("MALLOC_") and k.endswith("_"))]
+    return name + (f" ({', '.join(settings)})" if settings else " (its defaults)")
 
 
 def cpu_name() -> str:
@@ -281,54 +330,10 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def header(title: str, module: str, notes: Sequence[str] = ()) -> str:
-    """The markdown heading of a results file: the command, torch/fairseq versions, threads and machine."""
-    argv = " ".join(shlex.quote(a) for a in sys.argv[1:])
-    command = f".venv/bin/python -m {module}" + (f" {argv}" if argv else "")
-    try:
-        import fairseq
-
-        fairseq_version = fairseq.__version__
-    except ImportError:
-        fairseq_version = "not installed"
-    lines = [
-        f"# {title}",
-        "",
-        f"- Command: `{command}`",
-        f"- torch {torch.__version__}, fairseq {fairseq_version}, Python {platform.python_version()}, float32",
-        f"- Threads: {torch.get_num_threads()} (torch.set_num_threads), OMP_WAIT_POLICY="
-        f"{os.environ.get('OMP_WAIT_POLICY', 'unset')} (see benchmarks/README.md)",
-        f"- Machine: {os.cpu_count()}-core CPU, {cpu_name()}, {platform.system()} {platform.machine()}",
-        f"- Load average (1/5/15 min) at the start of the run: {_START[1]}, at the end: {_loadavg()}; variants are "
-        f"timed interleaved (one call of each per round, order rotated), figures are medians over rounds",
-        f"- Run: {_START[0]} to {time.strftime('%H:%M')}",
-    ]
-    if current_allocator():
-        lines.append(f"- Allocator: {allocator_note(current_allocator())} (`--allocator`; see benchmarks/README.md)")
-    lines += [f"- {note}" for note in notes]
-    return "\n".join(lines) + "\n"
-
-
 def table(columns: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """A markdown table (numbers already formatted by the caller)."""
     out = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(out) + "\n"
-
-
-def write_result(name: str, text: str) -> str:
-    """Write ``text`` to ``benchmarks/results/<name>.md``, print it and return the path."""
-    os.makedirs(RESULTS_DIR, exist_ok=True)
-    path = os.path.join(RESULTS_DIR, f"{name}.md")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-    print(text)
-    print(f"wrote {os.path.relpath(path)}")
-    return path
-
-
-def fmt_params(n: int) -> str:
-    return f"{n / 1e6:.2f} M"
+    return "\n".join(out + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]) + "\n"
 
 
 def count_params(module: torch.nn.Module) -> int:
@@ -336,65 +341,34 @@ def count_params(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Models: the real registered fairseq archs, built without data files.
+# -- models and batches: the registered fairseq archs, built as fairseq-train builds them, without data files ---
 
+def build_model(arch: str, vocab: int, task_args: Sequence[str], extra: Sequence[str] = (), langs=()):
+    """``(cfg, task, model, criterion)`` of ``--arch arch`` on made-up dictionaries of ``vocab`` symbols
+    (``dict.txt``, and ``dict.<lang>.txt`` for each of ``langs``)."""
+    import tempfile
 
-def make_dictionary(size: int):
-    """A fairseq ``Dictionary`` of exactly ``size`` symbols (the 4 specials included)."""
-    from fairseq.data import Dictionary
+    import define_fairseq  # noqa: F401  (registers the plugin's models)
+    from define_fairseq.tools.params import setup_from_train_args, write_dictionaries
 
-    d = Dictionary()
-    i = 0
-    while len(d) < size:
-        d.add_symbol(f"w{i}")
-        i += 1
-    return d
-
-
-def build_translation_model(arch: str, extra_args: Sequence[str] = (), vocab: int = 32000):
-    """Build ``--arch arch`` for ``--task translation`` the way fairseq-train does: fairseq's parser, the
-    namespace converted to its omegaconf config, then ``task.build_model(cfg.model)``.
-
-    Returns ``(model, task, cfg)``; source and target dictionaries have ``vocab`` symbols each.
-    """
-    import fairseq  # noqa: F401
-    import define_fairseq  # noqa: F401  (registers transformer_define)
-    from fairseq import options
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-    from fairseq.tasks.translation import TranslationTask
-
-    parser = options.get_training_parser()
-    argv = ["/nonexistent-data-dir", "--task", "translation", "-s", "src", "-t", "tgt", "--arch", arch, "--cpu"]
-    args = options.parse_args_and_arch(parser, argv + list(extra_args))
-    cfg = convert_namespace_to_omegaconf(args)
-    task = TranslationTask(cfg.task, make_dictionary(vocab), make_dictionary(vocab))
-    model = task.build_model(cfg.model)
-    return model, task, cfg
-
-
-def build_define_and_baseline(layers: int):
-    """``(transformer_define, transformer, task)``: the two compared models, same size (d_model 512, FFN 2048,
-    ``layers`` + ``layers``), same seed, both with the decoder output tied (the stock one with
-    ``--share-decoder-input-output-embed``)."""
-    size = ["--encoder-layers", str(layers), "--decoder-layers", str(layers)]
-    torch.manual_seed(1)
-    define, task, _ = build_translation_model("transformer_define", size)
-    torch.manual_seed(1)
-    baseline, _, _ = build_translation_model("transformer", size + ["--share-decoder-input-output-embed"])
-    return define, baseline, task
+    with tempfile.TemporaryDirectory() as data:
+        write_dictionaries(data, vocab, langs)
+        cfg, task, model = setup_from_train_args([data, "--user-dir", "define_fairseq", "--arch", arch,
+                                                  *task_args, *extra, "--cpu"])
+    return cfg, task, model, task.build_criterion(cfg.criterion)
 
 
 def zipf_tokens(generator: torch.Generator, shape, vocab: int, nspecial: int = 4, exponent: float = 1.0):
     """Token ids drawn Zipf-like over the ``vocab - nspecial`` ordinary symbols: P(rank r) ~ 1 / r**exponent."""
-    ranks = torch.arange(1, vocab - nspecial + 1, dtype=torch.float64)
-    probs = ranks.pow(-exponent)
+    probs = torch.arange(1, vocab - nspecial + 1, dtype=torch.float64).pow(-exponent)
     flat = torch.multinomial(probs / probs.sum(), int(torch.tensor(shape).prod()), replacement=True,
                              generator=generator)
     return (flat + nspecial).view(*shape)
 
 
-def paired_ratio(times: Dict[str, List[float]], numerator: str, denominator: str) -> float:
-    """Median over rounds of ``times[numerator][r] / times[denominator][r]``: each round's two calls ran close in
-    time, so this ratio is less sensitive to slow drifts of the machine's load than a ratio of medians."""
-    return median([a / b for a, b in zip(times[numerator], times[denominator])])
+def lm_sample(vocab: int, batch: int, length: int, seed: int = 0) -> dict:
+    """A language-modelling batch of Zipf-distributed tokens: ``src_tokens [batch, length]``, targets shifted."""
+    stream = zipf_tokens(torch.Generator().manual_seed(seed), (batch, length + 1), vocab)
+    return {"id": torch.arange(batch), "nsentences": batch, "ntokens": batch * length,
+            "net_input": {"src_tokens": stream[:, :-1].contiguous(), "src_lengths": torch.full((batch,), length)},
+            "target": stream[:, 1:].contiguous()}

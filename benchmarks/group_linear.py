@@ -1,21 +1,16 @@
-"""GroupLinear vs a per-group loop of nn.Linear vs a dense nn.Linear: forward + backward time on CPU.
+"""GroupLinear forward + backward against a per-group loop of nn.Linear and a dense nn.Linear.
 
-Shapes: every layer of the base ``transformer_define`` DeFINE unit (n=128, k=1024, m=512, depth 3, 4 groups
-at most) and 1024 -> 2048 with 4 groups. The input requires grad (as inside DeFINE, where each layer's input
-comes from the trainable table), so backward computes the input, weight and bias gradients.
+Shapes: the three layers of the base ``transformer_define``'s DeFINE unit (n=128, k=1024, m=512, depth 3, 4 groups
+at most) and 1024 -> 2048 with 4 groups. The input requires grad, as inside DeFINE. Targets: GroupLinear no slower
+than the loop at every shape; at least 2.5x faster than dense at 1024 -> 2048, 4 groups, 8192 tokens.
 
-Targets: GroupLinear no slower than the loop at every shape; at least 2.5x faster than dense at 1024 -> 2048,
-4 groups, 8192 tokens.
-
-    .venv/bin/python -m benchmarks.group_linear [--tokens 8192] [--rounds 15] [--threads 2]
+    .venv/bin/python -m benchmarks.group_linear [--device cuda] [--tokens 8192] [--rounds 15]
 """
-
-import argparse
 
 import torch
 import torch.nn as nn
 
-from benchmarks.common import header, interleaved, median, set_threads, table, write_result
+from benchmarks.common import Bench, Check, options, ratio, run_main, table
 from define_fairseq.modules import GroupLinear
 from define_fairseq.modules.define import define_layer_sizes
 from define_fairseq.modules.group_linear import _group_linear_reference
@@ -34,81 +29,55 @@ class LoopGroupLinear(nn.Module):
 
 
 class PlainGroupLinear(GroupLinear):
-    """GroupLinear's previous forward: the plain autograd ``baddbmm`` formulation, with transposing copies."""
+    """GroupLinear's plain autograd formulation (``baddbmm`` on the transposed input, then a transposing copy)."""
 
     def forward(self, x):
-        if self.groups == 1:
-            return super().forward(x)
-        return _group_linear_reference(x, self.weight, self.bias)
-
-
-def shapes():
-    base = [tuple(s) + ("transformer_define layer %d" % (i + 1),)
-            for i, s in enumerate(define_layer_sizes(128, 1024, 512, 3, 4))]
-    return base + [(1024, 2048, 4, "1024 -> 2048, 4 groups")]
-
-
-def bench_shape(in_f, out_f, groups, tokens, rounds):
-    torch.manual_seed(0)
-    modules = {
-        "GroupLinear": GroupLinear(in_f, out_f, groups),
-        "plain": PlainGroupLinear(in_f, out_f, groups),
-        "loop": LoopGroupLinear(in_f, out_f, groups),
-        "dense": nn.Linear(in_f, out_f),
-    }
-    x = torch.randn(tokens, in_f, requires_grad=True)
-    grad = torch.randn(tokens, out_f)
-
-    def step(module):
-        def run():
-            module(x).backward(grad)
-        return run
-
-    def zero(name):
-        x.grad = None
-        modules[name].zero_grad(set_to_none=True)
-
-    times = interleaved({name: step(m) for name, m in modules.items()}, rounds=rounds, warmup=2, before=zero)
-    return {name: median(t) * 1e3 for name, t in times.items()}
+        return super().forward(x) if self.groups == 1 else _group_linear_reference(x, self.weight, self.bias)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokens", type=int, default=8192, help="rows of the input (tokens)")
-    parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds per shape (median reported)")
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args(argv)
-    set_threads(args.threads)
-
+    parser = options(__doc__, rounds=15, warmup=2)
+    parser.add_argument("--tokens", type=int, default=8192, help="rows of the input")
+    bench = Bench("benchmarks.group_linear", parser, argv)
+    tokens = 64 if bench.args.quick else bench.args.tokens
+    shapes = [(*s, f"transformer_define layer {i + 1}") for i, s in enumerate(define_layer_sizes(128, 1024, 512, 3, 4))]
     rows, checks = [], []
-    for in_f, out_f, groups, label in shapes():
-        ms = bench_shape(in_f, out_f, groups, args.tokens, args.rounds)
-        vs_loop = ms["loop"] / ms["GroupLinear"]
-        vs_dense = ms["dense"] / ms["GroupLinear"]
-        rows.append([label, f"{in_f} -> {out_f}", groups, f"{ms['GroupLinear']:.1f}", f"{ms['plain']:.1f}",
-                     f"{ms['loop']:.1f}", f"{ms['dense']:.1f}", f"{ms['plain'] / ms['GroupLinear']:.2f}x",
-                     f"{vs_loop:.2f}x", f"{vs_dense:.2f}x"])
-        checks.append((f"GroupLinear no slower than the loop at {in_f} -> {out_f}, g={groups}: loop/GroupLinear = "
-                       f"{vs_loop:.2f}", vs_loop >= 1.0))
-        if (in_f, out_f, groups) == (1024, 2048, 4):
-            checks.append((f"GroupLinear >= 2.5x faster than dense at 1024 -> 2048, g=4, {args.tokens} tokens: "
-                           f"dense/GroupLinear = {vs_dense:.2f}", vs_dense >= 2.5))
-        print(rows[-1], flush=True)
+    for in_f, out_f, groups, label in shapes + [(1024, 2048, 4, "1024 -> 2048, 4 groups")]:
+        torch.manual_seed(0)
+        modules = {"GroupLinear": GroupLinear(in_f, out_f, groups), "plain": PlainGroupLinear(in_f, out_f, groups),
+                   "loop": LoopGroupLinear(in_f, out_f, groups), "dense": nn.Linear(in_f, out_f)}
+        for m in modules.values():
+            m.to(bench.device, bench.dtype)
+        x = torch.randn(tokens, in_f, device=bench.device, dtype=bench.dtype, requires_grad=True)
+        grad = torch.randn(tokens, out_f, device=bench.device, dtype=bench.dtype)
 
-    text = header("GroupLinear forward + backward", "benchmarks.group_linear",
-                  [f"{args.tokens} tokens, float32, input requires grad; {args.rounds} interleaved rounds per shape "
-                   f"after 2 warm-up rounds",
-                   "GroupLinear = define_fairseq.modules.GroupLinear (bmm writing into strided views of the output, "
-                   "custom autograd Function); plain = GroupLinear's previous forward (baddbmm on the transposed "
-                   "input, then a transposing copy to [N, out]; plain autograd); loop = a ModuleList of nn.Linear, "
-                   "one per group, on x.chunk(groups), then torch.cat; dense = nn.Linear(in, out); with 1 group "
-                   "GroupLinear and plain are F.linear and the loop is one nn.Linear plus the copy torch.cat makes"])
-    text += "\n" + table(["shape", "in -> out", "groups", "GroupLinear ms", "plain ms", "loop ms", "dense ms",
-                          "plain / GroupLinear", "loop / GroupLinear", "dense / GroupLinear"], rows)
-    text += "\nRatios above 1 mean GroupLinear is faster.\n\n## Targets\n\n"
-    text += "".join(f"- {'PASS' if ok else 'FAIL'}: {what}\n" for what, ok in checks)
-    write_result("group_linear", text)
+        def zero(name):
+            x.grad = None
+            modules[name].zero_grad(set_to_none=True)
+
+        def step(name):
+            def run():
+                if bench.cuda:  # many calls per timing: gradients must not accumulate
+                    zero(name)
+                modules[name](x).backward(grad)
+            return run
+
+        t = bench.time({name: step(name) for name in modules}, before=None if bench.cuda else zero,
+                       repeat=20 if bench.cuda else 1)
+        rows.append([label, f"{in_f} -> {out_f}", groups] + [t.ms(n) for n in modules]
+                    + [ratio(t.speedup(n, "GroupLinear")) for n in ("plain", "loop", "dense")])
+        checks.append(Check(f"GroupLinear vs the loop at {in_f} -> {out_f}, g={groups}",
+                            t.speedup("loop", "GroupLinear"), 1.0))
+        if (in_f, out_f, groups) == (1024, 2048, 4):
+            checks.append(Check(f"GroupLinear vs dense at 1024 -> 2048, g=4, {tokens} tokens",
+                                t.speedup("dense", "GroupLinear"), 2.5))
+    notes = [f"{tokens} tokens, input requires grad; on a GPU each timing is 20 calls in a row; plain = GroupLinear's "
+             f"autograd formulation, loop = one nn.Linear per group, dense = nn.Linear (benchmarks/README.md)"]
+    body = table(["shape", "in -> out", "groups", "GroupLinear ms", "plain ms", "loop ms", "dense ms",
+                  "plain / GroupLinear", "loop / GroupLinear", "dense / GroupLinear"], rows)
+    body += "\nRatios above 1 mean GroupLinear is faster.\n"
+    return bench.finish("GroupLinear forward + backward", notes, body, checks)
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

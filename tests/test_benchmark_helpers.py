@@ -1,100 +1,175 @@
-"""The benchmarks' measuring helpers: allocator selection, page-fault counting and the LSTM matrix-product floor."""
+"""The benchmarks' harness (interleaved timing, targets, results files, allocator report) and their FLOP counts."""
 
 import os
 import subprocess
 import sys
 
 import pytest
+import torch
 
-from benchmarks.common import allocator_child_env, allocator_env, result_name, strip_option
-from benchmarks.lstm_lm_speed import build_lm, step_products
+from benchmarks import gpu_report, group_linear
+from benchmarks.common import KEEP_MARK, Bench, Check, Result, Timings, build_model, options, write_result
+from benchmarks.lstm_lm_speed import step_flops
 from benchmarks.txl_speed import io_training_flops, txl_batch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_allocator_env_glibc_variants():
-    assert allocator_env("glibc") == {}
-    retain = allocator_env("glibc-retain")
-    assert set(retain) == {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"}
-    with pytest.raises(ValueError, match="unknown allocator 'jemalloc'"):
-        allocator_env("jemalloc")
+def make_bench(*argv):
+    return Bench("benchmarks.example", options("doc", rounds=3), list(argv))
 
 
-def test_tcmalloc_missing_library_is_a_clear_error(monkeypatch, tmp_path):
-    monkeypatch.setenv("TCMALLOC_LIBRARY", str(tmp_path / "libtcmalloc_minimal.so.4"))
-    with pytest.raises(FileNotFoundError, match=r"--allocator tcmalloc.*TCMALLOC_LIBRARY=.*does not exist.*apt-get"):
-        allocator_env("tcmalloc")
+def test_rounds_are_interleaved_rotated_and_warm_up_is_not_recorded():
+    bench = make_bench("--rounds", "3", "--warmup", "2")
+    calls = []
+    fns = {name: (lambda name=name: calls.append(name)) for name in "abc"}
+    timings = bench.time(fns, before=lambda name: calls.append("before " + name), log=False)
+    assert calls[:6] == ["before a", "a", "before b", "b", "before c", "c"]
+    order = [c for c in calls if not c.startswith("before")]
+    assert order == list("abc" "bca" "cab" "abc" "bca")  # 2 warm-up rounds, 3 timed, each rotated by one
+    assert all(len(timings.times[n]) == 3 and len(timings.faults[n]) == 3 for n in "abc")
+    assert not timings.errors and not bench.failed
 
 
-def test_tcmalloc_given_library_is_preloaded_and_keeps_memory(monkeypatch, tmp_path):
-    lib = tmp_path / "libtcmalloc_minimal.so.4"
-    lib.write_bytes(b"")
-    monkeypatch.setenv("TCMALLOC_LIBRARY", str(lib))
-    assert allocator_env("tcmalloc") == {"LD_PRELOAD": str(lib), "TCMALLOC_RELEASE_RATE": "0"}
+def test_repeat_calls_a_variant_several_times_per_timing():
+    bench = make_bench("--rounds", "2", "--warmup", "0")
+    count = []
+    timings = bench.time({"a": lambda: count.append(1)}, repeat=5, log=False)
+    assert len(count) == 10 and len(timings.times["a"]) == 2
 
 
-def test_result_names():
-    assert result_name("txl_speed", "glibc") == "txl_speed"
-    assert result_name("txl_speed", "tcmalloc") == "txl_speed-tcmalloc"
+def test_a_failing_variant_is_reported_and_the_others_still_run():
+    bench = make_bench("--rounds", "2")
+    ran = []
+
+    def broken():
+        raise RuntimeError("no kernel | for this")
+
+    timings = bench.time({"ok": lambda: ran.append(1), "broken": broken}, log=False)
+    assert len(ran) == 3 and len(timings.times["ok"]) == 2
+    assert timings.errors["broken"] == "failed: RuntimeError: no kernel / for this"  # no "|": a table cell
+    assert timings.ms("broken").startswith("failed") and timings.median("broken") != timings.median("broken")
+    assert bench.failed
 
 
-def test_strip_option_drops_both_forms_and_keeps_the_rest():
-    argv = ["--rounds", "3", "--allocators", "glibc", "--threads=2", "--allocators=tcmalloc", "--allocatorsx", "1"]
-    assert strip_option(argv, "--allocators") == ["--rounds", "3", "--threads=2", "--allocatorsx", "1"]
+def test_ratios_of_medians_and_of_rounds():
+    t = Timings(["base", "fast"])
+    t.times = {"base": [4.0, 6.0, 30.0], "fast": [2.0, 2.0, 3.0]}
+    assert t.median("base") == 6.0 and t.speedup("base", "fast") == 3.0
+    assert t.paired("base", "fast") == 3.0  # median of 2, 3 and 10
+    t.times["base"] = []
+    assert t.speedup("base", "fast") != t.speedup("base", "fast")  # nan: nothing measured
+
+
+def test_checks_at_least_at_most_and_not_measured():
+    assert Check("x", 1.2, 1.1).met and not Check("x", 1.0, 1.1).met
+    assert Check("r", 1.05, 1.1, at_most=True).met and not Check("r", 1.2, 1.1, at_most=True).met
+    assert Check("x", 1.234, 1.1).line() == "- PASS: x: 1.23x (target >= 1.1x)"
+    assert Check("r", 1.2, 1.1, at_most=True).line() == "- FAIL: r: 1.20x (target <= 1.1x)"
+    assert Check("x", float("nan"), 1.0).line().startswith("- n/a: x: n/a")
+
+
+def test_quick_and_out_options(tmp_path):
+    quick = make_bench("--quick", "--rounds", "7")
+    assert (quick.args.rounds, quick.args.warmup, quick.result_path()) == (1, 1, None)
+    assert make_bench("--out", "-").result_path() is None
+    assert make_bench("--out", str(tmp_path / "x.md")).result_path() == str(tmp_path / "x.md")
+    default = make_bench().result_path()
+    assert os.path.basename(default) in ("example.md", "example-tcmalloc.md")
+    assert make_bench().args.dtype == "fp32" and make_bench("--dtype", "bf16").dtype == torch.bfloat16
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_device_cuda_without_a_gpu_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        make_bench("--device", "cuda")
+    assert exit_info.value.code == 2 and "--device cuda: torch sees no CUDA device" in capsys.readouterr().err
+
+
+def test_bf16_autocast_and_device_placement():
+    bench = make_bench("--dtype", "bf16")
+    with bench.autocast():
+        y = torch.mm(torch.randn(2, 3), torch.randn(3, 4))
+    assert y.dtype == torch.bfloat16
+    with make_bench().autocast():
+        assert torch.mm(torch.randn(2, 3), torch.randn(3, 4)).dtype == torch.float32
+    moved = bench.to({"a": [torch.ones(1)], "n": 3, "s": "x"})
+    assert moved["a"][0].device.type == "cpu" and moved["n"] == 3 and moved["s"] == "x"
+
+
+def test_header_names_the_command_and_the_machine():
+    bench = make_bench("--rounds", "2", "--quick")
+    header = bench.header("Title", ["a note"])
+    assert header.startswith("# Title\n")
+    assert "- Command: `.venv/bin/python -m benchmarks.example --rounds 2 --quick`" in header
+    assert "threads: 2" in header and "allocator: " in header and "- a note" in header and "--quick" in header
+
+
+def test_write_result_keeps_the_hand_written_part(tmp_path):
+    path = str(tmp_path / "r.md")
+    write_result(path, "# run 1\n")
+    write_result(path, "# run 2\n")
+    assert open(path).read() == "# run 2\n"
+    with open(path, "a") as f:
+        f.write(f"\n{KEEP_MARK}\n\n## History\n\nkept\n")
+    write_result(path, "# run 3\n")
+    text = open(path).read()
+    assert text.startswith("# run 3\n") and "run 2" not in text
+    assert text.endswith(f"{KEEP_MARK}\n\n## History\n\nkept\n")
+
+
+ALLOCATOR_SCRIPT = "from benchmarks.common import allocator; print(allocator())"
+
+
+def clean_env(**extra):
+    env = {k: v for k, v in os.environ.items()
+           if not (k == "LD_PRELOAD" or k.startswith("TCMALLOC_") or (k.startswith("MALLOC_") and k.endswith("_")))}
+    return dict(env, **extra)
+
+
+def test_allocator_report_names_the_settings():
+    def run(env):
+        return subprocess.run([sys.executable, "-c", ALLOCATOR_SCRIPT], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=120, check=True).stdout.strip()
+
+    assert run(clean_env()) == "glibc malloc (its defaults)"
+    assert run(clean_env(MALLOC_TOP_PAD_="1073741824")) == "glibc malloc (`MALLOC_TOP_PAD_=1073741824`)"
 
 
 FAULTS_SCRIPT = """
 import torch
-from benchmarks.common import counting_faults
-calls, faults = counting_faults({"fresh": lambda: torch.ones(32 << 20), "none": lambda: None})
-calls["fresh"](); calls["none"](); calls["fresh"]()
-print(faults["fresh"][0], faults["fresh"][1], faults["none"][0], len(faults["fresh"]), len(faults["none"]))
+from benchmarks.common import Bench, options
+bench = Bench("benchmarks.example", options("doc", rounds=2), ["--warmup", "0"])
+t = bench.time({"fresh": lambda: torch.ones(32 << 20), "none": lambda: None}, log=False)
+print(min(t.faults["fresh"]), max(t.faults["none"]))
 """
 
 
-def test_counting_faults_sees_fresh_memory():
-    # A 128 MB buffer is above glibc's largest mmap threshold: with glibc's defaults (a child process without any
-    # allocator setting) every call gets a fresh mapping, one fault per page written.
-    env = allocator_child_env("glibc")
-    proc = subprocess.run([sys.executable, "-c", FAULTS_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=120, check=True)
-    first, second, none, calls_fresh, calls_none = map(int, proc.stdout.split())
+def test_page_faults_are_counted_per_call():
+    # A 128 MB buffer is above glibc's largest mmap threshold: with glibc's defaults every call gets a fresh
+    # mapping, one fault per page written.
+    proc = subprocess.run([sys.executable, "-c", FAULTS_SCRIPT], cwd=ROOT, env=clean_env(), capture_output=True,
+                          text=True, timeout=120, check=True)
+    fresh, none = map(float, proc.stdout.split())
     try:
         with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
             huge = "[always]" in f.read()
     except OSError:
         huge = False
-    pages = (128 << 20) // ((2 << 20) if huge else 4096)
-    assert (calls_fresh, calls_none) == (2, 1)
-    assert first > pages // 2 and second > pages // 2, (first, second)
+    assert fresh > (128 << 20) // ((2 << 20) if huge else 4096) // 2, fresh
     assert none < 100
 
 
-def test_child_environment_drops_the_callers_allocator_settings():
-    base = {"PATH": "/bin", "LD_PRELOAD": "/x/libjemalloc.so", "MALLOC_TOP_PAD_": "1", "TCMALLOC_RELEASE_RATE": "5",
-            "MALLOC_CONF": "kept: not a glibc tunable"}
-    assert allocator_child_env("glibc", base) == {"PATH": "/bin", "MALLOC_CONF": "kept: not a glibc tunable",
-                                                  "DEFINE_BENCH_ALLOCATOR": "glibc"}
-    retain = allocator_child_env("glibc-retain", base)
-    assert "LD_PRELOAD" not in retain and retain["MALLOC_TOP_PAD_"] == str(1 << 30)
-
-
 @pytest.mark.parametrize("training", [True, False])
-def test_step_products_lists_every_product_with_its_arithmetic(training):
+def test_step_flops_of_an_lstm_lm(training):
     layers, proj = [(8, 16), (16, 16)], (16, 8)
-    parts = step_products(layers, proj, vocab=50, batch=3, bptt=5, training=training, reps=1)
-    per_layer = 6 if training else 2  # input, recurrent (+ back in time, dW_hh, dW_ih, input gradient)
-    per_dense = 3 if training else 1  # forward (+ input and weight gradients)
-    assert len(parts) == per_layer * len(layers) + per_dense * 2
-    flops = {label: f for label, _, f in parts}
-    assert flops["layer 1 recurrent products, 5 x [3, 16] @ [16, 64]"] == 2 * 3 * 16 * 64 * 5
-    assert flops["output layer [15, 8] @ [8, 50]"] == 2 * 15 * 8 * 50
-    # The arithmetic of a training step: backward products are twice the forward ones.
-    forward = sum(f for _, _, f in step_products(layers, proj, 50, 3, 5, training=False, reps=1))
-    assert sum(flops.values()) == (3 * forward if training else forward)
-    no_proj = step_products(layers, None, vocab=50, batch=3, bptt=5, training=training, reps=1)
-    assert len(no_proj) == len(parts) - per_dense and "output layer [15, 16] @ [16, 50]" in [p for p, _, _ in no_proj]
+    n = 3 * 5
+    forward = (2 * n * 8 * 64 + 2 * n * 16 * 64  # layer 1: input and recurrent products
+               + 2 * n * 16 * 64 * 2  # layer 2
+               + 2 * n * 16 * 8 + 2 * n * 8 * 50)  # projection, output layer
+    assert step_flops(layers, proj, vocab=50, batch=3, bptt=5, training=training) == (3 if training else 1) * forward
+    no_proj = forward - 2 * n * 16 * 8 - 2 * n * 8 * 50 + 2 * n * 16 * 50
+    assert step_flops(layers, None, 50, 3, 5, training) == (3 if training else 1) * no_proj
 
 
 TINY_TXL = ["--decoder-layers", "1", "--decoder-embed-dim", "16", "--decoder-attention-heads", "2", "--txl-head-dim",
@@ -105,16 +180,16 @@ TXL_TASK = ["--task", "language_modeling", "--criterion", "lm_regularized_loss",
 
 def test_io_training_flops_of_the_transformer_xl_layers():
     vocab = 60
-    sample = txl_batch(3, 10, seed=0, vocab=vocab)
+    sample = txl_batch(vocab, 3, 10, seed=0)
     target = sample["target"].reshape(-1)
     in_tail = [int(((target >= lo) & (target < hi)).sum()) for lo, hi in ((20, 40), (40, 60))]
     assert sum(in_tail) > 0
     # Standard input, table width = d = 16: no projections; the head scores 20 words + 2 cluster entries.
-    standard, _, _ = build_lm("transformer_xl_lm", vocab, TXL_TASK, TINY_TXL)
+    standard = build_model("transformer_xl_lm", vocab, TXL_TASK, TINY_TXL)[2]
     expected = 30 * 22 * 16 + (in_tail[0] + in_tail[1]) * 20 * 16
     assert io_training_flops(standard, sample) == 6 * expected
     # DeFINE input, table width n = 8: every cluster projects 16 -> 8, and the unit runs per distinct token.
-    define, _, _ = build_lm("transformer_xl_lm", vocab, TXL_TASK, TINY_TXL + ["--txl-input", "define"])
+    define = build_model("transformer_xl_lm", vocab, TXL_TASK, TINY_TXL + ["--txl-input", "define"])[2]
     unit = sum(p.numel() for name, p in define.decoder.embed_tokens.define.named_parameters()
                if name.startswith("layers.") and name.endswith("weight"))
     distinct = sample["net_input"]["src_tokens"].unique().numel()
@@ -127,11 +202,32 @@ def test_io_training_flops_of_the_transformer_xl_layers():
     assert io_training_flops(define, sample) == 6 * expected
 
 
-def test_benchmark_refuses_a_missing_tcmalloc_before_measuring(tmp_path):
-    env = dict(os.environ, TCMALLOC_LIBRARY=str(tmp_path / "missing.so"))
-    env.pop("DEFINE_BENCH_ALLOCATOR", None)
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.txl_speed", "--allocator", "tcmalloc"], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2  # argparse's usage error
-    assert "error: --allocator tcmalloc: libtcmalloc not found" in proc.stderr
-    assert "round 1/" not in proc.stderr  # nothing was timed
+def test_a_benchmark_runs_end_to_end_and_returns_its_table_and_targets(capsys):
+    result = group_linear.main(["--quick"])
+    assert not result.failed
+    assert "| 1024 -> 2048, 4 groups | 1024 -> 2048 | 4 |" in result.text
+    assert [c.target for c in result.checks] == [1.0] * 4 + [2.5]
+    assert "wrote" not in capsys.readouterr().out  # --quick writes no file
+
+
+def test_gpu_report_tables_figures_and_survives_a_failing_benchmark(monkeypatch, tmp_path):
+    def fake(argv):
+        assert "--device" in argv and "--quick" in argv and "--out" in argv
+        return Result("# Fake\n\n## Part\n", [Check("ours vs theirs", 1.5, 1.2), Check("r", 1.3, 1.1, at_most=True)],
+                      False)
+
+    def broken(argv):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(group_linear, "main", fake)
+    from benchmarks import train_speed
+
+    monkeypatch.setattr(train_speed, "main", broken)
+    out = tmp_path / "report.md"
+    status = gpu_report.main(["--device", "cpu", "--quick", "--only", "group_linear,train_speed", "--out", str(out)])
+    text = out.read_text()
+    assert status == 1  # something raised
+    assert "| `group_linear` | ours vs theirs | 1.50x | >= 1.2x | yes |" in text
+    assert "| `group_linear` | r | 1.30x | <= 1.1x | **no** |" in text
+    assert "| `train_speed` | **failed: RuntimeError: out of memory** |" in text
+    assert "## Fake\n\n### Part" in text  # each benchmark's own text follows, its headings one level down

@@ -1,0 +1,86 @@
+"""Every benchmark on a GPU with short settings, in one run, and one table of its figures beside the GPU targets;
+each benchmark's own tables follow in the same file (default ``benchmarks/results/gpu-<gpu name>.md``).
+
+    .venv/bin/python -m benchmarks.gpu_report [--out PATH] [--only train_speed,mogrifier_speed]
+
+A missed target does not stop the run; a benchmark that raises is reported in the table and the others still run
+(exit status 1 when something raised, 0 otherwise). ``--device cpu --quick`` checks the whole report on a CPU.
+"""
+
+import argparse
+import gc
+import importlib
+import os
+import platform
+import re
+import sys
+import time
+import traceback
+
+import torch
+
+from benchmarks.common import RESULTS_DIR, error_text, ratio, slug, table, write_result
+
+# (benchmark, its options): each a few tens of seconds on one H100 (the Mogrifier's torch.compile about a minute)
+RUNS = (("group_linear", ["--rounds", "10"]), ("train_speed", ["--rounds", "10"]),
+        ("generate_speed", ["--rounds", "5"]), ("lstm_lm_speed", ["--rounds", "5"]),
+        ("mogrifier_speed", ["--rounds", "5"]), ("txl_speed", ["--rounds", "5"]),
+        ("gcnn_speed", ["--parts", "train,generate", "--rounds", "3"]))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: checks that everything runs")
+    parser.add_argument("--out", help="the report's file ('-': none)")
+    parser.add_argument("--only", help="comma-separated benchmarks to run, of: " + ", ".join(n for n, _ in RUNS))
+    args = parser.parse_args(argv)
+    cuda = args.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device (torch.cuda.is_available() is False)")
+    only = [n.strip() for n in (args.only or ",".join(n for n, _ in RUNS)).split(",") if n.strip()]
+    if not only or set(only) - {n for n, _ in RUNS}:
+        parser.error(f"--only {args.only}: choose from {', '.join(n for n, _ in RUNS)}")
+    device = torch.cuda.get_device_name() if cuda else "CPU"
+    start, rows, sections, failed = time.perf_counter(), [], [], False
+    for name, extra in RUNS:
+        if name not in only:
+            continue
+        began = time.perf_counter()
+        print(f"== {name}", file=sys.stderr, flush=True)
+        try:
+            result = importlib.import_module(f"benchmarks.{name}").main(
+                ["--device", args.device, "--out", "-", *extra] + (["--quick"] if args.quick else []))
+            failed |= result.failed
+            rows += [[f"`{name}`", c.what, ratio(c.value), f"{'<=' if c.at_most else '>='} {c.target:g}x",
+                      "n/a" if c.value != c.value else "yes" if c.met else "**no**"] for c in result.checks]
+            sections.append(re.sub(r"^#", "##", result.text, flags=re.M)
+                            + f"\n({name}: {time.perf_counter() - began:.0f} s)\n")
+        except (Exception, SystemExit) as error:  # reported; the other benchmarks still run
+            traceback.print_exc()
+            failed = True
+            rows.append([f"`{name}`", f"**{error_text(error)}**", "", "", ""])
+        finally:
+            gc.collect()
+            if cuda:
+                torch.cuda.empty_cache()
+    command = " ".join(argv if argv is not None else sys.argv[1:])
+    versions = f"torch {torch.__version__}" + (f" (CUDA {torch.version.cuda})" if cuda else "")
+    text = (f"# Benchmarks on {device}: figures and targets\n\n"
+            f"- Command: `.venv/bin/python -m benchmarks.gpu_report {command}`"
+            f"\n- {versions}, Python {platform.python_version()}; "
+            f"{time.strftime('%Y-%m-%d %H:%M')}, {time.perf_counter() - start:.0f} s in all"
+            + ("\n- **--quick: tiny sizes, measures nothing**" if args.quick else "")
+            + "\n- Ratios are speed ratios (how many times faster) from one run, the variants timed interleaved; each "
+              "benchmark's section below gives its settings, precision and tables\n\n"
+            + table(["benchmark", "figure", "measured", "target", "met"], rows) + "\n" + "\n".join(sections))
+    print(text)
+    out = args.out or (None if args.quick else os.path.join(RESULTS_DIR, f"gpu-{slug(device)}.md"))
+    if out and out != "-":
+        write_result(out, text)
+        print(f"wrote {os.path.relpath(out)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
