@@ -6,6 +6,8 @@
 # The demo's model: fairseq's IWSLT Transformer size shrunk for two CPU cores (d_model 128, FFN 512, 4 heads, 3+3
 # pre-norm layers), all embeddings shared, and its training (Adam, inverse-sqrt schedule, label smoothing, no
 # dropout, 1,024 tokens a batch). Used by examples/demo/run.sh and examples/translation/compare.sh.
+# --required-batch-size-multiple 1: with fairseq's default 8, a split's last batch is dropped when its size is not a
+# multiple of 8 (facebookresearch/fairseq#5036): validation would skip sentences, or see none on a tiny split.
 DEMO_TRANSFORMER=(
     --share-all-embeddings --encoder-layers 3 --decoder-layers 3
     --encoder-embed-dim 128 --decoder-embed-dim 128 --encoder-ffn-embed-dim 512 --decoder-ffn-embed-dim 512
@@ -13,7 +15,7 @@ DEMO_TRANSFORMER=(
     --encoder-normalize-before --decoder-normalize-before --dropout 0.0
     --optimizer adam --adam-betas '(0.9, 0.98)' --lr 3e-3 --lr-scheduler inverse_sqrt --warmup-updates 150
     --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --max-tokens 1024
-    --cpu --num-workers 0
+    --required-batch-size-multiple 1 --cpu --num-workers 0
 )
 DEMO_BPE_MERGES=8000
 DEMO_BPE_THRESHOLD=10
@@ -80,16 +82,24 @@ binarize_translation() {
     mv "$out/data-bin.tmp" "$out/data-bin"
 }
 
-# lm_data OUT [DIR]: OUT/text/{train,valid,test}.txt, the English side of the demo corpus (or of DIR's corpus), and
-# OUT/data-bin, word level, words seen fewer than 3 times in train mapped to <unk>.
+# lm_data OUT [DIR]: OUT/text/{train,valid,test}.txt, the English side of the demo corpus (or DIR's
+# {train,valid,test}.en), and OUT/data-bin, word level, words seen fewer than 3 times in train mapped to <unk>.
 lm_data() {
     local out=$1 dir=${2:-} split
     if [[ ! -d $out/text ]]; then
-        demo_corpus "$out" "$dir"
-        rm -rf "$out/text.tmp" && mkdir "$out/text.tmp"
-        for split in train valid test; do cp "$out/corpus/$split.en" "$out/text.tmp/$split.txt"; done
+        rm -rf "$out/text.tmp"
+        if [[ -z $dir ]]; then
+            demo_corpus "$out/text.tmp"
+            for split in train valid test; do mv "$out/text.tmp/corpus/$split.en" "$out/text.tmp/$split.txt"; done
+            rm -rf "$out/text.tmp/corpus"
+        else
+            mkdir -p "$out/text.tmp"
+            for split in train valid test; do
+                [[ -s $dir/$split.en ]] || { echo "error: $dir/$split.en is missing or empty" >&2; exit 1; }
+                cp "$dir/$split.en" "$out/text.tmp/$split.txt"
+            done
+        fi
         mv "$out/text.tmp" "$out/text"
-        rm -rf "$out/corpus"
     fi
     [[ -d $out/data-bin ]] && return 0
     rm -rf "$out/data-bin.tmp"

@@ -15,9 +15,10 @@ OUT/results.md (parameters, BLEU mean, standard deviation and per-seed values, t
 A rerun skips what is done. Time figures need a machine doing nothing else.
 
 Models: baseline (fairseq's transformer_iwslt_de_en, one shared V x 128 table), define (transformer_define:
-DeFINE n=64, k=256, N=3 on a V x 64 table, output tied to it), projective (the same V x 64 table and a single
-linear map 64 -> 128 instead of the DeFINE unit), define_untied (define with a separate V x 128 output layer),
-lt, glt, hgt, define_concat (the paper's ablations, Table 6), delight (the authors' unit).
+DeFINE n=96, k=256, N=3 on a shared V x 96 table, output tied to it), projective (a V x 105 table and one linear
+map 105 -> 128: as many parameters as define), define_untied (a separate V x 128 output layer), define_linear_init
+(nn.Linear's initialisation), define_n64 and projective_n72 (the same pair at n=64), lt, glt, hgt, define_concat
+(the paper's ablations, Table 6), delight (the authors' unit).
 EOF
 }
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -33,17 +34,22 @@ done
 require_tools python subword-nmt fairseq-preprocess fairseq-generate sacrebleu
 export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore}"
 
-DEFINE=(--arch transformer_define_iwslt_de_en --define-n 64 --define-k 256)
+# DeFINE at n = 96 has fewer parameters than the baseline's V x 128 table; projective at n = 105 has as many as
+# DeFINE (the paper's Table 2 compares them at equal n; equal parameters is the stricter test).
+DEFINE="--arch transformer_define_iwslt_de_en --define-k 256 --define-n"
 declare -A MODEL=(
     [baseline]="--arch transformer_iwslt_de_en"
-    [define]="${DEFINE[*]}"
-    [projective]="${DEFINE[*]} --define-variant projective"
-    [define_untied]="${DEFINE[*]} --define-untie-output"
-    [lt]="${DEFINE[*]} --define-variant lt"
-    [glt]="${DEFINE[*]} --define-variant glt"
-    [hgt]="${DEFINE[*]} --define-variant hgt"
-    [define_concat]="${DEFINE[*]} --define-variant define_concat"
-    [delight]="${DEFINE[*]} --define-variant delight"
+    [define]="$DEFINE 96"
+    [projective]="$DEFINE 105 --define-variant projective"
+    [define_untied]="$DEFINE 96 --define-untie-output"
+    [define_linear_init]="$DEFINE 96 --define-init linear"
+    [define_n64]="$DEFINE 64"
+    [projective_n72]="$DEFINE 72 --define-variant projective"
+    [lt]="$DEFINE 96 --define-variant lt"
+    [glt]="$DEFINE 96 --define-variant glt"
+    [hgt]="$DEFINE 96 --define-variant hgt"
+    [define_concat]="$DEFINE 96 --define-variant define_concat"
+    [delight]="$DEFINE 96 --define-variant delight"
 )
 for name in $MODELS; do
     [[ -n ${MODEL[$name]:-} ]] || { echo "error: -m: unknown model '$name'; see -h" >&2; exit 2; }
