@@ -20,6 +20,8 @@ def write_run(root, regime, model, seed, score, valid, seconds, total="2.37"):
         lines.append(f"2026-01-01 00:00:00 | INFO | train_inner | {json.dumps(inner)}")
         lines.append(f"2026-01-01 00:00:00 | INFO | valid | "
                      f"{json.dumps({'valid_loss': str(loss), 'valid_num_updates': str(updates)})}")
+    summary = {"train_num_updates": str(valid[-1][0]), "train_wall": str(seconds)}  # the epoch's summary line
+    lines.append(f"2026-01-01 00:00:00 | INFO | train | {json.dumps(summary)}")
     lines.append(f"2026-01-01 00:00:00 | INFO | fairseq_cli.train | done training in {seconds} seconds")
     (run / "train.log").write_text("\n".join(lines) + "\n")
     (run / "params.txt").write_text(f"DeFINE 0.07M\ncontext 1.39M\ninput/output 0.50M\ntotal {total}M\n".replace(

@@ -43,6 +43,8 @@ class Run:
             entry = LOG_ENTRY.search(line)
             if entry:
                 values = json.loads(entry["json"])
+                if entry["kind"] == "train":  # an epoch's summary: train_num_updates, train_wall, ...
+                    values = {key[len("train_"):]: value for key, value in values.items() if key.startswith("train_")}
                 if entry["kind"] == "valid":
                     self.valid.append((int(values["valid_num_updates"]), float(values["valid_loss"])))
                 elif "num_updates" in values:
