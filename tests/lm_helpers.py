@@ -1,5 +1,6 @@
 """What the language-model tests share: random token batches, full log-probabilities, loading a checkpoint as
-fairseq's programs do, a binarized split as one stream, and fairseq-eval-lm's loss and perplexity."""
+fairseq's programs do, a binarized split as one stream, fairseq-eval-lm's loss and perplexity, and the checks of
+incremental decoding, beam search and fairseq-generate against the full pass."""
 
 import math
 import re
@@ -49,12 +50,40 @@ def last_float(pattern: str, text: str) -> float:
     return float(found[-1])
 
 
-def eval_lm(data, checkpoint, *flags):
-    """``(loss in bits per token, perplexity)`` that fairseq-eval-lm reports for the test split (CPU)."""
+def eval_lm(data, checkpoint, *flags, cpu: bool = True):
+    """``(loss in bits per token, perplexity)`` that fairseq-eval-lm reports for the test split (on the CPU; with
+    ``cpu=False`` on the GPU)."""
     proc = run_cli("fairseq-eval-lm", data, "--user-dir", USER_DIR, "--path", checkpoint, "--gen-subset", "test",
-                   "--cpu", "--num-workers", "0", *flags)
+                   *(["--cpu"] if cpu else []), "--num-workers", "0", *flags)
     out = proc.stdout + proc.stderr
     return last_float(r"Loss \(base 2\): ([\d.]+)", out), last_float(r"Perplexity: ([\d.]+)", out)
+
+
+def check_incremental_decoding(model, tokens: torch.Tensor, encoder_out=None, split: int = 5, first: int = 1,
+                               rtol: float = 1e-5, atol: float = 1e-5):
+    """The decoder of ``model`` (in eval mode) fed ``tokens [B, T]`` (B >= 3) incrementally, as beam search feeds
+    it: the first ``first`` positions in one call, then one position per call; after ``split`` positions the rows are
+    reordered (``[2, 0, 0, 1]``: one dropped, one duplicated) with ``reorder_incremental_state_scripting`` (and
+    ``encoder_out`` with the encoder's ``reorder_encoder_out``). Every step's log-probabilities equal those of
+    the full pass over the (reordered) rows."""
+    model.eval()
+    decode = {} if encoder_out is None else {"encoder_out": encoder_out}
+
+    def scores(prefix, **kwargs):
+        return model.get_normalized_probs(model.decoder(prefix, **decode, **kwargs), log_probs=True)
+
+    order = torch.tensor([2, 0, 0, 1], device=tokens.device)
+    state = {}
+    with torch.no_grad():
+        full = scores(tokens)
+        steps = [scores(tokens[:, : t + 1], incremental_state=state) for t in range(first - 1, split)]
+        model.decoder.reorder_incremental_state_scripting(state, order)
+        if encoder_out is not None:
+            decode["encoder_out"] = model.encoder.reorder_encoder_out(encoder_out, order)
+        reordered = tokens[order]
+        more = [scores(reordered[:, : t + 1], incremental_state=state) for t in range(split, tokens.shape[1])]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full[:, :split], rtol=rtol, atol=atol)
+    torch.testing.assert_close(torch.cat(more, dim=1), full[order, split:], rtol=rtol, atol=atol)
 
 
 def check_beam_search_scores(model, dictionary, max_len_b: int = 7, seed: int = 1):
@@ -79,13 +108,13 @@ def check_beam_search_scores(model, dictionary, max_len_b: int = 7, seed: int = 
             torch.testing.assert_close(hypo["positional_scores"], expected, rtol=1e-4, atol=1e-4)
 
 
-def check_generate_continues_a_prefix(data, checkpoint, *flags):
+def check_generate_continues_a_prefix(data, checkpoint, *flags, cpu: bool = True):
     """fairseq-generate on the valid split with the first 2 words of each sentence forced (``--prefix-size 2``),
     2 hypotheses per sentence (``flags`` choose beam or sampling): every hypothesis starts with its sentence's
-    first 2 words and has a finite score."""
+    first 2 words and has a finite score. On the CPU; with ``cpu=False`` on the GPU."""
     proc = run_cli("fairseq-generate", data, "--user-dir", USER_DIR, "--task", "language_modeling",
-                   "--path", checkpoint, "--gen-subset", "valid", "--cpu", "--nbest", "2", "--prefix-size", "2",
-                   "--max-len-b", "6", "--batch-size", "4",
+                   "--path", checkpoint, "--gen-subset", "valid", *(["--cpu"] if cpu else []), "--nbest", "2",
+                   "--prefix-size", "2", "--max-len-b", "6", "--batch-size", "4",
                    "--sample-break-mode", "eos",  # one sentence per sample: no EOS inside the prefix
                    *flags)
     targets = dict(re.findall(r"^T-(\d+)\t(.*)$", proc.stdout, re.M))

@@ -572,6 +572,7 @@ def test_attributes_and_float32_training_step():
     assert x.grad is not None
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")
 def test_gpu_matches_cpu():
     torch.manual_seed(0)
