@@ -11,11 +11,14 @@ every epoch unless ``--no-epoch-checkpoints``). ``checkpoint_best.pt``, ``checkp
 
 All inputs must be checkpoints of the same arch with the same parameter names, shapes and dtypes. Every
 floating-point tensor is averaged in float64 and cast back to its dtype (fp32, fp16 and bf16 weights keep
-theirs); any other entry (integer buffers, ...) must be equal in all inputs and is copied. The output is the
-newest input (the highest ``num_updates``, or the last one given when an input lacks it) with the averaged
-weights, without optimizer state, and with ``averaged_from`` listing the inputs' file names. It loads in
-fairseq-generate, fairseq-interactive and ``checkpoint_utils.load_model_ensemble`` like the inputs. OUT is
-written to ``OUT.tmp`` and renamed at the end.
+theirs); any other entry (integer buffers, ...) must be equal in all inputs and is copied. The modules' extra
+states (keys ending in ``_extra_state``: the state the recurrent language models carry from batch to batch in
+training) are left out: each belongs to one input's weights and position in the data, not to the average, and
+those models load a checkpoint without it as holding none. The output is the newest input (the highest
+``num_updates``, or the last one given when an input lacks it) with the averaged weights, without optimizer
+state, and with ``averaged_from`` listing the inputs' file names. It loads in fairseq-generate,
+fairseq-interactive and ``checkpoint_utils.load_model_ensemble`` like the inputs. OUT is written to ``OUT.tmp``
+and renamed at the end.
 """
 
 import argparse
@@ -27,6 +30,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
+EXTRA_STATE = "_extra_state"  # the last part of the key under which torch saves a module's get_extra_state()
 UPDATE_CHECKPOINT = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")  # checkpoint_<epoch>_<updates>.pt
 EPOCH_CHECKPOINT = re.compile(r"^checkpoint(\d+)\.pt$")  # checkpoint<epoch>.pt
 
@@ -113,7 +117,8 @@ def checkpoint_updates(state: Dict) -> Optional[int]:
 
 class StateAverage:
     """Running average of model state dicts: float64 sums of the floating-point tensors, and the other entries,
-    which must be equal in every state dict added."""
+    which must be equal in every state dict added; the modules' extra states are left out (see the module
+    docstring)."""
 
     def __init__(self):
         self.count = 0
@@ -123,6 +128,7 @@ class StateAverage:
 
     def add(self, model_state: Mapping, name: str) -> None:
         """Add one model state dict; ``name`` (its file) is what error messages call it."""
+        model_state = {key: value for key, value in model_state.items() if key.split(".")[-1] != EXTRA_STATE}
         if self.first is None:
             self.first = name
             for key, value in model_state.items():
