@@ -65,7 +65,7 @@ LM_FLAGS = ["--task", "stateful_lm", "--batch-size", "4", "--tokens-per-sample",
             "--lr", "0.005", "--cpu", "--num-workers", "0", "--no-progress-bar", "--log-format", "simple",
             "--seed", "1"]
 # Each model on tiny dims with its regularisers on (every random draw must repeat after the interruption).
-# (model, arguments, the decoder's CarriedState attribute)
+# model -> (its arguments, the name of its decoder's CarriedState)
 STATEFUL = {
     "lstm_lm_define": (["--arch", "lstm_lm_define", "--define-n", "16", "--define-k", "32", "--decoder-embed-dim",
                         "24", "--decoder-hidden-size", "24", "--decoder-layers", "2", "--dropout", "0.2",
