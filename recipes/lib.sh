@@ -361,17 +361,23 @@ lib_prepare_corpus() {
 
 # ------------------------------------------------------------------------------------------------ training
 
-# lib_train DRY_RUN DATA_BIN SAVE_DIR ARGS... : run `fairseq-train DATA_BIN --user-dir <plugin> ARGS...
-# --save-dir SAVE_DIR`, logging to SAVE_DIR/train.log. Put the recipe's arguments first and the user's extra
+# lib_train DRY_RUN DATA_BIN SAVE_DIR ARGS... : train as `fairseq-train DATA_BIN --user-dir <plugin> ARGS...
+# --save-dir SAVE_DIR` does, logging to SAVE_DIR/train.log. Put the recipe's arguments first and the user's extra
 # arguments last in ARGS (argparse keeps the last value of a repeated flag). With DRY_RUN=1 only print the
 # command (shell-quoted, one line). A finished run leaves the marker SAVE_DIR/.done/train and is skipped on a
-# rerun; an interrupted one resumes from SAVE_DIR/checkpoint_last.pt (fairseq writes each checkpoint atomically).
-# The program is fairseq-train unless LIB_TRAIN_CMD (an array) names another with the same arguments.
-LIB_TRAIN_CMD=(fairseq-train)
+# rerun; an interrupted one resumes from SAVE_DIR/checkpoint_last.pt (fairseq writes each checkpoint atomically;
+# the recurrent LMs' carried state is in it, so a run resumed mid-epoch continues exactly).
+# The program is `python -m define_fairseq.tools.train`: fairseq-train's arguments and training loop, but a
+# finished run exits with status 0, where fairseq-train can abort at exit after stopping mid-epoch (its collating
+# thread meets PyTorch's shutdown) and a finished step would be reported as failed. Every GPU process reads
+# checkpoint_last.pt itself (--load-checkpoint-on-all-dp-ranks): fairseq's default sends rank 0's copy to the
+# others through torch.load, which refuses the configuration object in it (torch >= 2.6), so a multi-GPU run
+# could not resume.
 lib_train() {
     local dry_run=$1 data_bin=$2 save_dir=$3
     shift 3
-    local cmd=("${LIB_TRAIN_CMD[@]}" "$data_bin" --user-dir "$LIB_USER_DIR" "$@" --save-dir "$save_dir")
+    local cmd=("$(lib_python)" -m define_fairseq.tools.train "$data_bin" --user-dir "$LIB_USER_DIR"
+               --load-checkpoint-on-all-dp-ranks "$@" --save-dir "$save_dir")
     if [[ $dry_run == 1 ]]; then
         printf '%q ' "${cmd[@]}"
         printf '\n'
@@ -391,9 +397,9 @@ lib_train() {
     local status=0
     PYTHONPATH="$LIB_REPO${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 "${cmd[@]}" 2>&1 \
         | tee -a "$save_dir/train.log" || status=$?
-    (( status == 0 )) || die "fairseq-train failed (exit code $status); see $save_dir/train.log. A rerun resumes" \
+    (( status == 0 )) || die "training failed (exit code $status); see $save_dir/train.log. A rerun resumes" \
         "from $save_dir/checkpoint_last.pt when it exists."
-    [[ -f $save_dir/checkpoint_last.pt ]] || die "fairseq-train wrote no checkpoint to $save_dir"
+    [[ -f $save_dir/checkpoint_last.pt ]] || die "training wrote no checkpoint to $save_dir"
     lib_mark_done "$save_dir" train
     log "done: $save_dir/checkpoint_best.pt, $save_dir/checkpoint_last.pt"
 }

@@ -2,6 +2,7 @@
 
 import os
 import random
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -32,8 +33,10 @@ def one_thread_per_process():
 # fairseq's training iterator collates batches in a daemon thread (BufferedIterator). A run that stops after a
 # couple of updates exits while that thread may still be collating, and PyTorch's shutdown can then abort the
 # finished process: SIGABRT with the line below as the last output (seen with gcnn runs of 2 updates under the full
-# load of the parallel test run). The tests' fairseq-train runs therefore collate in the main thread
-# (--data-buffer-size 0), and a program that still aborts that way is run once more; a second abort fails.
+# load of the parallel test run; test_train_exit.py makes it happen every time). python -m
+# define_fairseq.tools.train, which the recipes run, exits cleanly instead; the tests run the stock fairseq-train,
+# so its runs collate in the main thread (--data-buffer-size 0), and a program that still aborts that way is run
+# once more; a second abort fails.
 SHUTDOWN_ABORT = "terminate called without an active exception"
 
 
@@ -53,6 +56,14 @@ def run_cli(program, *args, cwd=None, check=True):
     if check and proc.returncode != 0:
         raise AssertionError(f"{program} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return proc
+
+
+def training_arguments(command_line: str):
+    """The fairseq-train arguments of a recipe's training command (what ``train.sh -n`` prints): the recipes train
+    with ``python -m define_fairseq.tools.train``."""
+    argv = shlex.split(command_line.strip())
+    assert argv[1:3] == ["-m", "define_fairseq.tools.train"], argv[:3]
+    return argv[3:]
 
 
 def run_module(module, *args, check=True):

@@ -339,7 +339,7 @@ def test_carried_state(lm_task):
     torch.testing.assert_close(restarted, log_probs(model, tokens[:, 5:]), rtol=1e-5, atol=1e-5)
     kept = model.decoder.carried_state.kept_state(False)
     assert len(kept) == 2 and all(not h.requires_grad and not c.requires_grad for h, c in kept)
-    assert not any("carried" in key for key in model.state_dict())
+    assert [key for key in model.state_dict() if "carried" in key] == ["decoder.carried_state._extra_state"]
 
 
 def test_l2_penalty_is_lambs_term_in_training_only(lm_task):
@@ -392,12 +392,12 @@ def test_checkpoint_round_trip(lm_data, tmp_path, case):
     arch, flags = CASES[case]
     cfg, task, model = parsed_model(lm_data, arch, *flags, "--save-dir", str(tmp_path), "--no-save-optimizer-state")
     tokens = tokens_batch(len(task.target_dictionary))
-    model.decoder(tokens, reset_state=True)  # a carried state exists, and must not be saved
+    model.decoder(tokens, reset_state=True)  # a training state is carried, and saved with the weights
     trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
     path = str(tmp_path / "roundtrip.pt")
     trainer.save_checkpoint(path, {})
     state = torch.load(path, map_location="cpu", weights_only=False)
-    assert not any("carried" in key for key in state["model"])
+    assert state["model"]["decoder.carried_state._extra_state"]["batch_size"] == len(tokens)
     (loaded,), _ = checkpoint_utils.load_model_ensemble([path])
     before = log_probs(model.eval(), tokens)
     torch.testing.assert_close(log_probs(loaded.eval(), tokens), before, rtol=0, atol=0)

@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import re
-import shlex
 import signal
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import BIN, REPO
+from conftest import BIN, REPO, training_arguments
 from recipe_mirror import closed_port_url, serve_directory
 from wmt14_mirror import expected_text, write_wmt14
 
@@ -291,11 +290,7 @@ print(json.dumps(result))
 
 def dry_run(*args):
     proc = ok(run_script("train.sh", "-n", "-d", "data", "-s", "ck", *args))
-    argv = shlex.split(proc.stdout.strip())
-    if argv[0] == "fairseq-train":
-        return ["fairseq-train", *argv[1:]]
-    assert argv[1:3] == ["-m", "define_fairseq.tools.train"], argv[:3]
-    return ["define_fairseq.tools.train", *argv[3:]]
+    return ["define_fairseq.tools.train", *training_arguments(proc.stdout)]
 
 
 def test_train_commands_keep_the_batch_and_the_papers_settings():

@@ -14,7 +14,6 @@ import json
 import math
 import os
 import re
-import shlex
 import subprocess
 import sys
 import tarfile
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, REPO
+from conftest import BIN, REPO, training_arguments
 from recipe_mirror import (GBW_HELDOUT_SHARDS, GBW_LONG_SENTENCE, GBW_TOP, GBW_TRAIN_SHARDS, closed_port_url,
                            serve_directory, write_gbw_tgz, write_wikitext_zip)
 
@@ -205,9 +204,8 @@ GBW_CONFIGS = ("gcnn_lm_13", "gcnn_lm_14b", "gcnn_lm_8b")
 
 def dry_run(corpus, config, *extra):
     proc = ok(run_script(f"{corpus}/train.sh", "-n", "-d", "data", "-s", "ck", config, *extra))
-    argv = shlex.split(proc.stdout.strip())
-    assert argv[0] == "fairseq-train" and proc.stderr == ""
-    return argv[1:]
+    assert proc.stderr == ""
+    return training_arguments(proc.stdout)
 
 
 def test_every_config_carries_the_papers_settings():

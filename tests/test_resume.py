@@ -1,10 +1,20 @@
 """Training stopped after some updates and resumed from ``checkpoint_last.pt`` ends with the same weights as an
-uninterrupted run of the same number of updates (transformer_define, CPU, dropout on: the resumed run must
-also pick up the data order, the position inside the epoch, the optimizer state and the per-update seeds)."""
+uninterrupted run of the same number of updates (CPU, dropout on: the resumed run must also pick up the data
+order, the position inside the epoch, the optimizer state and the per-update seeds). For the recurrent LMs of
+``--task stateful_lm`` the checkpoint must also hold the state carried from batch to batch (the LSTM and Mogrifier
+state, the Transformer-XL memory); without it the resumed run starts its streams from zeros and ends elsewhere.
 
+Both runs do the same arithmetic on the same inputs in the same order, in processes with the same thread settings
+(one OpenMP thread, see conftest), so the weights are compared exactly."""
+
+import subprocess
+import sys
+
+import pytest
 import torch
 
-from conftest import TINY_MODEL, TRAIN_FLAGS, USER_DIR, run_cli
+from conftest import REPO, TINY_MODEL, TRAIN_FLAGS, USER_DIR, run_cli
+from test_data_parallel import free_port
 
 UPDATES = 8
 STOP_AT = 3  # inside the first epoch: the resumed run starts in the middle of it
@@ -18,8 +28,19 @@ def train(data, save_dir, max_update, *extra):
                    "--disable-validation", *extra)
 
 
+def load(path):
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
 def weights(path):
-    return torch.load(path, map_location="cpu", weights_only=False)["model"]
+    return load(path)["model"]
+
+
+def assert_same_weights(a, b):
+    assert set(a) == set(b)
+    for name in a:
+        if torch.is_tensor(a[name]):
+            torch.testing.assert_close(b[name], a[name], rtol=0, atol=0, msg=name)
 
 
 def test_resumed_training_matches_an_uninterrupted_run(translation_data, tmp_path):
@@ -27,14 +48,102 @@ def test_resumed_training_matches_an_uninterrupted_run(translation_data, tmp_pat
     train(translation_data, straight, UPDATES)
     first = train(translation_data, resumed, STOP_AT)
     assert f"num_updates: {STOP_AT} >= max_update: {STOP_AT}" in first.stdout + first.stderr
-    state = torch.load(resumed / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    state = load(resumed / "checkpoint_last.pt")
     assert state["extra_state"]["train_iterator"]["iterations_in_epoch"] == STOP_AT  # stopped mid-epoch
     second = train(translation_data, resumed, UPDATES)
     assert "Loaded checkpoint" in second.stdout + second.stderr
     a, b = weights(straight / "checkpoint_last.pt"), weights(resumed / "checkpoint_last.pt")
-    assert set(a) == set(b)
-    for name in a:
-        torch.testing.assert_close(b[name], a[name], rtol=0, atol=0, msg=name)
+    assert_same_weights(a, b)
     # and the weights did move after the interruption
     halfway = state["model"]
     assert any(not torch.equal(halfway[name], a[name]) for name in a)
+
+
+# -- the stateful language models ---------------------------------------------------------------------------------
+
+LM_FLAGS = ["--task", "stateful_lm", "--batch-size", "4", "--tokens-per-sample", "10", "--optimizer", "adam",
+            "--lr", "0.005", "--cpu", "--num-workers", "0", "--no-progress-bar", "--log-format", "simple",
+            "--seed", "1"]
+# Each model on tiny dims with its regularisers on (every random draw must repeat after the interruption).
+# model -> (its arguments, the name of its decoder's CarriedState)
+STATEFUL = {
+    "lstm_lm_define": (["--arch", "lstm_lm_define", "--define-n", "16", "--define-k", "32", "--decoder-embed-dim",
+                        "24", "--decoder-hidden-size", "24", "--decoder-layers", "2", "--dropout", "0.2",
+                        "--define-weight-drop", "0.2", "--criterion", "cross_entropy"], "carried_state"),
+    "awd_lstm_lm, variable BPTT": (["--arch", "awd_lstm_lm", "--decoder-embed-dim", "24", "--decoder-hidden-size",
+                                    "32", "--define-n", "24", "--criterion", "lm_regularized_loss",
+                                    "--define-variable-bptt", "--define-bptt-std", "2"], "carried_state"),
+    "mogrifier_lstm_lm": (["--arch", "mogrifier_lstm_lm_ptb", "--mogrifier-hidden-size", "16", "--mogrifier-rank",
+                           "4", "--mogrifier-drop-state-probability", "0.3", "--criterion", "lm_regularized_loss"],
+                          "carried_state"),
+    "transformer_xl_lm": (["--arch", "transformer_xl_lm", "--decoder-layers", "2", "--decoder-embed-dim", "16",
+                           "--decoder-attention-heads", "2", "--txl-head-dim", "6", "--decoder-ffn-embed-dim", "24",
+                           "--adaptive-softmax-cutoff", "20,40", "--dropout", "0.1", "--txl-mem-len", "8",
+                           "--criterion", "lm_regularized_loss", "--ddp-backend", "legacy_ddp"], "memory"),
+}
+ZEROS_WARNING = "starting from zeros"
+
+
+def train_lm(data, save_dir, max_update, flags):
+    proc = run_cli("fairseq-train", data, "--user-dir", USER_DIR, *LM_FLAGS, *flags, "--max-update", str(max_update),
+                   "--save-dir", save_dir, "--no-epoch-checkpoints", "--disable-validation")
+    return proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("model", list(STATEFUL))
+def test_resumed_stateful_lm_matches_an_uninterrupted_run(model, lm_data, tmp_path):
+    flags, attribute = STATEFUL[model]
+    key = f"decoder.{attribute}._extra_state"
+    straight, resumed, stateless = tmp_path / "straight", tmp_path / "resumed", tmp_path / "stateless"
+    assert ZEROS_WARNING not in train_lm(lm_data, straight, UPDATES, flags)
+    train_lm(lm_data, resumed, STOP_AT, flags)
+    halfway = load(resumed / "checkpoint_last.pt")
+    assert halfway["extra_state"]["train_iterator"]["iterations_in_epoch"] == STOP_AT  # stopped mid-epoch
+    saved = halfway["model"][key]
+    assert saved["batch_size"] == 4 and (saved["rank"], saved["world_size"]) == (0, 1)
+
+    # the counter-check: the same checkpoint without the carried state, as written before it was saved
+    stateless.mkdir()
+    older = {name: value for name, value in halfway["model"].items() if name != key}
+    torch.save(dict(halfway, model=older), stateless / "checkpoint_last.pt")
+
+    out = train_lm(lm_data, resumed, UPDATES, flags)
+    assert "Loaded checkpoint" in out and ZEROS_WARNING not in out
+    final = weights(straight / "checkpoint_last.pt")
+    assert_same_weights(final, weights(resumed / "checkpoint_last.pt"))
+    assert any(not torch.equal(halfway["model"][name], final[name]) for name in final if torch.is_tensor(final[name]))
+
+    assert ZEROS_WARNING in train_lm(lm_data, stateless, UPDATES, flags)
+    other = weights(stateless / "checkpoint_last.pt")
+    differences = [(other[name] - final[name]).abs().max().item() for name in final if torch.is_tensor(final[name])]
+    assert max(differences) > 1e-4  # far beyond rounding: the carried state is what made the runs agree
+
+
+def test_two_ranks_resume_without_taking_each_others_rows(lm_data, tmp_path):
+    """Two data-parallel ranks (gloo, CPU): only rank 0 writes checkpoints, so on resuming rank 0 continues its rows'
+    state and rank 1 starts its own rows from zeros (warned) rather than taking rank 0's. Both processes run
+    define_fairseq.tools.train, which waits for the other rank before leaving, and exit with status 0. Each reads
+    the checkpoint itself, as the recipes do (fairseq's broadcast of rank 0's copy fails with torch >= 2.6)."""
+    flags, _ = STATEFUL["lstm_lm_define"]
+    save_dir = tmp_path / "two-ranks"
+
+    def run_ranks(max_update):
+        port = free_port()
+        procs = [subprocess.Popen(
+            [sys.executable, "-m", "define_fairseq.tools.train", str(lm_data), "--user-dir", USER_DIR, *LM_FLAGS,
+             *flags, "--max-update", str(max_update), "--save-dir", str(save_dir), "--no-epoch-checkpoints",
+             "--disable-validation", "--data-buffer-size", "0", "--ddp-backend", "legacy_ddp",
+             "--distributed-backend", "gloo", "--distributed-world-size", "2", "--distributed-init-method",
+             f"tcp://127.0.0.1:{port}", "--distributed-no-spawn", "--distributed-rank", str(rank),
+             "--load-checkpoint-on-all-dp-ranks"],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
+        outputs = [p.communicate(timeout=300)[0] for p in procs]
+        assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+        return outputs
+
+    run_ranks(STOP_AT)
+    saved = load(save_dir / "checkpoint_last.pt")["model"]["decoder.carried_state._extra_state"]
+    assert (saved["rank"], saved["world_size"], saved["batch_size"]) == (0, 2, 4)
+    rank0, rank1 = run_ranks(UPDATES)
+    assert ZEROS_WARNING not in rank0
+    assert ZEROS_WARNING in rank1 and "the checkpoint holds the rows of rank 0 of 2" in rank1

@@ -7,42 +7,71 @@ the state to start a batch from and hands it the final state afterwards:
 * ``reset_state is None`` (plain ``language_modeling`` task, generation): start from zeros, keep nothing;
 * ``reset_state is True``: start from zeros, keep the final state (detached) for the next batch;
 * ``reset_state is False``: start from the kept state of the current mode; training and evaluation keep
-  theirs separately. With none kept, or one of another batch size (after resuming mid-epoch from a
-  checkpoint), start from zeros and log a warning once.
+  theirs separately. With none kept, or one of another batch size, start from zeros and log a warning once.
 
-The kept state is a plain attribute of the decoder, never part of its ``state_dict``.
+Checkpoints: the training state belongs to the data position that fairseq-train saves with every checkpoint
+(the epoch iterator's ``iterations_in_epoch``), so it is saved too, as the module's extra state
+(``<decoder>.<name>._extra_state`` in the model's state dict: the batch size, the data-parallel rank and world
+size, the tensors and their dtypes; ``{}`` when none is kept). Loading it back makes a run resumed mid-epoch
+from ``checkpoint_last.pt`` continue its streams exactly. The evaluation state is never saved (every evaluation
+pass starts with a reset). Only data-parallel rank 0 writes checkpoints, so only a run of the same world size
+restores the state, on rank 0; the other ranks start their own rows from zeros (warned) instead of taking rank
+0's. A checkpoint without the entry (written before it existed) loads as "nothing kept". Loading for
+evaluation or generation ignores the training state.
 """
 
 import logging
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
+import torch.distributed as dist
+import torch.nn as nn
 
 logger = logging.getLogger(__name__)
+
+# The key suffix under which torch saves a module's get_extra_state() in the state dict.
+EXTRA_STATE_KEY = "_extra_state"
+
+
+def map_tensors(state: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """``state`` (tensors nested in lists/tuples/dicts) with ``fn`` applied to every tensor, in a fixed order."""
+    if isinstance(state, torch.Tensor):
+        return fn(state)
+    if isinstance(state, (list, tuple)):
+        return type(state)(map_tensors(s, fn) for s in state)
+    if isinstance(state, dict):
+        return {k: map_tensors(v, fn) for k, v in state.items()}
+    return state
 
 
 def detach_state(state: Any) -> Any:
     """``state`` (tensors nested in lists/tuples/dicts) with every tensor detached from the graph."""
-    if isinstance(state, torch.Tensor):
-        return state.detach()
-    if isinstance(state, (list, tuple)):
-        return type(state)(detach_state(s) for s in state)
-    if isinstance(state, dict):
-        return {k: detach_state(v) for k, v in state.items()}
-    return state
+    return map_tensors(state, torch.Tensor.detach)
 
 
-class CarriedState:
+def data_parallel_position() -> Tuple[int, int]:
+    """``(rank, world size)`` of this process in torch.distributed's default group; ``(0, 1)`` without it."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class CarriedState(nn.Module):
     """The bookkeeping of the state carried across batches; see the module docstring.
 
     ``state`` is whatever the decoder uses (e.g. a list of per-layer ``(h [B, H], c [B, H])``); this class
-    only stores it, detached, with its batch size, keyed by the mode (``training``).
+    only stores it, detached, with its batch size, keyed by the mode (``training``). It is a submodule of the
+    decoder only for its extra state (the training state in checkpoints) and its device: it has no parameters.
     """
 
     def __init__(self, name: str = "recurrent state"):
+        super().__init__()
         self.name = name
         self._kept: Dict[bool, Tuple[int, Any]] = {}
         self._warned = False
+        self._not_loaded: Optional[str] = None  # why a checkpoint's training state was not taken
+        # Follows the decoder's device (and nothing else), so that a state loaded from a checkpoint goes there.
+        self.register_buffer("device_probe", torch.empty(0), persistent=False)
 
     def initial(self, reset_state: Optional[bool], training: bool, batch_size: int) -> Optional[Any]:
         """The state to start a batch of ``batch_size`` streams from; ``None`` means zeros."""
@@ -51,14 +80,20 @@ class CarriedState:
         kept = self._kept.get(bool(training))
         if kept is None or kept[0] != batch_size:
             if not self._warned:
-                found = "none was kept" if kept is None else f"the kept one is for {kept[0]} streams"
+                if kept is not None:
+                    found = f"the kept one is for {kept[0]} streams"
+                elif training and self._not_loaded is not None:
+                    found = self._not_loaded
+                else:
+                    found = "none was kept"
                 logger.warning(
                     f"continuing a stream of {batch_size} sequences without the {self.name} of the previous batch "
                     f"({found}); starting from zeros. This is expected once after resuming mid-epoch from a "
-                    f"checkpoint.")
+                    f"checkpoint that does not hold this state.")
                 self._warned = True
             return None
-        return kept[1]
+        device = self.device_probe.device
+        return map_tensors(kept[1], lambda t: t.to(device))
 
     def keep(self, reset_state: Optional[bool], training: bool, batch_size: int, state: Any) -> None:
         """Keep the final ``state`` of a batch for the next one (nothing is kept when ``reset_state is None``)."""
@@ -78,6 +113,43 @@ class CarriedState:
         """The state kept for the mode ``training`` (detached), or None."""
         kept = self._kept.get(bool(training))
         return None if kept is None else kept[1]
+
+    # -- checkpoints -----------------------------------------------------------------------------------------
+
+    def get_extra_state(self) -> Dict[str, Any]:
+        """The kept training state as saved in the state dict (``{}`` when none is kept)."""
+        kept = self._kept.get(True)
+        if kept is None:
+            return {}
+        rank, world_size = data_parallel_position()
+        # The dtypes in map_tensors' order: fairseq saves checkpoints in float32, and a model trained in fp16
+        # needs its state back in fp16.
+        dtypes: List[str] = []
+        map_tensors(kept[1], lambda t: dtypes.append(str(t.dtype).replace("torch.", "")))
+        return {"batch_size": kept[0], "rank": rank, "world_size": world_size, "dtypes": dtypes,
+                "state": kept[1]}
+
+    def set_extra_state(self, saved: Dict[str, Any]) -> None:
+        """Take the training state of a checkpoint (see :meth:`get_extra_state`); forget every kept state."""
+        self._kept.clear()
+        self._warned = False
+        self._not_loaded = None
+        if not saved:
+            return
+        rank, world_size = data_parallel_position()
+        if (saved["rank"], saved["world_size"]) != (rank, world_size):
+            self._not_loaded = (f"the checkpoint holds the rows of rank {saved['rank']} of {saved['world_size']} "
+                                f"data-parallel processes, this is rank {rank} of {world_size}")
+            return
+        dtypes = iter(saved["dtypes"])
+        device = self.device_probe.device
+        state = map_tensors(saved["state"], lambda t: t.to(device=device, dtype=getattr(torch, next(dtypes))))
+        self._kept[True] = (int(saved["batch_size"]), state)
+
+    def upgrade_state_dict_named(self, state_dict: Dict[str, Any], name: str) -> None:
+        """fairseq calls this before loading a state dict: one written before the training state was saved
+        holds nothing kept."""
+        state_dict.setdefault(f"{name}.{EXTRA_STATE_KEY}" if name else EXTRA_STATE_KEY, {})
 
 
 class IncrementalLSTMState:

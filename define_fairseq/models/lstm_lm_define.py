@@ -158,7 +158,7 @@ class RecurrentLMDecoder(IncrementalLSTMState, FairseqIncrementalDecoder):
         self.ar_alpha = ar_alpha
         self.tar_beta = tar_beta
         self.padding_idx = dictionary.pad()
-        self.carried_state = CarriedState("LSTM state")  # a plain attribute: never in the state_dict
+        self.carried_state = CarriedState("LSTM state")  # its training state is saved in checkpoints
 
     # -- forward -------------------------------------------------------------------------------------------
 

@@ -215,7 +215,7 @@ class MogrifierLMDecoder(IncrementalLSTMState, FairseqIncrementalDecoder):
         self.softmax_temperature = softmax_temperature
         self.drop_state_probability = drop_state_probability
         self.l2_penalty = l2_penalty
-        self.carried_state = CarriedState("Mogrifier LSTM state")  # a plain attribute: never in the state_dict
+        self.carried_state = CarriedState("Mogrifier LSTM state")  # its training state is saved in checkpoints
 
     # -- forward -------------------------------------------------------------------------------------------
 

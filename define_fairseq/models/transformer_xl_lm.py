@@ -21,7 +21,8 @@ itself) and four output projections. Transformer-XL's own code ties the tail clu
 projection instead, which gives two distinct matrices; the paper's counts need four.
 
 With ``--task stateful_lm`` the memory is carried from batch to batch (reset at the start of each epoch and
-evaluation pass), as Transformer-XL trains and evaluates. With any other task (e.g. ``language_modeling`` for
+evaluation pass), as Transformer-XL trains and evaluates; the training memory is saved in checkpoints, so a run
+resumed mid-epoch continues it (see :mod:`define_fairseq.models.carried_state`). With any other task (e.g. ``language_modeling`` for
 sampling) every batch starts without memory. In incremental decoding (fairseq-generate, sampling) the memory
 holds every earlier position, so each step equals the full pass. Evaluation in Transformer-XL's setting:
 ``--model-overrides "{'txl_mem_len': 640, 'txl_clamp_len': 400, 'txl_same_length': True}"`` with

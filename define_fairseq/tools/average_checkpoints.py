@@ -11,28 +11,36 @@ every epoch unless ``--no-epoch-checkpoints``). ``checkpoint_best.pt``, ``checkp
 
 All inputs must be checkpoints of the same arch with the same parameter names, shapes and dtypes. Every
 floating-point tensor is averaged in float64 and cast back to its dtype (fp32, fp16 and bf16 weights keep
-theirs); any other entry (integer buffers, ...) must be equal in all inputs and is copied. The output is the
-newest input (the highest ``num_updates``, or the last one given when an input lacks it) with the averaged
-weights, without optimizer state, and with ``averaged_from`` listing the inputs' file names. It loads in
-fairseq-generate, fairseq-interactive and ``checkpoint_utils.load_model_ensemble`` like the inputs. OUT is
-written to ``OUT.tmp`` and renamed at the end.
+theirs); any other entry (integer buffers, ...) must be equal in all inputs and is copied. The modules' extra
+states (keys ending in ``_extra_state``: the state the recurrent language models carry from batch to batch in
+training) are left out: each belongs to one input's weights and position in the data, not to the average, and
+those models load a checkpoint without it as holding none. The output is the newest input (the highest
+``num_updates``, or the last one given when an input lacks it) with the averaged weights, without optimizer
+state, and with ``averaged_from`` listing the inputs' file names. It loads in fairseq-generate,
+fairseq-interactive and ``checkpoint_utils.load_model_ensemble`` like the inputs. OUT is written to ``OUT.tmp``
+and renamed at the end.
 """
 
 import argparse
 import os
+import pickle
 import re
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
+EXTRA_STATE = "_extra_state"  # the last part of the key under which torch saves a module's get_extra_state()
 UPDATE_CHECKPOINT = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")  # checkpoint_<epoch>_<updates>.pt
 EPOCH_CHECKPOINT = re.compile(r"^checkpoint(\d+)\.pt$")  # checkpoint<epoch>.pt
+LEGACY_MAGIC = pickle.dumps(0x1950A86A20F9469CFC6C, protocol=2)  # how torch.save's pre-zip format begins
 
 
 class CheckpointError(ValueError):
-    """A checkpoint, or a set of them, that cannot be averaged; the message says which and why."""
+    """A file that is not a usable checkpoint, or checkpoints that cannot be averaged; the message names the file
+    and says why. The tools of this package that read checkpoints report it as one ``error: ...`` line."""
 
 
 def _found(save_dir: Path, epochs: bool):
@@ -72,17 +80,58 @@ def last_checkpoints(save_dir, n: int, epochs: bool = False) -> List[Path]:
     return [path for _, path in found[-n:]]
 
 
-def load_checkpoint(path) -> Dict:
-    """The full state of the fairseq checkpoint ``path`` on the CPU; CheckpointError naming it if it is not one."""
+def _format_problem(path) -> Optional[str]:
+    """Why the file ``path`` cannot have been written by ``torch.save``, or None when it looks like it: a complete
+    zip archive holding a pickle, or the legacy format. Reads only the file's start and the zip directory."""
+    with open(path, "rb") as f:
+        head = f.read(32)
+    if not head:
+        return "the file is empty"
+    if head.startswith(LEGACY_MAGIC):
+        return None
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as archive:
+            if any(name == "data.pkl" or name.endswith("/data.pkl") for name in archive.namelist()):
+                return None
+        return "it is a zip archive without the data.pkl that torch.save writes"
+    if head.startswith(b"PK\x03\x04"):
+        return "the zip archive is incomplete (truncated, e.g. by an interrupted write or copy)"
+    return f"it is not in torch.save's format (it begins with {head[:24]!r})"
+
+
+def _trusted_load(path):
+    # fairseq checkpoints may hold configuration objects (argparse.Namespace), which weights_only refuses
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def read_torch_file(path, load: Optional[Callable] = None, what: str = "checkpoint"):
+    """What ``load(path)`` (default: ``torch.load`` on the CPU, trusting the file) reads from the file ``path``
+    that ``torch.save`` wrote. CheckpointError naming it (``what``: how messages call it, e.g. ``--checkpoint``)
+    when it does not exist, is not such a file (text, empty, truncated) or cannot be unpickled."""
     if not os.path.isfile(path):
-        raise CheckpointError(f"checkpoint {path} does not exist")
+        raise CheckpointError(f"{what} {path} does not exist")
+    problem = _format_problem(path)
+    if problem is not None:
+        raise CheckpointError(f"{what} {path} cannot be read as a PyTorch checkpoint: {problem}")
     try:
-        # fairseq checkpoints may hold configuration objects (argparse.Namespace), which weights_only refuses
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:
-        raise CheckpointError(f"{path} cannot be read as a PyTorch checkpoint ({type(e).__name__}: {e})")
+        return (load or _trusted_load)(path)
+    except (pickle.UnpicklingError, EOFError, RuntimeError) as e:  # what torch.load raises on a damaged file
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+        refused = next((line for line in lines if "Unsupported global" in line), None)
+        if refused is not None:
+            raise CheckpointError(f"{what} {path}: torch.load(weights_only=True) refused it ({refused}); if you "
+                                  f"trust this file, rerun with the environment variable "
+                                  f"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1") from e
+        reason = next((line for line in lines if "WeightsUnpickler error" in line), lines[0])
+        raise CheckpointError(f"{what} {path} cannot be read as a PyTorch checkpoint: {reason}") from e
+
+
+def load_checkpoint(path, load: Optional[Callable] = None, what: str = "checkpoint") -> Dict:
+    """The full state of the fairseq checkpoint ``path`` (see :func:`read_torch_file`; the default ``load`` gives
+    it on the CPU as saved); CheckpointError naming it if it is not one."""
+    state = read_torch_file(path, load, what)
     if not isinstance(state, Mapping) or not isinstance(state.get("model"), Mapping):
-        raise CheckpointError(f"{path} is not a fairseq checkpoint (it has no 'model' state dict)")
+        raise CheckpointError(f"{what} {path} is not a fairseq checkpoint (it has no 'model' state dict)")
     return dict(state)
 
 
@@ -113,7 +162,8 @@ def checkpoint_updates(state: Dict) -> Optional[int]:
 
 class StateAverage:
     """Running average of model state dicts: float64 sums of the floating-point tensors, and the other entries,
-    which must be equal in every state dict added."""
+    which must be equal in every state dict added; the modules' extra states are left out (see the module
+    docstring)."""
 
     def __init__(self):
         self.count = 0
@@ -123,6 +173,7 @@ class StateAverage:
 
     def add(self, model_state: Mapping, name: str) -> None:
         """Add one model state dict; ``name`` (its file) is what error messages call it."""
+        model_state = {key: value for key, value in model_state.items() if key.split(".")[-1] != EXTRA_STATE}
         if self.first is None:
             self.first = name
             for key, value in model_state.items():

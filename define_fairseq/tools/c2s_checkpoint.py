@@ -27,6 +27,7 @@ from typing import Dict
 import torch
 from fairseq.utils import safe_getattr
 
+from define_fairseq.tools.average_checkpoints import CheckpointError
 from define_fairseq.tools.distill_c2s import (C2S_OPTIONS, checkpoint_table, load_checkpoint_state, load_distilled,
                                               read_distilled)
 
@@ -98,7 +99,10 @@ def get_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None):
-    build(get_parser().parse_args(argv))
+    try:
+        build(get_parser().parse_args(argv))
+    except CheckpointError as e:
+        raise SystemExit(f"error: {e}")
 
 
 if __name__ == "__main__":

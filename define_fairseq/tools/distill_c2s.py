@@ -49,7 +49,6 @@ nearest, the entry itself excluded from both).
 import argparse
 import hashlib
 import os
-import pickle
 import random
 import sys
 from typing import Dict, List, Optional, Sequence
@@ -61,6 +60,7 @@ from torch import Tensor
 from define_fairseq.data.char_noise import NOISE_TYPES, CharNoise, NoiseStats, parse_noise_types, sample_rng
 from define_fairseq.modules.char2subword import (
     BYTE_OFFSET, CONTINUES_CHAR, PAD_CHAR, WORD_START_CHAR, Char2SubwordEmbedding, token_characters)
+from define_fairseq.tools.average_checkpoints import CheckpointError, load_checkpoint, read_torch_file
 
 LOSS_TERMS = ("cos", "l2", "nbr", "ce")
 MIN_NOISE_CHARS = 5  # the paper noises only subwords longer than four characters
@@ -185,22 +185,16 @@ def symbols_md5(symbols: Sequence[str]) -> str:
 
 def load_checkpoint_state(checkpoint: str, data: Optional[str] = None) -> Dict:
     """The state of a fairseq checkpoint, read with ``torch.load(weights_only=True)`` (``argparse.Namespace``
-    allowed); ``data`` overrides the data directory it records."""
+    allowed); ``data`` overrides the data directory it records. CheckpointError naming it if it is not one."""
     from fairseq import checkpoint_utils
 
-    if not os.path.isfile(checkpoint):
-        raise FileNotFoundError(f"--checkpoint {checkpoint}: no such file")
     overrides = {"data": data} if data else None
-    try:
+
+    def read(path):
         with torch.serialization.safe_globals([argparse.Namespace]):
-            return checkpoint_utils.load_checkpoint_to_cpu(checkpoint, arg_overrides=overrides)
-    except pickle.UnpicklingError as error:
-        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-        reason = next((line for line in lines if "Unsupported global" in line), lines[-1] if lines else "")
-        raise RuntimeError(
-            f"--checkpoint {checkpoint}: torch.load(weights_only=True) refused it (it holds Python objects other "
-            f"than tensors, containers and argparse.Namespace). If you trust this file, rerun with the environment "
-            f"variable TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1. torch said: {reason}") from error
+            return checkpoint_utils.load_checkpoint_to_cpu(path, arg_overrides=overrides)
+
+    return load_checkpoint(checkpoint, read, what="--checkpoint")
 
 
 def checkpoint_table(state: Dict, checkpoint: str, side: str, data: Optional[str] = None):
@@ -257,9 +251,9 @@ def read_distilled(path: str) -> Dict:
     """The contents of a file written by this tool (see :func:`save_distilled`); clear errors otherwise."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: no such file (a Char2Subword module written by distill_c2s)")
-    saved = torch.load(path, map_location="cpu", weights_only=True)
+    saved = read_torch_file(path, lambda p: torch.load(p, map_location="cpu", weights_only=True), what="--c2s")
     if not isinstance(saved, dict) or "c2s_args" not in saved or "state_dict" not in saved:
-        raise ValueError(f"{path} is not a file written by define_fairseq.tools.distill_c2s")
+        raise CheckpointError(f"{path} is not a file written by define_fairseq.tools.distill_c2s")
     return saved
 
 
@@ -466,7 +460,10 @@ def get_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None):
-    distill(get_parser().parse_args(argv))
+    try:
+        distill(get_parser().parse_args(argv))
+    except CheckpointError as e:
+        raise SystemExit(f"error: {e}")
 
 
 if __name__ == "__main__":

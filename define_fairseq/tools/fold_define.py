@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 
 from define_fairseq.modules import DeFINEEmbedding
+from define_fairseq.tools.average_checkpoints import CheckpointError, load_checkpoint
 
 
 def fold_model(model: nn.Module) -> nn.Module:
@@ -59,26 +60,29 @@ def fold_state(model_state: Dict[str, torch.Tensor], model_cfg) -> Dict[str, tor
 
 
 def fold_checkpoint(src: str, dst: str) -> None:
-    """Write to ``dst`` the folded form of the fairseq checkpoint ``src``."""
+    """Write to ``dst`` the folded form of the fairseq checkpoint ``src``; CheckpointError naming ``src`` when it
+    is not a checkpoint with DeFINE units to fold."""
     from fairseq import checkpoint_utils
     from omegaconf import OmegaConf, open_dict
 
-    if not os.path.isfile(src):
-        raise FileNotFoundError(f"checkpoint {src} does not exist")
-    # Checkpoints of fairseq's argparse-era models hold an argparse.Namespace, which torch.load's
-    # weights_only mode refuses unless it is allowed explicitly.
-    with torch.serialization.safe_globals([argparse.Namespace]):
-        state = checkpoint_utils.load_checkpoint_to_cpu(src)
+    def read(path):
+        # Checkpoints of fairseq's argparse-era models hold an argparse.Namespace, which torch.load's
+        # weights_only mode refuses unless it is allowed explicitly.
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            return checkpoint_utils.load_checkpoint_to_cpu(path)
+
+    state = load_checkpoint(src, read)
     model_cfg = state["cfg"]["model"] if state.get("cfg") is not None else None
     if model_cfg is None or getattr(model_cfg, "define_folded", None) is None:
         arch = getattr(model_cfg, "_name", None) or getattr(model_cfg, "arch", "unknown")
-        raise ValueError(f"{src} is a checkpoint of arch {arch!r}, which has no DeFINE embeddings to fold; "
-                         f"fold a checkpoint of a define_fairseq model with DeFINE (e.g. transformer_define)")
+        raise CheckpointError(f"{src} is a checkpoint of arch {arch!r}, which has no DeFINE embeddings to fold; "
+                              f"fold a checkpoint of a define_fairseq model with DeFINE (e.g. transformer_define)")
     if model_cfg.define_folded:
-        raise ValueError(f"{src} is already folded")
+        raise CheckpointError(f"{src} is already folded")
     prefixes = _define_prefixes(state["model"])
     if not prefixes:
-        raise ValueError(f"{src} has no DeFINE unit weights (no '*.define.layers.0.weight' in its model state)")
+        raise CheckpointError(f"{src} has no DeFINE unit weights (no '*.define.layers.0.weight' in its model "
+                              f"state)")
     state["model"] = fold_state(state["model"], model_cfg)
     with open_dict(model_cfg):
         model_cfg.define_folded = True
@@ -96,7 +100,10 @@ def main(argv=None):
     parser.add_argument("checkpoint", help="a checkpoint of a model with DeFINE embeddings")
     parser.add_argument("output", help="where to write the folded checkpoint")
     args = parser.parse_args(argv)
-    fold_checkpoint(args.checkpoint, args.output)
+    try:
+        fold_checkpoint(args.checkpoint, args.output)
+    except CheckpointError as e:
+        raise SystemExit(f"error: {e}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""fairseq-train, except that ``--bf16`` trains in bfloat16 on GPUs and CPUs instead of asking for a TPU.
+"""fairseq-train, except that ``--bf16`` trains in bfloat16 on GPUs and CPUs instead of asking for a TPU, and that a
+finished run always exits with status 0.
 
 fairseq-train's command line turns ``--bf16`` into ``--tpu`` (fairseq's ``options.parse_args_and_arch``), and
 ``--tpu`` needs torch_xla, so ``fairseq-train --bf16`` stops in ``get_tpu_device`` on any other machine.
@@ -10,13 +11,22 @@ keeps ``--tpu`` only when the command line asks for it, and runs fairseq's own t
 
 Every other argument means what it means to fairseq-train (multi-GPU training included). fairseq saves
 checkpoints in float32 whatever the training precision.
+
+The second difference: every training process ends cleanly once fairseq's training loop has returned. fairseq's
+training iterator collates batches in a daemon thread (``--data-buffer-size`` > 0, the default), and a run that
+stops mid-epoch (``--max-update``) can exit while that thread is still inside a PyTorch operation; PyTorch's
+C++ shutdown then aborts the finished process (SIGABRT, "terminate called without an active exception") and
+fairseq-train reports a failure after having saved everything. See :func:`end_process`.
 """
 
+import atexit
 import logging
 import os
 import sys
+import threading
 from typing import List, Optional
 
+import torch.distributed as dist
 from fairseq import distributed_utils, options
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq_cli import train as fairseq_train
@@ -31,14 +41,42 @@ def parse_args(argv: Optional[List[str]] = None):
     return args
 
 
+def end_process() -> None:
+    """End a process whose training has finished, with exit status 0.
+
+    Python's own exit would wait for the non-daemon threads, run the exit handlers (logging, fairseq's
+    tensorboard writers, DataLoader and multiprocessing clean-up) and then the C++ static destructors, which abort
+    the process while fairseq's daemon collating thread is inside a PyTorch operation. This does the first two
+    and leaves with ``os._exit(0)``, skipping only the destructors. With torch.distributed every rank first
+    waits for the others (as fairseq's ``distributed_main`` does after training), so none leaves early.
+    """
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier(distributed_utils.get_global_group())
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()  # the handlers Python would run at exit (os._exit skips them)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip the C++ static destructors: they abort the process while fairseq's collating thread is in PyTorch.
+    os._exit(0)
+
+
+def train_and_end(cfg, **kwargs) -> None:
+    """fairseq-train's ``main`` in this process (each spawned GPU process too), then :func:`end_process`."""
+    fairseq_train.main(cfg, **kwargs)
+    end_process()
+
+
 def main(argv: Optional[List[str]] = None) -> None:
+    """Train as fairseq-train does with ``argv`` (default: the command line); ends the process when done."""
     # fairseq-train's log format (its module sets it up only when nothing has logged before it was imported, and
     # importing this package, which imports fairseq, logs)
     logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", datefmt="%Y-%m-%d %H:%M:%S",
                         level=os.environ.get("LOGLEVEL", "INFO").upper(), stream=sys.stdout, force=True)
     args = parse_args(argv)
     cfg = convert_namespace_to_omegaconf(args)
-    distributed_utils.call_main(cfg, fairseq_train.main)
+    distributed_utils.call_main(cfg, train_and_end)
 
 
 if __name__ == "__main__":

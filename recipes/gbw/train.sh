@@ -24,7 +24,7 @@ choice: the paper gives no epoch count); validation and a checkpoint every 10,00
 of each epoch (an epoch is about 200,000 updates on one GPU).
 
 Options:
-  -n            print the fairseq-train command and exit
+  -n            print the training command and exit
   -d DATA_DIR   data directory of prepare.sh (default: \$DATA_DIR or data/gbw)
   -s SAVE_ROOT  checkpoint root (default: \$SAVE_ROOT or checkpoints/gbw)
   -h            this help

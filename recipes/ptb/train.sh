@@ -22,7 +22,7 @@ CONFIG:
   lstm_lm_ptb            its LSTM baseline, 24M parameters: 2 layers of 951 (r=0), tuned settings of the same code
 
 Options:
-  -n            print the fairseq-train command and exit
+  -n            print the training command and exit
   -d DATA_DIR   data directory of prepare.sh (default: \$DATA_DIR or data/ptb)
   -s SAVE_ROOT  checkpoint root (default: \$SAVE_ROOT or checkpoints/ptb)
   -h            this help

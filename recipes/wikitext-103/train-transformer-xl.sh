@@ -29,7 +29,7 @@ CONFIG (Table 2 of the DeFINE paper; 16 layers, 10 heads x 41, projected adaptiv
 Options:
   -g GPUS       GPUs to train on (default: the number visible); the 60 streams are split over them
                 (--batch-size 60/GPUS, so GPUS must divide 60)
-  -n            print the fairseq-train command and exit
+  -n            print the training command and exit
   -d DATA_DIR   data directory of prepare.sh (default: \$DATA_DIR or data/wikitext-103)
   -s SAVE_ROOT  checkpoint root (default: \$SAVE_ROOT or checkpoints/wikitext-103)
   -h            this help

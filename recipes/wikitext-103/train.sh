@@ -31,7 +31,7 @@ per GPU, lr halved when the validation loss stalls, 35 epochs):
                                   TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1, which this script sets for it
 
 Options:
-  -n            print the fairseq-train command and exit
+  -n            print the training command and exit
   -d DATA_DIR   data directory of prepare.sh (default: \$DATA_DIR or data/wikitext-103)
   -s SAVE_ROOT  checkpoint root (default: \$SAVE_ROOT or checkpoints/wikitext-103)
   -h            this help

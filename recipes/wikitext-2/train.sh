@@ -22,7 +22,7 @@ CONFIG:
   lstm_lm_wt2            its LSTM baseline, 35M parameters: 2 layers of 1211 (r=0), 428-d embeddings, MoS2
 
 Options:
-  -n            print the fairseq-train command and exit
+  -n            print the training command and exit
   -d DATA_DIR   data directory of prepare.sh (default: \$DATA_DIR or data/wikitext-2)
   -s SAVE_ROOT  checkpoint root (default: \$SAVE_ROOT or checkpoints/wikitext-2)
   -h            this help

@@ -29,8 +29,8 @@ CONFIG:
 Options:
   -g GPUS       GPUs to train on (default: the number visible); the update frequency is 8 / GPUS, so every
                 update sees 8 batches of 4096 tokens (GPUS must divide 8, or give --update-freq yourself)
-  -p PRECISION  fp16 (default: fairseq's mixed precision with loss scaling), bf16 (bfloat16: runs through
-                'python -m define_fairseq.tools.train', since fairseq-train's --bf16 asks for a TPU), or fp32
+  -p PRECISION  fp16 (default: fairseq's mixed precision with loss scaling), bf16 (bfloat16, which fairseq-train
+                itself cannot do off TPUs: see README.md), or fp32
   -n            print the training command and exit
   -d DATA_DIR   data directory of prepare.sh (default: \$DATA_DIR or data/wmt14-en-de)
   -s SAVE_ROOT  checkpoint root (default: \$SAVE_ROOT or checkpoints/wmt14-en-de)
@@ -107,9 +107,6 @@ if [[ $CONFIG == transformer_wmt_en_de ]]; then
     # refuses to load by default: resuming from checkpoint_last.pt needs the unrestricted loader. Only for the
     # checkpoints this recipe wrote itself.
     export TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
-fi
-if [[ $PRECISION == bf16 ]]; then
-    LIB_TRAIN_CMD=("$(lib_python)" -m define_fairseq.tools.train)
 fi
 
 lib_train "$DRY_RUN" "$DATA_DIR/data-bin" "$SAVE_ROOT/$CONFIG" "${ARGS[@]}" "$@"
