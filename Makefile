@@ -1,5 +1,5 @@
 # The two commands: `make demo` (train and evaluate transformer_define on the demo corpus) and `make test`.
-# Other stacks (README, "Tested with"): `make test-stack STACK=NAME`, `make test-matrix`. A GPU node without a
+# Other stacks (README, "Tested stacks"): `make test-stack STACK=NAME`, `make test-matrix`. A GPU node without a
 # registry: `make wheelhouse PY=3.12` where there is one, then `make install-offline` on the node.
 PYTHON ?= python3
 VENV ?= .venv
@@ -69,13 +69,14 @@ test-matrix:
 # ---- Offline install (README, "Offline install on a GPU node").
 # `make wheelhouse PY=3.12` downloads into $(WHEELHOUSE) the Linux x86-64 wheels that the plugin, fairseq and
 # the tests need on that Python, and the fairseq-fixed sdist (compiled on the node, against its torch and numpy),
-# less what the target already has: torch never; for PY=3.12 the GPU image's packages as well (the image's
-# package list; the node: Python 3.12.3, torch 2.11.0+cu130, numpy 2.5.2).
+# less what the target already has: torch always; for PY=3.12 also what the GPU image has (the node: Python
+# 3.12.3, torch 2.11.0+cu130, numpy 2.5.2).
 WHEELHOUSE ?= wheelhouse
 PY ?= 3.11
-GPU_IMAGE_HAS := click colorama cython execnet iniconfig joblib lxml numpy packaging pluggy portalocker pygments \
-  pytest pytest-xdist pyyaml regex sacrebleu scikit-learn scipy sentencepiece setuptools tabulate threadpoolctl \
-  tqdm typing-extensions wheel cloudpickle narwhals
+# The GPU image's packages among those the wheelhouse would otherwise hold (from the image's package list).
+GPU_IMAGE_HAS := click cloudpickle colorama cython execnet iniconfig joblib lxml narwhals numpy packaging pluggy \
+  portalocker pygments pytest pytest-xdist pyyaml regex sacrebleu scikit-learn scipy sentencepiece setuptools \
+  tabulate threadpoolctl tqdm typing-extensions wheel
 WHEELHOUSE_SKIP ?= torch $(if $(filter 3.12,$(PY)),$(GPU_IMAGE_HAS))
 # What install-offline installs by name (a version already there is kept): build tools, then requirements.txt.
 OFFLINE_BASE := "$(SETUPTOOLS)" numpy cython
