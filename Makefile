@@ -1,31 +1,139 @@
 # The two commands: `make demo` (train and evaluate transformer_define on the demo corpus) and `make test`.
+# Other stacks (README, "Tested stacks"): `make test-stack STACK=NAME`, `make test-matrix`. A GPU node without a
+# registry: `make wheelhouse PY=3.12` where there is one, then `make install-offline` on the node.
 PYTHON ?= python3
 VENV ?= .venv
-PY := $(VENV)/bin/python
-PIP := $(PY) -m pip --disable-pip-version-check
+VENV_PY := $(VENV)/bin/python
+PIP := $(VENV_PY) -m pip --disable-pip-version-check
 STAMP := $(VENV)/.installed
-TORCH := torch==2.13.0
+TORCH ?= torch==2.13.0
+NUMPY ?= numpy<2
+CYTHON := cython==3.3.1
+# fairseq is built without isolation, by the environment's setuptools: from 70.1 on it makes wheels itself (an older
+# one needs the wheel package), and torch 2.11 keeps the 65.5 of a new Python 3.11 venv.
+SETUPTOOLS := setuptools>=70.1
 FAIRSEQ := fairseq-fixed==0.12.3.1
 # Test processes in parallel (pytest-xdist); each file's tests stay in one process (shared fixtures).
 TEST_WORKERS ?= 2
+TESTS ?= tests
 
-.PHONY: install test demo bench clean
+.PHONY: install test test-stack test-matrix wheelhouse install-offline demo bench clean
 
 install: $(STAMP)
 
-# Installing again does nothing: the stamp is newer than what it was made from.
+# Installing again does nothing: the stamp is newer than what it was made from. fairseq is compiled against the
+# torch and numpy installed just before it (its Cython and C++ extensions); --no-cache-dir because pip would
+# otherwise reuse a wheel it built for another stack's torch or numpy.
 $(STAMP): setup.py requirements.txt Makefile
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install $(TORCH) "numpy<2" cython==3.3.1
+	@test -x $(VENV_PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install $(TORCH) "$(NUMPY)" $(CYTHON) "$(SETUPTOOLS)"
 	@$(PIP) show fairseq-fixed >/dev/null 2>&1 || { \
 	  echo "==> compiling $(FAIRSEQ) (about 3 minutes on 2 cores)"; \
-	  $(PIP) install --no-build-isolation --no-deps $(FAIRSEQ); }
+	  $(PIP) install --no-cache-dir --no-build-isolation --no-deps $(FAIRSEQ); }
 	$(PIP) install -r requirements.txt
 	$(PIP) install --no-build-isolation --no-deps -e .
 	@touch $(STAMP)
 
 test: install
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
+	$(VENV_PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(TESTS)
+
+# ---- Other stacks: each in its own .venv-NAME, made and tested like .venv (`make test` is torch 2.13 CPU with
+# numpy 1.26). torch==2.13.0 resolves to the local CPU wheel where pip's find-links has it (2.13.0+cpu sorts
+# above 2.13.0); the registry's other Linux torch wheels are CUDA builds (about 4 GB with their nvidia-*
+# packages) that run on a CPU too. numpy 2.4 is the newest numpy 2 for Python 3.11.
+STACKS := torch2.13-numpy2 torch2.11-numpy2 torch2.15-numpy2
+STACK_torch2.13-numpy2 := torch==2.13.0 numpy==2.4.6
+STACK_torch2.11-numpy2 := torch==2.11.0 numpy==2.4.6
+STACK_torch2.15-numpy2 := torch==2.15.0 numpy==2.4.6
+# Every registered arch trains one step (test_bf16.py), and each model's test file trains it with fairseq-train
+# and scores it with fairseq-generate or fairseq-eval-lm (and fairseq-hydra-train, fairseq-interactive,
+# checkpoint resume): the part of the suite that touches torch and fairseq's programs. STACK_TESTS=tests for all.
+STACK_TESTS ?= tests/test_bf16.py tests/test_transformer_define.py tests/test_transformer_c2s.py \
+  tests/test_transformer_lm_define.py tests/test_transformer_xl_lm.py tests/test_lstm_lm.py \
+  tests/test_awd_lstm_lm.py tests/test_mogrifier_lstm_lm.py tests/test_gcnn_lm.py tests/test_stateful_lm_task.py \
+  tests/test_resume.py
+
+test-stack:
+	@test -n "$(STACK_$(STACK))" || { echo "make test-stack: STACK=NAME, one of: $(STACKS)" >&2; exit 2; }
+	$(MAKE) test VENV=.venv-$(STACK) TORCH=$(word 1,$(STACK_$(STACK))) NUMPY=$(word 2,$(STACK_$(STACK))) \
+	  TESTS="$(STACK_TESTS)"
+
+# The default stack and every other one; a failing stack does not stop the others, and the summary names it.
+test-matrix:
+	@failed=; for s in default $(STACKS); do \
+	  if [ $$s = default ]; then $(MAKE) test || failed="$$failed $$s"; \
+	  else $(MAKE) test-stack STACK=$$s || failed="$$failed $$s"; fi; done; \
+	  if [ -n "$$failed" ]; then echo "test-matrix: failed:$$failed" >&2; exit 1; fi; \
+	  echo "test-matrix: default $(STACKS) passed"
+
+# ---- Offline install (README, "Offline install on a GPU node").
+# `make wheelhouse PY=3.12` downloads into $(WHEELHOUSE) the Linux x86-64 wheels that the plugin, fairseq and
+# the tests need on that Python, and the fairseq-fixed sdist (compiled on the node, against its torch and numpy),
+# less what the target already has: torch always; for PY=3.12 also what the GPU image has (the node: Python
+# 3.12.3, torch 2.11.0+cu130, numpy 2.5.2).
+WHEELHOUSE ?= wheelhouse
+PY ?= 3.11
+# The GPU image's packages among those the wheelhouse would otherwise hold (from the image's package list).
+GPU_IMAGE_HAS := click cloudpickle colorama cython execnet iniconfig joblib lxml narwhals numpy packaging pluggy \
+  portalocker pygments pytest pytest-xdist pyyaml regex sacrebleu scikit-learn scipy sentencepiece setuptools \
+  tabulate threadpoolctl tqdm typing-extensions wheel
+WHEELHOUSE_SKIP ?= torch $(if $(filter 3.12,$(PY)),$(GPU_IMAGE_HAS))
+# What install-offline installs by name (a version already there is kept): build tools, then requirements.txt.
+OFFLINE_BASE := "$(SETUPTOOLS)" numpy cython
+PLATFORMS := $(foreach p,manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 \
+  manylinux_2_5_x86_64 manylinux1_x86_64,--platform $(p))
+FOR_TARGET = --python-version $(PY) --implementation cp $(PLATFORMS) --only-binary :all:
+# The GPU node's wheelhouse stays under 40 MB; one for an environment that has only torch also carries numpy,
+# scipy and scikit-learn (fairseq imports them on start-up) and weighs about 90 MB.
+WHEELHOUSE_MAX_MB ?= $(if $(filter 3.12,$(PY)),40,100)
+
+# Runs pip from .venv (fairseq's sdist metadata imports torch); antlr4-python3-runtime (hydra-core's) has no
+# wheel on the registry: it is pure Python, and its wheel is built here.
+wheelhouse: install
+	rm -rf $(WHEELHOUSE) && mkdir -p $(WHEELHOUSE)/.build
+	$(PIP) wheel --no-deps -w $(WHEELHOUSE) antlr4-python3-runtime==4.9.3
+	$(PIP) install $(FOR_TARGET) --dry-run --target $(WHEELHOUSE)/.build/target --ignore-installed --quiet \
+	  --find-links $(WHEELHOUSE) \
+	  --report $(WHEELHOUSE)/.build/report.json "$(SETUPTOOLS)" "$(NUMPY)" $(CYTHON) -r requirements.txt
+	$(VENV_PY) -c 'import json, re, sys; skip = {re.sub("[-_.]+", "-", n).lower() for n in sys.argv[2:]}; \
+	  wanted = [(i["metadata"]["name"], i["metadata"]["version"]) for i in json.load(open(sys.argv[1]))["install"]]; \
+	  print("\n".join(f"{n}=={v}" for n, v in wanted if re.sub("[-_.]+", "-", n).lower() not in skip))' \
+	  $(WHEELHOUSE)/.build/report.json antlr4-python3-runtime $(WHEELHOUSE_SKIP) >$(WHEELHOUSE)/.build/wanted.txt
+	$(PIP) download $(FOR_TARGET) --no-deps -d $(WHEELHOUSE) -r $(WHEELHOUSE)/.build/wanted.txt
+	$(PIP) download --no-deps --no-build-isolation --no-binary :all: -d $(WHEELHOUSE) $(FAIRSEQ)
+	rm -rf $(WHEELHOUSE)/.build
+	@cd $(WHEELHOUSE) && for f in *; do case $$f in \
+	  *-py3-none-any.whl|*-py2.py3-none-any.whl|*manylinux*_x86_64*.whl|fairseq_fixed-*.tar.gz) ;; \
+	  *) echo "wheelhouse: $$f is neither a Linux x86-64 wheel, a pure-Python wheel nor fairseq's sdist" >&2; \
+	     exit 1;; esac; done
+	@size=$$(du -sm $(WHEELHOUSE) | cut -f1); ls -1 $(WHEELHOUSE); \
+	  echo "$(WHEELHOUSE): $$(ls $(WHEELHOUSE) | wc -l) files, $$size MB, for Python $(PY) (skipped: $(WHEELHOUSE_SKIP))"; \
+	  test $$size -le $(WHEELHOUSE_MAX_MB) || { echo "wheelhouse: over $(WHEELHOUSE_MAX_MB) MB" >&2; exit 1; }
+
+# `make install-offline WHEELHOUSE=dir` installs into the Python environment of $(PYTHON) (e.g. the node's
+# /opt/torch/.venv) from the wheelhouse alone: no index, pip's configuration files and variables ignored. It never
+# installs or replaces torch, keeps what is already there, and compiles fairseq against the environment's torch
+# and numpy (without CUDA_HOME: the plugin uses none of fairseq's CUDA kernels, and fairseq falls back without
+# them). Then `make test VENV=<that environment>` runs the suite there without installing anything.
+OFFLINE_ENV := env -u PIP_INDEX_URL -u PIP_EXTRA_INDEX_URL -u PIP_FIND_LINKS -u PIP_NO_INDEX -u PIP_CONSTRAINT \
+  -u PIP_REQUIREMENT PIP_CONFIG_FILE=/dev/null
+OFFLINE_PIP = $(OFFLINE_ENV) $(PYTHON) -m pip --disable-pip-version-check install --no-index \
+  --find-links $(abspath $(WHEELHOUSE))
+
+install-offline:
+	@$(PYTHON) -c 'import torch' 2>/dev/null || { echo "install-offline: $(PYTHON) has no torch; install torch \
+	first (this target never installs or replaces it), or name another interpreter with PYTHON=" >&2; exit 1; }
+	@ls $(WHEELHOUSE)/fairseq_fixed-*.tar.gz >/dev/null 2>&1 || { echo "install-offline: no fairseq_fixed sdist \
+	in $(WHEELHOUSE); make one with \`make wheelhouse PY=X.Y\` where a registry is reachable" >&2; exit 1; }
+	$(OFFLINE_PIP) $(OFFLINE_BASE)
+	@$(PYTHON) -m pip show fairseq-fixed >/dev/null 2>&1 || { echo "==> compiling $(FAIRSEQ)"; \
+	  env -u CUDA_HOME $(OFFLINE_PIP) --no-cache-dir --no-build-isolation --no-deps \
+	  $(WHEELHOUSE)/fairseq_fixed-*.tar.gz; }
+	$(OFFLINE_PIP) $$(sed -e 's/#.*//' -e 's/[=<>!~;].*//' requirements.txt)
+	$(OFFLINE_PIP) --no-build-isolation --no-deps -e .
+	@prefix=$$($(PYTHON) -c 'import sys; print(sys.prefix)'); touch $$prefix/.installed; \
+	  $(PYTHON) -c 'import torch, numpy, fairseq; print("install-offline: torch", torch.__version__, "numpy", \
+	  numpy.__version__, "fairseq", fairseq.__version__)'; echo "install-offline: now \`make test VENV=$$prefix\`"
 
 demo: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash examples/demo/run.sh
@@ -40,14 +148,14 @@ GLIBC_RETAIN = MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=68719476
 bench: install
 	@test -z "$(TCMALLOC)" -o -f "$(TCMALLOC)" || { echo "bench: $(TCMALLOC) not found: install libtcmalloc-minimal4, \
 	  or give its path with make bench TCMALLOC=..., or run without it: make bench TCMALLOC="; exit 1; }
-	$(PY) -m benchmarks.group_linear
-	$(PY) -m benchmarks.train_speed
-	$(if $(TCMALLOC),$(WITH_TCMALLOC) $(PY) -m benchmarks.train_speed)
-	$(PY) -m benchmarks.generate_speed
-	$(WITH_TCMALLOC) $(PY) -m benchmarks.lstm_lm_speed
-	$(PY) -m benchmarks.mogrifier_speed
-	$(GLIBC_RETAIN) $(PY) -m benchmarks.gcnn_speed
-	$(WITH_TCMALLOC) $(PY) -m benchmarks.txl_speed
+	$(VENV_PY) -m benchmarks.group_linear
+	$(VENV_PY) -m benchmarks.train_speed
+	$(if $(TCMALLOC),$(WITH_TCMALLOC) $(VENV_PY) -m benchmarks.train_speed)
+	$(VENV_PY) -m benchmarks.generate_speed
+	$(WITH_TCMALLOC) $(VENV_PY) -m benchmarks.lstm_lm_speed
+	$(VENV_PY) -m benchmarks.mogrifier_speed
+	$(GLIBC_RETAIN) $(VENV_PY) -m benchmarks.gcnn_speed
+	$(WITH_TCMALLOC) $(VENV_PY) -m benchmarks.txl_speed
 
 clean:
-	rm -rf $(VENV) demo_output
+	rm -rf $(VENV) $(STACKS:%=.venv-%) $(WHEELHOUSE) demo_output

@@ -44,6 +44,30 @@ def _shutdown_abort(proc) -> bool:
     return proc.returncode == -6 and proc.stderr.rstrip().endswith(SHUTDOWN_ABORT)
 
 
+def _fairseq_eos_blocks_break() -> bool:
+    """Whether fairseq fails to cut language-model data into sentences (``--sample-break-mode eos``).
+
+    fairseq's ``TokenBlockDataset._build_slice_indices`` (fairseq/data/token_block_dataset.py) asks for
+    ``np.compat.long`` in that mode, and numpy 2 has no ``numpy.compat``: fairseq-generate on a language model and
+    every run with that break mode stop with an AttributeError there (README, "Tested stacks")."""
+    from fairseq.data import TokenBlockDataset
+
+    try:
+        TokenBlockDataset([torch.tensor([4, 2])], [2], block_size=None, pad=1, eos=2, break_mode="eos")
+    except AttributeError as error:
+        if "compat" in str(error):
+            return True
+        raise
+    return False
+
+
+# The tests that need fairseq's eos break mode are expected to fail where fairseq has that fault (numpy 2), and to
+# pass where it does not (strict: an unexpected pass fails the run, so the mark cannot outlive the fault).
+needs_fairseq_eos_blocks = pytest.mark.xfail(
+    _fairseq_eos_blocks_break(), strict=True,
+    reason="fairseq's TokenBlockDataset(break_mode='eos') uses np.compat.long, which numpy 2 removed")
+
+
 def run_cli(program, *args, cwd=None, check=True):
     """Run a fairseq console script of this environment; fail with its output when it fails."""
     args = [str(a) for a in args]

@@ -12,7 +12,7 @@ from define_fairseq.models import gcnn_lm
 from define_fairseq.modules.gated_conv import (
     ACTIVATIONS, CausalConv1d, GatedConvLayer, GatedConvStack, parse_layer_spec, receptive_field)
 from define_fairseq.tools.params import parameter_breakdown, setup_from_train_args
-from conftest import USER_DIR, run_cli
+from conftest import USER_DIR, needs_fairseq_eos_blocks, run_cli
 from lm_helpers import check_beam_search_scores, check_generate_continues_a_prefix, load, log_probs, tokens_batch
 
 WT103_VOCAB = 267_735
@@ -315,6 +315,7 @@ def test_eval_lm_equals_scoring_each_block_in_process(lm_data, checkpoint):
     assert loss == pytest.approx(nll / len(stream) / math.log(2), abs=2e-4)
 
 
+@needs_fairseq_eos_blocks
 def test_fairseq_generate_continues_a_prefix(lm_data, checkpoint):
     check_generate_continues_a_prefix(lm_data, checkpoint, "--beam", "3")
 

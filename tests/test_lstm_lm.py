@@ -16,7 +16,7 @@ from define_fairseq.modules.adaptive_input import AdaptiveInput
 from define_fairseq.modules.lstm_stack import LSTMStack
 from define_fairseq.tools.params import parameter_breakdown, setup_from_train_args
 
-from conftest import USER_DIR, run_cli
+from conftest import USER_DIR, needs_fairseq_eos_blocks, run_cli
 from lm_helpers import (
     check_beam_search_scores,
     check_generate_continues_a_prefix,
@@ -202,6 +202,7 @@ def test_stateful_training_and_eval(lm_data, tmp_path):
     assert loss == pytest.approx(mean_nll_base2(model, inputs[None], stream[None]), abs=2e-4)
 
 
+@needs_fairseq_eos_blocks
 def test_fairseq_generate_samples_after_a_prefix(lm_data, trained):
     check_generate_continues_a_prefix(lm_data, trained("lstm_lm_define"), "--sampling", "--sampling-topk", "5",
                                       "--beam", "2", "--seed", "3")

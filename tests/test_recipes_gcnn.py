@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, REPO, training_arguments
+from conftest import BIN, REPO, needs_fairseq_eos_blocks, training_arguments
 from recipe_mirror import (GBW_HELDOUT_SHARDS, GBW_LONG_SENTENCE, GBW_TOP, GBW_TRAIN_SHARDS, closed_port_url,
                            serve_directory, write_gbw_tgz, write_wikitext_zip)
 
@@ -291,6 +291,7 @@ def train_then_eval(corpus, config, data_dir, save_root, *train_args):
     return save_dir, results, signature
 
 
+@needs_fairseq_eos_blocks
 def test_gbw_scores_every_sentence_on_its_own(gbw_data, tmp_path):
     """gcnn_lm_14b shrunk; trained on rows of at most 32 tokens, yet eval.sh scores the 90-word test sentence."""
     import torch

@@ -9,7 +9,7 @@ import define_fairseq  # noqa: F401  (registers the models)
 from define_fairseq.modules import DeFINEEmbedding
 from define_fairseq.tools.params import setup_from_train_args
 
-from conftest import USER_DIR, run_cli
+from conftest import USER_DIR, needs_fairseq_eos_blocks, run_cli
 
 TINY_LM = ["--decoder-layers", "1", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
            "--decoder-attention-heads", "2", "--define-n", "16", "--define-k", "64", "--tokens-per-sample", "16"]
@@ -36,6 +36,7 @@ def perplexity(output: str) -> float:
     return float(match.group(1))
 
 
+@needs_fairseq_eos_blocks
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_trains_scores_and_samples(lm_data, tmp_path, arch):
     from fairseq.models.transformer_lm import TransformerLanguageModel

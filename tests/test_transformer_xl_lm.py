@@ -9,7 +9,7 @@ import torch
 
 import define_fairseq  # noqa: F401  (registers the models, tasks and criteria)
 from define_fairseq.tools.params import parameter_breakdown, setup_from_train_args, write_dictionaries
-from conftest import USER_DIR, run_cli, training_arguments
+from conftest import USER_DIR, needs_fairseq_eos_blocks, run_cli, training_arguments
 from lm_helpers import check_generate_continues_a_prefix, eval_lm, load, log_probs, split_stream, tokens_batch
 
 WT103_VOCAB = 267_735
@@ -188,6 +188,7 @@ def test_eval_lm_carries_the_memory_through_the_split(lm_data, checkpoint, mem_l
     assert loss == pytest.approx(nll / len(stream) / math.log(2), abs=2e-4)
 
 
+@needs_fairseq_eos_blocks
 def test_fairseq_generate_continues_a_prefix(lm_data, checkpoint):
     check_generate_continues_a_prefix(lm_data, checkpoint, "--beam", "3")
 
