@@ -172,6 +172,21 @@ def _terms(line):
     return {key: float(value) for key, value in re.findall(r"(\S+) (-?\d+\.\d+)", line)}
 
 
+def _near_ties(pred, table, k, eps=1e-5):
+    """``(top-1, top-k)``: how many of ``approximation_metrics``' decisions on ``pred`` lie within ``eps`` (in cosine)
+    of a tie, and so may go either way with a forward that rounds differently (the command predicts in batches,
+    the eval-mode table all at once: float32 cosines a few 1e-8 apart). Top-1: rows whose own entry and best other
+    entry are that close; top-k: per row, the other entries that close to the k-th best other one."""
+    sim = torch.nn.functional.normalize(pred.double(), dim=-1) @ torch.nn.functional.normalize(table.double(),
+                                                                                             dim=-1).t()
+    own = sim.diagonal().clone()
+    sim.fill_diagonal_(float("-inf"))
+    top1 = int(((own - sim.max(dim=1).values).abs() < eps).sum())
+    kth = sim.topk(k, dim=1).values[:, -1:]
+    topk = int(((sim - kth).abs() < eps).sum(dim=1).sub(1).sum())
+    return top1, topk
+
+
 def test_distill_lowers_the_loss_and_the_output_reloads(checkpoint, tmp_path):
     out = tmp_path / "c2s.pt"
     proc = run_module(TOOL, "--checkpoint", checkpoint, "--output", out, "--neighbours", "5", "--epochs", "40",
@@ -211,8 +226,9 @@ def test_distill_lowers_the_loss_and_the_output_reloads(checkpoint, tmp_path):
         assert losses[name].item() == pytest.approx(after[name], abs=2e-4), name
         assert losses[name].item() == pytest.approx(saved["metrics"]["after"][name], rel=1e-4, abs=1e-6), name
     metrics = approximation_metrics(pred, table[regular], neighbours)
-    assert metrics["accuracy"] == pytest.approx(after["accuracy"], abs=1e-4)
-    assert metrics["precision"] == pytest.approx(after["precision@5"], abs=1e-4)
+    ties_top1, ties_top5 = _near_ties(pred, table[regular], 5)  # almost always none: then an exact match
+    assert metrics["accuracy"] == pytest.approx(after["accuracy"], abs=1e-4 + ties_top1 / len(regular))
+    assert metrics["precision"] == pytest.approx(after["precision@5"], abs=1e-4 + ties_top5 / (5 * len(regular)))
 
     other = _dictionary(checkpoint)
     other.add_symbol("transview2")

@@ -37,7 +37,9 @@ def test_one_group_equals_nn_linear():
         dense.weight.copy_(layer.weight[0].t())
         dense.bias.copy_(layer.bias)
     x = torch.randn(7, 16)
-    torch.testing.assert_close(layer(x), dense(x), rtol=0, atol=0)
+    # The same products, but the GEMM reads the weight in the other layout: the BLAS may take another kernel and
+    # another summation order (the last bit differs under MKL_CBWR=COMPATIBLE), so float32 tolerances.
+    torch.testing.assert_close(layer(x), dense(x))
 
 
 def test_parameter_count():

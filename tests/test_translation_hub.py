@@ -55,10 +55,13 @@ def test_hub_interface_and_fairseq_interactive_translate_alike(trained):
         assert text and "@@" not in text
         assert all(word.startswith("w") for word in text.split())  # the toy target language's words
 
+    # One batch of the three sentences, as the hub batches them: a sentence alone is a differently shaped
+    # computation, whose scores differ in the last bits, and a near tie in the beam could then pick another word.
     proc = subprocess.run(
         [str(BIN / "fairseq-interactive"), str(data), "--user-dir", USER_DIR, "--path",
          str(save_dir / "checkpoint_last.pt"), "--source-lang", "en", "--target-lang", "de", "--bpe", "subword_nmt",
-         "--bpe-codes", str(codes), "--beam", "2", "--cpu"],
+         "--bpe-codes", str(codes), "--beam", "2", "--cpu", "--buffer-size", str(len(SENTENCES)),
+         "--batch-size", str(len(SENTENCES))],
         input="".join(s + "\n" for s in SENTENCES), capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     detokenized = {}
