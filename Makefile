@@ -17,7 +17,7 @@ FAIRSEQ := fairseq-fixed==0.12.3.1
 TEST_WORKERS ?= 2
 TESTS ?= tests
 
-.PHONY: install test test-stack test-matrix wheelhouse install-offline demo bench clean
+.PHONY: install test test-stack test-matrix wheelhouse install-offline install-env gpu-check demo bench clean
 
 install: $(STAMP)
 
@@ -115,25 +115,51 @@ wheelhouse: install
 # installs or replaces torch, keeps what is already there, and compiles fairseq against the environment's torch
 # and numpy (without CUDA_HOME: the plugin uses none of fairseq's CUDA kernels, and fairseq falls back without
 # them). Then `make test VENV=<that environment>` runs the suite there without installing anything.
+# `make install-env` does the same from the wheelhouse when it holds fairseq's sdist, else from the registry.
 OFFLINE_ENV := env -u PIP_INDEX_URL -u PIP_EXTRA_INDEX_URL -u PIP_FIND_LINKS -u PIP_NO_INDEX -u PIP_CONSTRAINT \
   -u PIP_REQUIREMENT PIP_CONFIG_FILE=/dev/null
-OFFLINE_PIP = $(OFFLINE_ENV) $(PYTHON) -m pip --disable-pip-version-check install --no-index \
-  --find-links $(abspath $(WHEELHOUSE))
+FAIRSEQ_SDIST = $(firstword $(wildcard $(WHEELHOUSE)/fairseq_fixed-*.tar.gz))
+ENV_PIP = $(if $(FAIRSEQ_SDIST),$(OFFLINE_ENV)) $(PYTHON) -m pip --disable-pip-version-check install \
+  $(if $(FAIRSEQ_SDIST),--no-index --find-links $(abspath $(WHEELHOUSE)))
 
 install-offline:
-	@$(PYTHON) -c 'import torch' 2>/dev/null || { echo "install-offline: $(PYTHON) has no torch; install torch \
-	first (this target never installs or replaces it), or name another interpreter with PYTHON=" >&2; exit 1; }
-	@ls $(WHEELHOUSE)/fairseq_fixed-*.tar.gz >/dev/null 2>&1 || { echo "install-offline: no fairseq_fixed sdist \
-	in $(WHEELHOUSE); make one with \`make wheelhouse PY=X.Y\` where a registry is reachable" >&2; exit 1; }
-	$(OFFLINE_PIP) $(OFFLINE_BASE)
+	@test -n "$(FAIRSEQ_SDIST)" || { echo "install-offline: no fairseq_fixed sdist in $(WHEELHOUSE); make one \
+	with \`make wheelhouse PY=X.Y\` where a registry is reachable, or give its folder with WHEELHOUSE=dir" >&2; exit 1; }
+	$(MAKE) install-env
+
+install-env:
+	@$(PYTHON) -c 'import torch' 2>/dev/null || { echo "$@: $(PYTHON) has no torch; install torch first (this \
+	target never installs or replaces it), or name another interpreter with PYTHON=" >&2; exit 1; }
+	@echo "==> installing into $$($(PYTHON) -c 'import sys; print(sys.prefix)') from \
+	$(if $(FAIRSEQ_SDIST),$(WHEELHOUSE) alone,the registry)"
+	$(ENV_PIP) $(OFFLINE_BASE)
 	@$(PYTHON) -m pip show fairseq-fixed >/dev/null 2>&1 || { echo "==> compiling $(FAIRSEQ)"; \
-	  env -u CUDA_HOME $(OFFLINE_PIP) --no-cache-dir --no-build-isolation --no-deps \
-	  $(WHEELHOUSE)/fairseq_fixed-*.tar.gz; }
-	$(OFFLINE_PIP) $$(sed -e 's/#.*//' -e 's/[=<>!~;].*//' requirements.txt)
-	$(OFFLINE_PIP) --no-build-isolation --no-deps -e .
+	  env -u CUDA_HOME $(ENV_PIP) --no-cache-dir --no-build-isolation --no-deps $(or $(FAIRSEQ_SDIST),$(FAIRSEQ)); }
+	$(ENV_PIP) $$(sed -e 's/#.*//' -e 's/[=<>!~;].*//' requirements.txt)
+	$(ENV_PIP) --no-build-isolation --no-deps -e .
 	@prefix=$$($(PYTHON) -c 'import sys; print(sys.prefix)'); touch $$prefix/.installed; \
-	  $(PYTHON) -c 'import torch, numpy, fairseq; print("install-offline: torch", torch.__version__, "numpy", \
-	  numpy.__version__, "fairseq", fairseq.__version__)'; echo "install-offline: now \`make test VENV=$$prefix\`"
+	  $(PYTHON) -c 'import torch, numpy, fairseq; print("$@: torch", torch.__version__, "numpy", \
+	  numpy.__version__, "fairseq", fairseq.__version__)'; echo "$@: now \`make test VENV=$$prefix\`"
+
+# ---- `make gpu-check` on a GPU node (README, "Checking a GPU node"): installs into $(PYTHON)'s environment
+# (install-env: WHEELHOUSE=dir when the node has no registry), runs the CUDA tests, then every benchmark on the
+# GPU, and writes benchmarks/results/gpu-<gpu>.md (the environment, the tests' summary, each figure beside its
+# target). Stops at the first step that fails and names it. About 10 minutes on one H100.
+GPU_CHECK_LOG := benchmarks/results/.gpu-check-tests.log
+
+gpu-check:
+	@$(PYTHON) -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null || { echo "gpu-check: \
+	$(PYTHON) has no torch that sees a CUDA device (torch.cuda.is_available() is False); run it on a GPU node, \
+	or name the node's interpreter with PYTHON=" >&2; exit 1; }
+	@$(MAKE) install-env || { echo "gpu-check: failed installing (above)" >&2; exit 1; }
+	@echo "==> the CUDA tests (pytest -m cuda)"
+	@set -o pipefail; DEFINE_FAIRSEQ_CUDA_TESTS=gpu $(PYTHON) -m pytest -m cuda -x -q -n 4 -rs -p no:cacheprovider \
+	  tests 2>&1 | tee $(GPU_CHECK_LOG) || { echo "gpu-check: a CUDA test failed (above; log in $(GPU_CHECK_LOG)); \
+	  the benchmarks did not run" >&2; exit 1; }
+	@echo "==> the benchmarks on the GPU (benchmarks.gpu_report)"
+	@$(PYTHON) -m benchmarks.gpu_report --tests-log $(GPU_CHECK_LOG) || { echo "gpu-check: a benchmark raised \
+	(its row in the report above says which)" >&2; exit 1; }
+	@rm -f $(GPU_CHECK_LOG)
 
 demo: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash examples/demo/run.sh

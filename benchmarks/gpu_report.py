@@ -1,7 +1,7 @@
 """Every benchmark on a GPU with short settings, in one run, and one table of its figures beside the GPU targets;
 each benchmark's own tables follow in the same file (default ``benchmarks/results/gpu-<gpu name>.md``).
 
-    .venv/bin/python -m benchmarks.gpu_report [--out PATH] [--only train_speed,mogrifier_speed]
+    .venv/bin/python -m benchmarks.gpu_report [--out PATH] [--only train_speed,mogrifier_speed] [--tests-log LOG]
 
 A missed target does not stop the run; a benchmark that raises is reported in the table and the others still run
 (exit status 1 when something raised, 0 otherwise). ``--device cpu --quick`` checks the whole report on a CPU.
@@ -13,10 +13,13 @@ import importlib
 import os
 import platform
 import re
+import shutil
+import subprocess
 import sys
 import time
 import traceback
 
+import numpy
 import torch
 
 from benchmarks.common import RESULTS_DIR, error_text, ratio, slug, table, write_result
@@ -33,6 +36,7 @@ def main(argv=None) -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks that everything runs")
     parser.add_argument("--out", help="the report's file ('-': none)")
+    parser.add_argument("--tests-log", help="pytest's output on this machine: its summary line goes in the report")
     parser.add_argument("--only", help="comma-separated benchmarks to run, of: " + ", ".join(n for n, _ in RUNS))
     args = parser.parse_args(argv)
     cuda = args.device == "cuda"
@@ -65,11 +69,14 @@ def main(argv=None) -> int:
             if cuda:
                 torch.cuda.empty_cache()
     command = " ".join(argv if argv is not None else sys.argv[1:])
-    versions = f"torch {torch.__version__}" + (f" (CUDA {torch.version.cuda})" if cuda else "")
+    tests = ""
+    if args.tests_log:
+        summaries = [line.strip("= \n") for line in open(args.tests_log) if re.search(r"\d+ (passed|failed)", line)]
+        tests = f"\n- `pytest -m cuda`: {summaries[-1] if summaries else 'no summary line in ' + args.tests_log}"
     text = (f"# Benchmarks on {device}: figures and targets\n\n"
             f"- Command: `.venv/bin/python -m benchmarks.gpu_report {command}`"
-            f"\n- {versions}, Python {platform.python_version()}; "
-            f"{time.strftime('%Y-%m-%d %H:%M')}, {time.perf_counter() - start:.0f} s in all"
+            f"\n- {environment(cuda)}; {time.strftime('%Y-%m-%d %H:%M')}, {time.perf_counter() - start:.0f} s in all"
+            + tests
             + ("\n- **--quick: tiny sizes, measures nothing**" if args.quick else "")
             + "\n- Ratios are speed ratios (how many times faster) from one run, the variants timed interleaved; each "
               "benchmark's section below gives its settings, precision and tables\n\n"
@@ -80,6 +87,21 @@ def main(argv=None) -> int:
         write_result(out, text)
         print(f"wrote {os.path.relpath(out)}")
     return 1 if failed else 0
+
+
+def environment(cuda: bool) -> str:
+    """The GPU, its driver, CUDA, torch, numpy and Python, as one line."""
+    text = f"torch {torch.__version__}, numpy {numpy.__version__}, Python {platform.python_version()}"
+    if not cuda:
+        return text
+    driver = "driver unknown (no nvidia-smi)"
+    if shutil.which("nvidia-smi"):
+        query = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                               capture_output=True, text=True)
+        driver = f"driver {query.stdout.split()[0]}" if query.returncode == 0 and query.stdout.split() else driver
+    props = torch.cuda.get_device_properties(0)
+    return (f"{props.name} ({props.total_memory / 2**30:.0f} GiB, compute capability {props.major}.{props.minor}), "
+            f"{driver}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}, " + text)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import torch
 
 import define_fairseq  # noqa: F401  (registers the models, tasks and criteria)
 from arch_cases import CASES, FAMILIES, LM, STATEFUL, build_case, case_argv
-from conftest import USER_DIR, run_cli, run_module
+from conftest import USER_DIR, needs_fairseq_eos_blocks, run_cli, run_module
 from cuda_device import CUDA_TESTS, DEVICE, DEVICE_FLAGS, ON_CPU, fp32_arithmetic
 from lm_helpers import check_generate_continues_a_prefix, eval_lm, load, log_probs, tokens_batch
 
@@ -164,7 +164,9 @@ def test_checkpoint_saved_on_the_gpu_loads_on_the_cpu(fam, device_checkpoint):
     torch.testing.assert_close(got, expected.cpu(), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("fam", sorted(FAMILIES))
+# Language models generate in fairseq's eos break mode, which numpy 2 breaks in fairseq (README, "Tested stacks").
+@pytest.mark.parametrize("fam", [pytest.param(fam, marks=needs_fairseq_eos_blocks) if CASES[FAMILIES[fam]][0] == LM
+                                 else fam for fam in sorted(FAMILIES)])
 def test_fairseq_generate_on_the_gpu(fam, lm_data, translation_data, device_checkpoint):
     """fairseq-generate with the GPU (beam 2) reads the GPU-saved checkpoint: a language model continues the first
     2 words of each valid sentence (``lm_helpers.check_generate_continues_a_prefix``); a translation model gives
