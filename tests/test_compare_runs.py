@@ -55,3 +55,13 @@ def test_an_unfinished_run_is_named(tmp_path):
     log.write_text(log.read_text().replace("done training", "stopped"))
     proc = run_module("define_fairseq.tools.compare_runs", tmp_path, check=False)
     assert proc.returncode != 0 and f"{log} has no 'done training' line" in proc.stderr
+
+
+def test_models_limits_the_table_to_their_runs_while_others_still_train(tmp_path, capsys):
+    write_run(tmp_path, "updates", "baseline", 1, 26.0, [(200, 8.0)], 100)
+    (tmp_path / "runs" / "updates" / "projective.s1").mkdir()  # training: no train.log yet
+    main([str(tmp_path), "--models", "baseline"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| `")]
+    assert len(rows) == 1 and rows[0].startswith("| `baseline` |")
+    with pytest.raises(SystemExit, match="projective.s1/train.log is missing"):
+        main([str(tmp_path)])

@@ -72,9 +72,15 @@ class Run:
         return points[-1][1] if points and updates >= points[-1][0] else None
 
 
-def load(out: Path, regime: str) -> List[Run]:
+def load(out: Path, regime: str, models: Optional[List[str]] = None) -> List[Run]:
+    """The finished runs of one regime; with ``models``, only theirs (other runs may still be training)."""
     root = out / "runs" / regime
-    return [Run(d) for d in sorted(root.iterdir()) if d.is_dir()] if root.is_dir() else []
+    if not root.is_dir():
+        return []
+    chosen = [d for d in sorted(root.iterdir()) if d.is_dir()]
+    if models is not None:
+        chosen = [d for d in chosen if RUN_NAME.match(d.name) and RUN_NAME.match(d.name)["model"] in models]
+    return [Run(d) for d in chosen]
 
 
 def summary(values: List[float], digits: int) -> str:
@@ -149,15 +155,16 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--models", default=None, help="comma separated model names, in the table's order")
     parser.add_argument("--plot", type=Path, default=None, help="write the learning curves to this PNG")
     args = parser.parse_args(argv)
+    models = args.models.split(",") if args.models else None
     try:
-        runs = {regime: load(args.out, regime) for regime in REGIMES}
+        runs = {regime: load(args.out, regime, models) for regime in REGIMES}
     except (OSError, ValueError) as error:
         raise SystemExit(f"error: {error}") from None
     runs = {regime: rs for regime, rs in runs.items() if rs}
     if not runs:
         raise SystemExit(f"error: {args.out / 'runs'} holds no finished run (runs/updates or runs/time)")
     found = sorted({r.model for rs in runs.values() for r in rs})
-    order = args.models.split(",") if args.models else found
+    order = models or found
     print(table(runs, args.metric, order))
     if args.plot is not None:
         plot(next(iter(runs.values())), order, args.plot)
