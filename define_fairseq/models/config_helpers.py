@@ -45,16 +45,16 @@ def take_deprecated_flags(args: Namespace, config_cls, renames: Dict[str, str]) 
     """``args`` (a namespace of ``config_cls`` fields, e.g. from :func:`config_namespace`) with the deprecated
     fields of ``renames`` (old name -> new name; the old field defaults to None) moved to their new names.
 
-    For each old field that is set, warns (a ``FutureWarning`` naming both flags) and copies the value to the new
-    field. Raises a ``ValueError`` naming both flags when the new field is also set (to something other than its
-    default) and to another value. Works alike for the command line and Hydra, which both fill the dataclass.
+    For each old field that is set (a checkpoint written before the rename holds the defaults: those are passed
+    over), warns (a ``FutureWarning`` naming both flags) and copies the value to the new field. Raises a
+    ``ValueError`` naming both flags when the new field is also set (to something other than its default) and to
+    another value. Works alike for the command line and Hydra, which both fill the dataclass.
     """
     defaults = {f.name: f.default for f in fields(config_cls)}
     for old, new in renames.items():
-        value = getattr(args, old, None)
-        if value is None:
-            continue
-        given = getattr(args, new, None)
+        value, given = getattr(args, old, None), getattr(args, new, None)
+        if value is None or value == given == defaults.get(new):
+            continue  # not given (or a checkpoint written before the rename, holding the default): nothing to do
         if given is not None and given != defaults.get(new) and given != value:
             raise ValueError(f"{_flag(old)} {value} and {_flag(new)} {given} disagree: {_flag(old)} is the "
                              f"deprecated spelling of {_flag(new)}; give {_flag(new)} only")

@@ -30,8 +30,8 @@ State: with the ``stateful_lm`` task the final LSTM state of a batch starts the 
 Generation (``fairseq-generate``/``fairseq-interactive --task language_modeling``) decodes incrementally.
 
 :class:`RecurrentLMConfig` and the decoder (:mod:`define_fairseq.models.recurrent_lm_decoder`) are shared with
-``awd_lstm_lm``. The ``--define-*`` spellings of the AWD-LSTM flags (``--define-weight-drop`` etc.) are deprecated
-aliases of ``--awd-*``: they still work, with a warning, for one release.
+``awd_lstm_lm``. The ``--define-*`` spellings of the AWD-LSTM flags (``--define-weight-drop`` etc.) are
+deprecated aliases of ``--awd-*``: they still work, with a warning, for one release.
 """
 
 from dataclasses import dataclass, field
@@ -82,12 +82,14 @@ class RecurrentLMConfig(DeFINEConfig):
     awd_tar_beta: float = field(
         default=0.0, metadata={"help": "temporal activation regularisation: beta * mean((h_t - h_{t-1})^2) of the "
                                        "last layer's output before dropout"})
-    define_input_dropout: Optional[float] = field(default=None, metadata={"help": "deprecated: use --awd-input-dropout"})
+    define_input_dropout: Optional[float] = field(
+        default=None, metadata={"help": "deprecated: use --awd-input-dropout"})
     define_hidden_dropout: Optional[float] = field(
         default=None, metadata={"help": "deprecated: use --awd-hidden-dropout"})
     define_output_dropout: Optional[float] = field(
         default=None, metadata={"help": "deprecated: use --awd-output-dropout"})
-    define_embed_dropout: Optional[float] = field(default=None, metadata={"help": "deprecated: use --awd-embed-dropout"})
+    define_embed_dropout: Optional[float] = field(
+        default=None, metadata={"help": "deprecated: use --awd-embed-dropout"})
     define_weight_drop: Optional[float] = field(default=None, metadata={"help": "deprecated: use --awd-weight-drop"})
     define_ar_alpha: Optional[float] = field(default=None, metadata={"help": "deprecated: use --awd-ar-alpha"})
     define_tar_beta: Optional[float] = field(default=None, metadata={"help": "deprecated: use --awd-tar-beta"})
