@@ -29,9 +29,11 @@ class RecurrentDecoder(IncrementalLSTMState, FairseqIncrementalDecoder):
         input_flag: the flag that sets the stack's input width (named when the embedding's width differs).
 
     A subclass implements :meth:`recur` (the embedding, the stack and whatever lies between) and may override
-    :meth:`starting_state`. ``forward(tokens [B, T], src_lengths=None, reset_state=None, incremental_state=None,
-    features_only=False)`` returns ``(x, extra)``: ``output_layer(features)`` or, with ``features_only``, the
-    features; during incremental decoding only the new tokens' positions.
+    :meth:`starting_state`.
+
+    Shapes: ``forward(tokens [B, T], src_lengths=None, reset_state=None, incremental_state=None,
+    features_only=False)`` returns ``(x, extra)``: ``x`` is ``output_layer(features [B, T, d])`` or, with
+    ``features_only``, the features; during incremental decoding only the new tokens' positions (``T = 1``).
     """
 
     def __init__(self, dictionary, embed_tokens: nn.Module, lstm: nn.Module, state_name: str, input_flag: str):
