@@ -176,7 +176,7 @@ class DeFINE(nn.Module):
             raise ValueError(f"--define-activation: unknown {activation!r}; choose one of {', '.join(ACTIVATIONS)}")
         if norm not in NORMS:
             raise ValueError(f"--define-norm: unknown {norm!r}; choose one of {', '.join(NORMS)}")
-        check_probability(dropout, "--define-dropout")
+        check_probability(dropout, "dropout", "set by --define-dropout")
         if init not in INITS:
             raise ValueError(f"--define-init: unknown {init!r}; choose one of {', '.join(INITS)}")
         self.sizes = define_layer_sizes(n, k, m, depth, max_groups, variant)

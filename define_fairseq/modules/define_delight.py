@@ -117,7 +117,7 @@ class DelightDeFINE(nn.Module):
         if norm not in ("group", "none"):
             raise ValueError(f"--define-norm={norm}: the authors' unit normalises per group ('group') or not at "
                              f"all ('none')")
-        check_probability(dropout, "--define-dropout")
+        check_probability(dropout, "dropout", "set by --define-dropout")
         self.sizes = delight_layer_sizes(n, k, m, depth, max_groups)
         self.n, self.k, self.m = n, k, m
         self.activation = activation
