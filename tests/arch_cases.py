@@ -76,8 +76,8 @@ STATEFUL = {"awd_lstm_lm", "lstm_lm_define", "mogrifier_lstm_lm", "transformer_x
 # family -> the flags that turn off every dropout of its models (--c2s-noise-rate is no dropout: it noises the
 # batches on the CPU)
 NO_DROPOUT = {
-    "awd_lstm_lm": ["--dropout", "0", "--define-input-dropout", "0", "--define-hidden-dropout", "0",
-                    "--define-output-dropout", "0", "--define-embed-dropout", "0", "--define-weight-drop", "0",
+    "awd_lstm_lm": ["--dropout", "0", "--awd-input-dropout", "0", "--awd-hidden-dropout", "0",
+                    "--awd-output-dropout", "0", "--awd-embed-dropout", "0", "--awd-weight-drop", "0",
                     "--define-dropout", "0"],
     "gcnn_lm": ["--dropout", "0", "--adaptive-softmax-dropout", "0"],
     "mogrifier_lstm_lm": ["--mogrifier-input-dropout", "0", "--mogrifier-inter-layer-dropout", "0",

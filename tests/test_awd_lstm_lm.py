@@ -82,8 +82,8 @@ def test_arch_defaults(lm_data):
 
 @pytest.mark.parametrize("flags,message", [
     (["--define-n", "16"], "--define-n (16) must equal --decoder-embed-dim (24)"),
-    (["--define-embed-dropout", "1.0"], "--define-embed-dropout=1.0"),
-    (["--define-hidden-dropout", "-0.5"], "--define-hidden-dropout=-0.5"),
+    (["--awd-embed-dropout", "1.0"], "--awd-embed-dropout=1.0"),
+    (["--awd-hidden-dropout", "-0.5"], "--awd-hidden-dropout=-0.5"),
 ])
 def test_bad_configurations_raise_clear_errors(lm_data, flags, message):
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -94,7 +94,7 @@ def test_bad_configurations_raise_clear_errors(lm_data, flags, message):
                                         ("awd_lstm_lm_define", TINY_AWD_DEFINE)])
 def test_regularization_equals_a_plain_recomputation(lm_data, arch, flags):
     """AR + TAR = alpha * mean(dropped^2) + beta * mean(diff(raw)^2) of the last layer, in training only."""
-    _, task, model = parsed_model(lm_data, arch, *flags, "--define-ar-alpha", "1.5", "--define-tar-beta", "0.7")
+    _, task, model = parsed_model(lm_data, arch, *flags, "--awd-ar-alpha", "1.5", "--awd-tar-beta", "0.7")
     decoder = model.decoder
     seen = {}
     decoder.lstm.register_forward_hook(lambda module, args, output: seen.__setitem__("raw", output[0]))
@@ -182,9 +182,77 @@ def test_stateful_training_and_eval(lm_data, tmp_path):
     """AWD-LSTM's setting: --task stateful_lm (variable BPTT); eval-lm with one stream is one pass over the split."""
     checkpoint = train(lm_data, tmp_path, "awd_lstm_lm_define", *TINY_AWD_DEFINE, "--criterion",
                        "lm_regularized_loss", "--batch-size", "4", "--tokens-per-sample", "8",
-                       "--define-variable-bptt", task="stateful_lm", updates=6)
+                       "--variable-bptt", task="stateful_lm", updates=6)
     loss, _ = eval_lm(lm_data, checkpoint, "--task", "stateful_lm", "--batch-size", "1", "--tokens-per-sample", "8")
     model, task = load(checkpoint)
     stream = split_stream(lm_data, task.target_dictionary)
     inputs = torch.cat([stream.new_tensor([task.target_dictionary.eos()]), stream[:-1]])
     assert loss == pytest.approx(mean_nll_base2(model, inputs[None], stream[None]), abs=2e-4)
+
+
+# -- deprecated spellings of the AWD-LSTM flags (--define-* before they became --awd-*) -----------------------
+
+OLD_AND_NEW = [("--define-input-dropout", "--awd-input-dropout", "0.3"),
+               ("--define-hidden-dropout", "--awd-hidden-dropout", "0.15"),
+               ("--define-output-dropout", "--awd-output-dropout", "0.35"),
+               ("--define-embed-dropout", "--awd-embed-dropout", "0.05"),
+               ("--define-weight-drop", "--awd-weight-drop", "0.45"),
+               ("--define-ar-alpha", "--awd-ar-alpha", "1.5"),
+               ("--define-tar-beta", "--awd-tar-beta", "0.5")]
+
+
+def regularised_training_step(model, task):
+    """Logits and AR/TAR penalty of one training-mode forward pass (fixed seed: the same dropout masks)."""
+    tokens = tokens_batch(len(task.target_dictionary), batch=2, length=12)
+    model.train()
+    torch.manual_seed(3)
+    logits, extra = model(tokens)
+    return logits, extra["regularization"]
+
+
+def test_deprecated_define_spellings_work_and_warn(lm_data):
+    """Every old ``--define-*`` flag still sets its ``--awd-*`` setting (the same model, the same training-mode
+    output) and warns with a FutureWarning naming both flags."""
+    old_flags = [arg for old, _, value in OLD_AND_NEW for arg in (old, value)]
+    new_flags = [arg for _, new, value in OLD_AND_NEW for arg in (new, value)]
+    torch.manual_seed(0)
+    _, task, new = parsed_model(lm_data, "awd_lstm_lm", *TINY_AWD, *new_flags)
+    with pytest.warns(FutureWarning) as record:
+        torch.manual_seed(0)
+        _, _, old = parsed_model(lm_data, "awd_lstm_lm", *TINY_AWD, *old_flags)
+    messages = " ".join(str(w.message) for w in record)
+    for old_flag, new_flag, _ in OLD_AND_NEW:
+        assert f"{old_flag} is deprecated" in messages and new_flag in messages
+    decoder = old.decoder
+    assert (decoder.input_dropout, decoder.output_dropout, decoder.embed_dropout) == (0.3, 0.35, 0.05)
+    assert decoder.lstm.hidden_dropout == 0.15 and decoder.lstm.layers[0].weight_drop == 0.45
+    assert (decoder.ar_alpha, decoder.tar_beta) == (1.5, 0.5)
+    old_parameters = dict(old.named_parameters())
+    for name, value in new.named_parameters():
+        assert torch.equal(old_parameters[name], value), name
+    new_logits, new_penalty = regularised_training_step(new, task)
+    old_logits, old_penalty = regularised_training_step(old, task)
+    assert torch.equal(old_logits, new_logits) and torch.equal(old_penalty, new_penalty)
+
+
+def test_deprecated_spelling_through_the_dataclass(lm_data):
+    """Hydra fills the dataclass: an old field set there is taken (with the warning) like the flag."""
+    from omegaconf import OmegaConf
+
+    from define_fairseq.models.awd_lstm_lm import AWDLSTMLMConfig, AWDLSTMLMModel
+
+    _, task, _ = parsed_model(lm_data, "awd_lstm_lm", *TINY_AWD)
+    cfg = OmegaConf.structured(AWDLSTMLMConfig(decoder_embed_dim=24, decoder_hidden_size=32, define_n=24,
+                                               define_weight_drop=0.2))
+    with pytest.warns(FutureWarning, match="--define-weight-drop is deprecated.*--awd-weight-drop"):
+        model = AWDLSTMLMModel.build_model(cfg, task)
+    assert [layer.weight_drop for layer in model.decoder.lstm.layers] == [0.2, 0.2, 0.2]
+
+
+def test_conflicting_old_and_new_spellings_raise(lm_data):
+    with pytest.raises(ValueError, match=re.escape("--define-weight-drop 0.3 and --awd-weight-drop 0.2 disagree")):
+        parsed_model(lm_data, "awd_lstm_lm", *TINY_AWD, "--define-weight-drop", "0.3", "--awd-weight-drop", "0.2")
+    with pytest.warns(FutureWarning):  # the same value twice is no conflict
+        _, _, model = parsed_model(lm_data, "awd_lstm_lm", *TINY_AWD, "--define-ar-alpha", "3", "--awd-ar-alpha",
+                                   "3")
+    assert model.decoder.ar_alpha == 3.0

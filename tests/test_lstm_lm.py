@@ -382,7 +382,7 @@ ADAPTIVE_BOTH = dict(adaptive_input=True, adaptive_input_cutoff="10,30", adaptiv
     (dict(tie_adaptive_weights=True), "needs an adaptive softmax"),
     (dict(tie_adaptive_proj=True), "--tie-adaptive-proj needs --tie-adaptive-weights"),
     (dict(dropout=1.5), "--dropout=1.5: a dropout probability must be in [0, 1)"),
-    (dict(define_weight_drop=-0.1), "--define-weight-drop=-0.1"),
+    (dict(awd_weight_drop=-0.1), "--awd-weight-drop=-0.1"),
     (dict(decoder_layers=0), "--decoder-layers=0 must be at least 1"),
 ])
 def test_bad_configurations_raise_clear_errors(lm_task, overrides, message):

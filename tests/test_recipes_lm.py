@@ -264,8 +264,8 @@ for name, argv in json.load(sys.stdin).items():
     info = {key: str(getattr(args, key, None)) for key in (
         "arch", "task", "criterion", "optimizer", "lr_scheduler", "max_epoch", "max_update", "batch_size",
         "batch_size_valid", "tokens_per_sample", "clip_norm", "weight_decay", "seed", "ddp_backend", "dropout",
-        "define_variable_bptt", "define_input_dropout", "define_hidden_dropout", "define_output_dropout",
-        "define_embed_dropout", "define_weight_drop", "define_ar_alpha", "define_tar_beta", "define_n",
+        "variable_bptt", "awd_input_dropout", "awd_hidden_dropout", "awd_output_dropout",
+        "awd_embed_dropout", "awd_weight_drop", "awd_ar_alpha", "awd_tar_beta", "define_n",
         "define_depth", "decoder_embed_dim", "decoder_layers", "adaptive_softmax_cutoff", "lr_patience",
         "lr_shrink", "save_dir", "max_tokens", "update_freq", "momentum", "adam_betas", "adam_eps",
         "sentence_avg", "mogrifier_l2_penalty", "mogrifier_drop_state_probability",
@@ -338,12 +338,12 @@ def test_every_config_is_a_valid_fairseq_command_with_the_papers_settings():
             assert (info["optimizer"], info["momentum"]) == ("nag", "0.0")
             assert info["lr"] == [30.0] and info["lr_scheduler"] == "reduce_lr_on_plateau"
             assert (info["batch_size"], info["batch_size_valid"], info["tokens_per_sample"]) == (batch, "10", "70")
-            assert (info["max_epoch"], info["seed"], info["define_variable_bptt"]) == (epochs, seed, "True")
+            assert (info["max_epoch"], info["seed"], info["variable_bptt"]) == (epochs, seed, "True")
             assert (info["clip_norm"], info["weight_decay"]) == ("0.25", "1.2e-06")
-            assert (info["define_input_dropout"], info["define_hidden_dropout"]) == (dropouti, dropouth)
-            assert (info["define_output_dropout"], info["define_embed_dropout"]) == ("0.4", "0.1")
-            assert info["define_weight_drop"] == "0.5"
-            assert (info["define_ar_alpha"], info["define_tar_beta"]) == ("2.0", "1.0")
+            assert (info["awd_input_dropout"], info["awd_hidden_dropout"]) == (dropouti, dropouth)
+            assert (info["awd_output_dropout"], info["awd_embed_dropout"]) == ("0.4", "0.1")
+            assert info["awd_weight_drop"] == "0.5"
+            assert (info["awd_ar_alpha"], info["awd_tar_beta"]) == ("2.0", "1.0")
     # arguments after the config win over the recipe's
     assert parsed["override"]["max_epoch"] == "3" and parsed["override"]["lr"] == [7.0]
     assert parsed["override"]["save_dir"] == "elsewhere/awd_lstm_lm"

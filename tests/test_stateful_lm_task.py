@@ -89,7 +89,7 @@ def summed_nll(logits, target, pad):
 
 @pytest.fixture(scope="module")
 def task(lm_data):
-    _, task = setup_task(lm_data, "--batch-size", 4, "--tokens-per-sample", 10, "--define-variable-bptt")
+    _, task = setup_task(lm_data, "--batch-size", 4, "--tokens-per-sample", 10, "--variable-bptt")
     for split in ("train", "valid", "test"):
         task.load_dataset(split)
     return task
@@ -148,7 +148,7 @@ def test_variable_bptt_is_deterministic_per_epoch_and_tiles_the_rows(lm_data, ta
         assert torch.equal(torch.cat([b["target"] for b in batches], dim=1), targets)
 
     # another seed, another schedule; validation never varies
-    _, other = setup_task(lm_data, "--batch-size", 4, "--tokens-per-sample", 10, "--define-variable-bptt",
+    _, other = setup_task(lm_data, "--batch-size", 4, "--tokens-per-sample", 10, "--variable-bptt",
                           "--seed", 7)
     other.load_dataset("train")
     assert [b["net_input"]["src_tokens"].size(1) for b in epoch_batches(other, "train", 4)] != lengths[0]
@@ -269,7 +269,7 @@ TINY_LSTM = ["--arch", "lstm_lm_define", "--decoder-embed-dim", "16", "--decoder
 def test_train_and_eval_lm_through_the_cli(lm_data, tmp_path):
     out = run_cli("fairseq-train", lm_data, "--user-dir", USER_DIR, "--task", "stateful_lm", *TINY_LSTM,
                   "--criterion", "cross_entropy", "--optimizer", "adam", "--lr", "0.005", "--batch-size", 32,
-                  "--tokens-per-sample", 30, "--define-variable-bptt", "--max-epoch", 2, "--seed", 1,
+                  "--tokens-per-sample", 30, "--variable-bptt", "--max-epoch", 2, "--seed", 1,
                   "--save-dir", tmp_path, "--no-save-optimizer-state", "--cpu", "--num-workers", 0,
                   "--no-progress-bar", "--log-format", "simple").stdout
     # fairseq-train ran exactly the task's schedule of each epoch
@@ -303,3 +303,23 @@ def test_train_and_eval_lm_through_the_cli(lm_data, tmp_path):
     scores = lprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)[targets.ne(pad)]
     assert scores.numel() == len(tokens)
     assert loss == pytest.approx(-scores.sum().item() / len(tokens) / math.log(2), abs=2e-4)
+
+
+def test_deprecated_bptt_spellings_work_and_warn(lm_data):
+    """``--define-variable-bptt`` / ``--define-bptt-std`` still set ``--variable-bptt`` / ``--bptt-std`` (the same
+    windows), with a FutureWarning naming both flags; conflicting values raise naming both."""
+    common = ("--batch-size", 4, "--tokens-per-sample", 10)
+    with pytest.warns(FutureWarning) as record:
+        _, old = setup_task(lm_data, *common, "--define-variable-bptt", "--define-bptt-std", 3.0)
+    messages = " ".join(str(w.message) for w in record)
+    assert "--define-variable-bptt is deprecated" in messages and "--variable-bptt" in messages
+    assert "--define-bptt-std is deprecated" in messages and "--bptt-std" in messages
+    _, new = setup_task(lm_data, *common, "--variable-bptt", "--bptt-std", 3.0)
+    _, fixed = setup_task(lm_data, *common, "--variable-bptt")
+    for task in (old, new, fixed):
+        task.load_dataset("train")
+    lengths = [[b["net_input"]["src_tokens"].size(1) for b in epoch_batches(task, "train", 4)]
+               for task in (old, new, fixed)]
+    assert lengths[0] == lengths[1] != lengths[2] and len(set(lengths[0])) > 3
+    with pytest.raises(ValueError, match=r"--define-bptt-std 3.0 and --bptt-std 4.0 disagree"):
+        setup_task(lm_data, *common, "--define-bptt-std", 3.0, "--bptt-std", 4.0)

@@ -13,9 +13,12 @@ Archs:
   table 1.28M + softmax bias 0.01M = 19.67M, plus the DeFINE unit (a 400-unit last layer tied through a
   projection would already need more than 21.5M).
 
+The ``--awd-*`` flags were spelled ``--define-*`` before (deprecated aliases, see
+:mod:`define_fairseq.models.lstm_lm_define`).
+
 AR/TAR reach the loss through ``extra["regularization"]``: train with ``--criterion lm_regularized_loss``.
 For AWD-LSTM's contiguous batches with carried state (truncated BPTT, variable length) use
-``--task stateful_lm --tokens-per-sample 70 --define-variable-bptt``. The output is always tied
+``--task stateful_lm --tokens-per-sample 70 --variable-bptt``. The output is always tied
 (``--define-untie-output`` gives it its own V x d matrix).
 """
 
@@ -24,8 +27,9 @@ from dataclasses import dataclass, field
 from fairseq.models import register_model, register_model_architecture
 from fairseq.utils import safe_getattr
 
-from define_fairseq.models.config_helpers import config_namespace
-from define_fairseq.models.lstm_lm_define import LSTMLMDefineModel, RecurrentLMConfig, build_recurrent_decoder
+from define_fairseq.models.config_helpers import config_namespace, take_deprecated_flags
+from define_fairseq.models.lstm_lm_define import AWD_RENAMES, LSTMLMDefineModel, RecurrentLMConfig
+from define_fairseq.models.recurrent_lm_decoder import build_recurrent_decoder
 
 
 @dataclass
@@ -39,14 +43,14 @@ class AWDLSTMLMConfig(RecurrentLMConfig):
     decoder_hidden_size: int = field(default=1150, metadata={"help": "hidden size of every LSTM layer but the last"})
     decoder_layers: int = field(default=3, metadata={"help": "number of LSTM layers"})
     dropout: float = field(default=0.4, metadata={"help": "locked dropout on the last LSTM layer's output "
-                                                          "(and wherever a --define-*-dropout is not given)"})
-    define_input_dropout: float = field(default=0.4, metadata={"help": "locked dropout on the embeddings (dropouti)"})
-    define_hidden_dropout: float = field(default=0.25, metadata={"help": "locked dropout between layers (dropouth)"})
-    define_output_dropout: float = field(default=0.4, metadata={"help": "locked dropout on the output (dropout)"})
-    define_embed_dropout: float = field(default=0.1, metadata={"help": "whole-word embedding dropout (dropoute)"})
-    define_weight_drop: float = field(default=0.5, metadata={"help": "DropConnect on hidden-to-hidden weights"})
-    define_ar_alpha: float = field(default=2.0, metadata={"help": "AR: alpha * mean(dropped output^2)"})
-    define_tar_beta: float = field(default=1.0, metadata={"help": "TAR: beta * mean((h_t - h_{t-1})^2)"})
+                                                          "(and wherever a --awd-*-dropout is not given)"})
+    awd_input_dropout: float = field(default=0.4, metadata={"help": "locked dropout on the embeddings (dropouti)"})
+    awd_hidden_dropout: float = field(default=0.25, metadata={"help": "locked dropout between layers (dropouth)"})
+    awd_output_dropout: float = field(default=0.4, metadata={"help": "locked dropout on the output (dropout)"})
+    awd_embed_dropout: float = field(default=0.1, metadata={"help": "whole-word embedding dropout (dropoute)"})
+    awd_weight_drop: float = field(default=0.5, metadata={"help": "DropConnect on hidden-to-hidden weights"})
+    awd_ar_alpha: float = field(default=2.0, metadata={"help": "AR: alpha * mean(dropped output^2)"})
+    awd_tar_beta: float = field(default=1.0, metadata={"help": "TAR: beta * mean((h_t - h_{t-1})^2)"})
     define_untie_output: bool = field(
         default=False, metadata={"help": "give the softmax its own weights instead of tying it to the V x n table"})
 
@@ -57,7 +61,7 @@ class AWDLSTMLMModel(LSTMLMDefineModel):
 
     @classmethod
     def build_model(cls, cfg, task):
-        args = config_namespace(cfg, AWDLSTMLMConfig)
+        args = take_deprecated_flags(config_namespace(cfg, AWDLSTMLMConfig), AWDLSTMLMConfig, AWD_RENAMES)
         return cls(build_recurrent_decoder(args, task.target_dictionary, adaptive=False,
                                            tie_full_softmax=not args.define_untie_output))
 

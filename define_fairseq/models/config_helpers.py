@@ -1,28 +1,87 @@
-"""Helpers shared by the models' ``build_model``: reading a config, parsing cutoff lists, checking rates."""
+"""Helpers shared by the models' ``build_model``: reading a config, parsing cutoff lists, naming flags in errors."""
 
 import ast
+import warnings
 from argparse import Namespace
+from contextlib import contextmanager
 from dataclasses import fields
-from typing import List
+from typing import Dict, Iterator, List, Optional
 
 from fairseq.utils import safe_getattr
 
+from define_fairseq.modules.checks import ParameterError, check_probability
 
-def config_namespace(cfg, config_cls) -> Namespace:
-    """The fields of ``config_cls`` read from ``cfg`` (a DictConfig or Namespace); unset or None -> default."""
+MAX_POSITIONS = 1_000_000  # the recurrent, convolutional and relative-position models have no length limit
+
+
+def _unresolved(value) -> bool:
+    """A ``"${...}"`` placeholder that nothing resolved (a namespace built without fairseq-train's parser)."""
+    return isinstance(value, str) and value.startswith("${")
+
+
+def config_namespace(cfg, config_cls, defaults: bool = True) -> Namespace:
+    """The fields of ``config_cls`` read from ``cfg`` (a DictConfig or Namespace) as a namespace.
+
+    ``defaults``: an unset, None or unresolved field takes the dataclass default. Otherwise (the transformer
+    models, whose arch functions fill in fairseq's defaults) an unset or unresolved field is left out.
+    """
     values = {}
     for f in fields(config_cls):
-        if f.name.startswith("_"):
-            continue
-        value = safe_getattr(cfg, f.name, None)
-        if value is None or (isinstance(value, str) and value.startswith("${")):
-            value = f.default
-        values[f.name] = value
+        if defaults:
+            if f.name.startswith("_"):
+                continue
+            value = safe_getattr(cfg, f.name, None)
+            values[f.name] = f.default if value is None or _unresolved(value) else value
+        elif hasattr(cfg, f.name) and not _unresolved(str(getattr(cfg, f.name))):
+            values[f.name] = getattr(cfg, f.name)
     return Namespace(**values)
 
 
-def parse_cutoff(value, flag: str) -> List[int]:
-    """``"20000,40000"`` (or a list) -> ``[20000, 40000]``; a clear error naming ``flag`` otherwise."""
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def take_deprecated_flags(args: Namespace, config_cls, renames: Dict[str, str]) -> Namespace:
+    """``args`` (a namespace of ``config_cls`` fields, e.g. from :func:`config_namespace`) with the deprecated
+    fields of ``renames`` (old name -> new name; the old field defaults to None) moved to their new names.
+
+    For each old field that is set (a checkpoint written before the rename holds the defaults: those are passed
+    over), warns (a ``FutureWarning`` naming both flags) and copies the value to the new field. Raises a
+    ``ValueError`` naming both flags when the new field is also set (to something other than its default) and to
+    another value. Works alike for the command line and Hydra, which both fill the dataclass.
+    """
+    defaults = {f.name: f.default for f in fields(config_cls)}
+    for old, new in renames.items():
+        value, given = getattr(args, old, None), getattr(args, new, None)
+        if value is None or value == given == defaults.get(new):
+            continue  # not given (or a checkpoint written before the rename, holding the default): nothing to do
+        if given is not None and given != defaults.get(new) and given != value:
+            raise ValueError(f"{_flag(old)} {value} and {_flag(new)} {given} disagree: {_flag(old)} is the "
+                             f"deprecated spelling of {_flag(new)}; give {_flag(new)} only")
+        warnings.warn(f"{_flag(old)} is deprecated and will be removed in the next release; use {_flag(new)}",
+                      FutureWarning, stacklevel=2)
+        setattr(args, new, value)
+    return args
+
+
+@contextmanager
+def flag_names(**flags: str) -> Iterator[None]:
+    """Inside, a module's :class:`ParameterError` for a parameter named in ``flags`` (parameter=flag) is raised
+    again naming the flag instead: modules check their arguments once, in their own names, and the model says
+    which flag set them."""
+    try:
+        yield
+    except ParameterError as error:
+        if error.name not in flags:
+            raise
+        raise ParameterError(flags[error.name], error.value, error.requirement, sep=error.sep) from error
+
+
+def parse_cutoff(value, flag: str) -> Optional[List[int]]:
+    """``"20000,40000"`` (or a list) -> ``[20000, 40000]``; None (unset) -> None; a clear error naming ``flag``
+    otherwise. The one parser of the cutoff flags; :func:`define_fairseq.modules.checks.check_cutoff` validates."""
+    if value is None:
+        return None
     error = ValueError(f"{flag} {value!r}: give comma separated integers, e.g. 20000,40000,200000")
     if isinstance(value, str):
         try:
@@ -36,9 +95,10 @@ def parse_cutoff(value, flag: str) -> List[int]:
     return [int(c) for c in value]
 
 
-def check_rate(value: float, flag: str):
-    if not 0.0 <= value < 1.0:
-        raise ValueError(f"{flag}={value}: a dropout probability must be in [0, 1)")
+def check_rate(value: float, flag: str) -> float:
+    """``value`` if it is a dropout probability; a ValueError naming ``flag`` otherwise (for a rate that no module
+    of the plugin checks, e.g. fairseq's adaptive softmax dropout)."""
+    return check_probability(value, flag)
 
 
 def check_tail_widths(cutoff: List[int], dim: int, factor: float, flag_value) -> None:

@@ -44,13 +44,13 @@ from fairseq.modules import AdaptiveSoftmax
 from fairseq.utils import safe_getattr
 from torch import Tensor
 
-from define_fairseq.models.config_helpers import check_rate, check_tail_widths, config_namespace, parse_cutoff
+from define_fairseq.models.config_helpers import (
+    MAX_POSITIONS, check_rate, check_tail_widths, config_namespace, flag_names, parse_cutoff)
 from define_fairseq.models.define_config import DeFINEConfig, define_embedding_kwargs
-from define_fairseq.modules.adaptive_input import check_cutoff
+from define_fairseq.modules.checks import check_cutoff, check_probability
 from define_fairseq.modules.define_embedding import DeFINEEmbedding
 from define_fairseq.modules.gated_conv import ACTIVATIONS, GatedConvStack
 
-MAX_POSITIONS = 1_000_000  # the convolutions take any length; each position sees its receptive field only
 
 GCNN_8 = "[(800, 4)] * 8"
 GCNN_14 = "[(850, 6)] * 3 + [(850, 1)] + [(850, 5)] * 4 + [(850, 1)] + [(850, 4)] * 3 + [(1024, 4)] + [(2048, 4)]"
@@ -111,7 +111,7 @@ class GatedConvLMDecoder(FairseqIncrementalDecoder):
                              f"{convolutions.input_dim}")
         if (output_projection is None) == (adaptive_softmax is None):
             raise ValueError("give exactly one of output_projection (full softmax) and adaptive_softmax")
-        check_rate(dropout, "--dropout")
+        check_probability(dropout, "dropout")
         self.embed_tokens = embed_tokens
         self.convolutions = convolutions
         self.output_projection = output_projection
@@ -177,8 +177,7 @@ def build_gated_conv_decoder(cfg, dictionary) -> GatedConvLMDecoder:
     e = cfg.decoder_embed_dim
     if e < 1:
         raise ValueError(f"--decoder-embed-dim={e} must be at least 1")
-    for flag, rate in (("--dropout", cfg.dropout), ("--adaptive-softmax-dropout", cfg.adaptive_softmax_dropout)):
-        check_rate(rate, flag)
+    check_rate(cfg.adaptive_softmax_dropout, "--adaptive-softmax-dropout")  # fairseq's AdaptiveSoftmax: unchecked
     if cfg.gcnn_residual_scale <= 0:
         raise ValueError(f"--gcnn-residual-scale={cfg.gcnn_residual_scale} must be positive")
 
@@ -192,9 +191,10 @@ def build_gated_conv_decoder(cfg, dictionary) -> GatedConvLMDecoder:
         with torch.no_grad():
             embed.weight[pad].zero_()
 
-    convolutions = GatedConvStack(e, cfg.gcnn_layers, activation=str(cfg.gcnn_activation),
-                                  weight_norm=not cfg.gcnn_no_weight_norm, dropout=cfg.dropout,
-                                  residual_scale=cfg.gcnn_residual_scale)
+    with flag_names(dropout="--dropout"):
+        convolutions = GatedConvStack(e, cfg.gcnn_layers, activation=str(cfg.gcnn_activation),
+                                      weight_norm=not cfg.gcnn_no_weight_norm, dropout=cfg.dropout,
+                                      residual_scale=cfg.gcnn_residual_scale)
     d = convolutions.output_dim
 
     output_projection = adaptive_softmax = None
@@ -208,8 +208,9 @@ def build_gated_conv_decoder(cfg, dictionary) -> GatedConvLMDecoder:
         output_projection = nn.Linear(d, vocab)
         nn.init.normal_(output_projection.weight, mean=0.0, std=d ** -0.5)
         nn.init.zeros_(output_projection.bias)
-    return GatedConvLMDecoder(dictionary, embed, convolutions, output_projection=output_projection,
-                              adaptive_softmax=adaptive_softmax, dropout=cfg.dropout)
+    with flag_names(dropout="--dropout"):
+        return GatedConvLMDecoder(dictionary, embed, convolutions, output_projection=output_projection,
+                                  adaptive_softmax=adaptive_softmax, dropout=cfg.dropout)
 
 
 @register_model("gcnn_lm", dataclass=GatedConvLMConfig)

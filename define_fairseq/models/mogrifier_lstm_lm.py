@@ -5,7 +5,7 @@ The model, from tokens to the vocabulary::
     V x e table (or, with --define-depth > 0, a V x n table and a DeFINE unit n -> e)
     -> MogrifierLSTM stack (e -> H -> ... -> H; input / inter-layer / state / output dropout inside it;
        the output is the top layer's or, with --mogrifier-sum-layer-outputs, the sum of all layers' outputs)
-    -> output layer tied to the table (:class:`TiedOutput`):
+    -> output layer tied to the table (:class:`~define_fairseq.modules.tied_output.TiedOutput`):
          one softmax:  [bias-free projection H -> e when H != e] -> dropout -> x E^T + b
          K > 1 (--mogrifier-mos-components, mixture of softmaxes):  p_k = tanh(W_k x + c_k) in e dims, prior
          softmax(U x); P = sum_k prior_k softmax(dropout(p_k) E^T + b)
@@ -51,20 +51,19 @@ from typing import List, Optional
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from fairseq import utils
 from fairseq.dataclass import ChoiceEnum
-from fairseq.models import FairseqIncrementalDecoder, FairseqLanguageModel, register_model, register_model_architecture
+from fairseq.models import FairseqLanguageModel, register_model, register_model_architecture
 from fairseq.utils import safe_getattr
 from torch import Tensor
 
-from define_fairseq.models.carried_state import CarriedState, IncrementalLSTMState
+from define_fairseq.models.config_helpers import config_namespace, flag_names
 from define_fairseq.models.define_config import DeFINEConfig, define_embedding_kwargs
-from define_fairseq.models.config_helpers import check_rate as _check_rate, config_namespace
-from define_fairseq.models.lstm_lm_define import MAX_POSITIONS
+from define_fairseq.models.recurrent_decoder import RecurrentDecoder
+from define_fairseq.modules.checks import check_probability
 from define_fairseq.modules.define_embedding import DeFINEEmbedding, FoldedDeFINEEmbedding
-from define_fairseq.modules.locked_dropout import locked_dropout
 from define_fairseq.modules.mogrifier_lstm import MogrifierLSTM
+from define_fairseq.modules.tied_output import TiedOutput  # noqa: F401 (imported from here too)
 from define_fairseq.modules.variance_scaling import variance_scaling_
 
 STATE_MASKS = ["window", "step"]  # --mogrifier-state-dropout-mask
@@ -127,63 +126,7 @@ class MogrifierLSTMLMConfig(DeFINEConfig):
                                        "unit: per stream with --sentence-avg, as lamb, per token without)"})
 
 
-class TiedOutput(nn.Module):
-    """Scores over the vocabulary from the stack's output, tied to the ``V x e`` embedding table ``table``.
-
-    ``components == 1``: ``[projection H -> e (no bias) when H != e] -> dropout -> x table^T + bias``: logits.
-    The dropout draws a new mask at every position, or with ``shared_mask`` one per sequence (``x [B, T, H]``).
-    ``components == K > 1`` (lamb's mixture of softmaxes): ``p = tanh(projection(x))`` split into K vectors of
-    ``e``, ``prior = log_softmax(prior(x))``; the result is ``log sum_k exp(prior_k + log_softmax(logits_k / T))``
-    with ``logits_k = dropout(p_k) table^T + bias``: log-probabilities.
-
-    Shapes: ``x [..., H]`` -> ``[..., V]``.
-    """
-
-    def __init__(self, table: nn.Parameter, hidden_size: int, components: int = 1, dropout: float = 0.0,
-                 shared_mask: bool = False):
-        super().__init__()
-        vocab, width = table.shape
-        self.components = components
-        self.dropout = dropout
-        self.shared_mask = shared_mask
-        self.width = width
-        self.weight = table  # tied: the embedding's parameter, registered here too
-        self.bias = nn.Parameter(torch.zeros(vocab))
-        self.prior = None
-        if components == 1:
-            self.projection = nn.Linear(hidden_size, width, bias=False) if hidden_size != width else None
-            if self.projection is not None:
-                nn.init.orthogonal_(self.projection.weight)  # lamb's init of its output projection
-        else:
-            self.projection = nn.Linear(hidden_size, components * width, bias=True)
-            self.prior = nn.Linear(hidden_size, components, bias=False)
-            variance_scaling_(self.projection.weight, hidden_size)
-            nn.init.zeros_(self.projection.bias)
-            variance_scaling_(self.prior.weight, hidden_size)
-
-    def forward(self, x: Tensor, temperature: float = 1.0) -> Tensor:
-        if self.components == 1:
-            if self.projection is not None:
-                x = self._dropout(self.projection(x))
-            return F.linear(x, self.weight, self.bias)
-        components = self._dropout(torch.tanh(self.projection(x))).unflatten(-1, (self.components, self.width))
-        logits = F.linear(components, self.weight, self.bias)  # [..., K, V]
-        if temperature != 1.0:
-            logits = logits / temperature
-        log_prior = torch.log_softmax(self.prior(x).float(), dim=-1)  # [..., K]
-        return torch.logsumexp(torch.log_softmax(logits.float(), dim=-1) + log_prior.unsqueeze(-1), dim=-2)
-
-    def _dropout(self, x: Tensor) -> Tensor:
-        if self.shared_mask:
-            return locked_dropout(x, self.dropout, self.training)
-        return F.dropout(x, self.dropout, self.training)
-
-    def extra_repr(self) -> str:
-        return (f"components={self.components}, width={self.width}, dropout={self.dropout}, "
-                f"shared_mask={self.shared_mask}")
-
-
-class MogrifierLMDecoder(IncrementalLSTMState, FairseqIncrementalDecoder):
+class MogrifierLMDecoder(RecurrentDecoder):
     """Embedding -> :class:`MogrifierLSTM` -> :class:`TiedOutput` (see the module docstring).
 
     Args:
@@ -205,29 +148,14 @@ class MogrifierLMDecoder(IncrementalLSTMState, FairseqIncrementalDecoder):
 
     def __init__(self, dictionary, embed_tokens: nn.Module, lstm: MogrifierLSTM, output_projection: TiedOutput,
                  softmax_temperature: float = 1.0, drop_state_probability: float = 0.0, l2_penalty: float = 0.0):
-        super().__init__(dictionary)
-        if embed_tokens.embedding_dim != lstm.input_size:
-            raise ValueError(f"the embedding gives {embed_tokens.embedding_dim} features but the first Mogrifier "
-                             f"LSTM layer takes {lstm.input_size} (--mogrifier-embed-dim); they must match")
-        self.embed_tokens = embed_tokens
-        self.lstm = lstm
+        super().__init__(dictionary, embed_tokens, lstm, "Mogrifier LSTM state", "--mogrifier-embed-dim")
+        check_probability(drop_state_probability, "drop_state_probability")
         self.output_projection = output_projection
         self.softmax_temperature = softmax_temperature
         self.drop_state_probability = drop_state_probability
         self.l2_penalty = l2_penalty
-        self.carried_state = CarriedState("Mogrifier LSTM state")  # its training state is saved in checkpoints
 
-    # -- forward -------------------------------------------------------------------------------------------
-
-    def forward(self, prev_output_tokens, src_lengths=None, reset_state=None, incremental_state=None,
-                features_only: bool = False, **unused):
-        x, extra = self.extract_features(prev_output_tokens, reset_state=reset_state,
-                                         incremental_state=incremental_state)
-        if not features_only:
-            x = self.output_layer(x)
-        return x, extra
-
-    def drop_state(self, state: Optional[List]) -> Optional[List]:
+    def starting_state(self, state: Optional[List]) -> Optional[List]:
         """In training, zero each stream's carried ``(h, c)`` with probability ``drop_state_probability``."""
         if state is None or not self.training or self.drop_state_probability <= 0:
             return state
@@ -236,27 +164,12 @@ class MogrifierLMDecoder(IncrementalLSTMState, FairseqIncrementalDecoder):
         keep = keep.to(device=state[0][0].device, dtype=state[0][0].dtype)
         return [(h * keep, c * keep) for h, c in state]
 
-    def extract_features(self, prev_output_tokens, reset_state=None, incremental_state=None, **unused):
-        tokens = prev_output_tokens
-        if incremental_state is not None:
-            state = self._cached_state(incremental_state)
-            if state is not None:
-                tokens = tokens[:, -1:]
-        else:
-            state = self.carried_state.initial(reset_state, self.training, tokens.size(0))
-            state = self.drop_state(state)
-
+    def recur(self, tokens, state):
         x, final_state = self.lstm(self.embed_tokens(tokens), state)
-
-        if incremental_state is not None:
-            self._cache_state(incremental_state, final_state)
-        else:
-            self.carried_state.keep(reset_state, self.training, tokens.size(0), final_state)
-
         extra = {"attn": None}
         if self.training and self.l2_penalty > 0:
             extra["regularization"] = self.l2_regularization()
-        return x, extra
+        return x, final_state, extra
 
     def l2_regularization(self) -> Tensor:
         """lamb's ``l2_penalty / 2 * sum(theta^2)`` over every (trainable) parameter, each shared one once."""
@@ -277,9 +190,6 @@ class MogrifierLMDecoder(IncrementalLSTMState, FairseqIncrementalDecoder):
         if log_probs:
             return utils.log_softmax(scores, dim=-1)
         return utils.softmax(scores, dim=-1)
-
-    def max_positions(self):
-        return MAX_POSITIONS
 
 
 def build_mogrifier_decoder(cfg, dictionary) -> MogrifierLMDecoder:
@@ -303,13 +213,6 @@ def build_mogrifier_decoder(cfg, dictionary) -> MogrifierLMDecoder:
     projection_dropout = cfg.mogrifier_projection_dropout
     if projection_dropout is None:
         projection_dropout = cfg.mogrifier_output_dropout
-    for flag, value in (("--mogrifier-input-dropout", cfg.mogrifier_input_dropout),
-                        ("--mogrifier-inter-layer-dropout", cfg.mogrifier_inter_layer_dropout),
-                        ("--mogrifier-state-dropout", cfg.mogrifier_state_dropout),
-                        ("--mogrifier-output-dropout", cfg.mogrifier_output_dropout),
-                        ("--mogrifier-projection-dropout", projection_dropout),
-                        ("--mogrifier-drop-state-probability", cfg.mogrifier_drop_state_probability)):
-        _check_rate(value, flag)
     temperature = cfg.mogrifier_softmax_temperature
     if not (temperature > 0 and math.isfinite(temperature)):
         raise ValueError(f"--mogrifier-softmax-temperature={temperature} must be a positive number "
@@ -341,18 +244,22 @@ def build_mogrifier_decoder(cfg, dictionary) -> MogrifierLMDecoder:
             raise ValueError(f"--define-n={cfg.define_n} must be at least 1")
         embed = DeFINEEmbedding(vocab, padding_idx=pad, **define_embedding_kwargs(cfg, embed_dim))
 
-    lstm = MogrifierLSTM(
-        embed_dim, hidden, num_layers=cfg.mogrifier_layers, rounds=cfg.mogrifier_rounds, rank=cfg.mogrifier_rank,
-        cap_input_gate=not cfg.mogrifier_no_cap_input_gate, forget_bias=cfg.mogrifier_forget_bias,
-        input_dropout=cfg.mogrifier_input_dropout, inter_layer_dropout=cfg.mogrifier_inter_layer_dropout,
-        state_dropout=cfg.mogrifier_state_dropout, output_dropout=cfg.mogrifier_output_dropout,
-        sum_layer_outputs=cfg.mogrifier_sum_layer_outputs, shared_mask_dropout=cfg.mogrifier_shared_mask_dropout,
-        state_dropout_per_step=str(cfg.mogrifier_state_dropout_mask) == "step")
-    output = TiedOutput(embed.weight, hidden, components=cfg.mogrifier_mos_components, dropout=projection_dropout,
-                        shared_mask=cfg.mogrifier_shared_mask_dropout)
-    return MogrifierLMDecoder(dictionary, embed, lstm, output, softmax_temperature=temperature,
-                              drop_state_probability=cfg.mogrifier_drop_state_probability,
-                              l2_penalty=cfg.mogrifier_l2_penalty)
+    dropouts = ("input_dropout", "inter_layer_dropout", "state_dropout", "output_dropout")
+    with flag_names(**{name: f"--mogrifier-{name.replace('_', '-')}" for name in dropouts}):
+        lstm = MogrifierLSTM(
+            embed_dim, hidden, num_layers=cfg.mogrifier_layers, rounds=cfg.mogrifier_rounds,
+            rank=cfg.mogrifier_rank, cap_input_gate=not cfg.mogrifier_no_cap_input_gate,
+            forget_bias=cfg.mogrifier_forget_bias, **{name: getattr(cfg, f"mogrifier_{name}") for name in dropouts},
+            sum_layer_outputs=cfg.mogrifier_sum_layer_outputs, shared_mask_dropout=cfg.mogrifier_shared_mask_dropout,
+            state_dropout_per_step=str(cfg.mogrifier_state_dropout_mask) == "step")
+    with flag_names(dropout="--mogrifier-output-dropout" if cfg.mogrifier_projection_dropout is None
+                    else "--mogrifier-projection-dropout"):
+        output = TiedOutput(embed.weight, hidden, components=cfg.mogrifier_mos_components, dropout=projection_dropout,
+                            shared_mask=cfg.mogrifier_shared_mask_dropout)
+    with flag_names(drop_state_probability="--mogrifier-drop-state-probability"):
+        return MogrifierLMDecoder(dictionary, embed, lstm, output, softmax_temperature=temperature,
+                                  drop_state_probability=cfg.mogrifier_drop_state_probability,
+                                  l2_penalty=cfg.mogrifier_l2_penalty)
 
 
 @register_model("mogrifier_lstm_lm", dataclass=MogrifierLSTMLMConfig)

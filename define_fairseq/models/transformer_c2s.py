@@ -12,7 +12,6 @@ Char2Subword too (``--c2s-decoder``, output layer untied), or DeFINE (``--c2s-de
 """
 
 import dataclasses
-from argparse import Namespace
 from typing import Optional
 
 import torch
@@ -27,6 +26,7 @@ from fairseq.models.transformer.transformer_legacy import (
     transformer_iwslt_de_en,
 )
 
+from define_fairseq.models.config_helpers import config_namespace, flag_names
 from define_fairseq.models.define_config import DeFINEConfig, define_embedding_kwargs
 from define_fairseq.models.transformer_define import _flat_fields
 from define_fairseq.modules import DeFINEEmbedding
@@ -60,10 +60,11 @@ TransformerC2SConfig.__doc__ = "Flat config of transformer_c2s: TransformerConfi
 
 def build_char2subword(args, dictionary, embed_dim: int, output_scale: float) -> Char2SubwordEmbedding:
     """A :class:`Char2SubwordEmbedding` of ``dictionary`` from the ``c2s_*`` options."""
-    return Char2SubwordEmbedding(
-        dictionary.symbols, dictionary.pad(), embed_dim, special_indices=range(dictionary.nspecial),
-        char_dim=args.c2s_char_dim, layers=args.c2s_layers, heads=args.c2s_heads, ffn_dim=args.c2s_ffn_dim,
-        max_chars=args.c2s_max_chars, dropout=args.c2s_dropout, output_scale=output_scale)
+    with flag_names(dropout="--c2s-dropout"):
+        return Char2SubwordEmbedding(
+            dictionary.symbols, dictionary.pad(), embed_dim, special_indices=range(dictionary.nspecial),
+            char_dim=args.c2s_char_dim, layers=args.c2s_layers, heads=args.c2s_heads, ffn_dim=args.c2s_ffn_dim,
+            max_chars=args.c2s_max_chars, dropout=args.c2s_dropout, output_scale=output_scale)
 
 
 class Char2SubwordTransformerEncoder(TransformerEncoderBase):
@@ -89,8 +90,7 @@ class TransformerC2SModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
-        args = Namespace(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TransformerC2SConfig)
-                            if hasattr(args, f.name) and not str(getattr(args, f.name)).startswith("${")})
+        args = config_namespace(args, TransformerC2SConfig, defaults=False)
         transformer_c2s(args)
         if args.share_all_embeddings:
             raise ValueError("transformer_c2s cannot --share-all-embeddings: a Char2Subword encoder embedding has "

@@ -10,7 +10,6 @@ DeFINE's output is not multiplied by sqrt(d_model) (``--no-scale-embedding`` is 
 
 import dataclasses
 import re
-from argparse import Namespace
 from typing import Any, List, Tuple
 
 from fairseq.dataclass import FairseqDataclass
@@ -25,6 +24,7 @@ from fairseq.models.transformer.transformer_legacy import (
     transformer_vaswani_wmt_en_de_big,
 )
 
+from define_fairseq.models.config_helpers import config_namespace
 from define_fairseq.models.define_config import DeFINEConfig, define_embedding_kwargs
 from define_fairseq.modules import DeFINEEmbedding, FoldedDeFINEEmbedding
 
@@ -77,8 +77,7 @@ class TransformerDefineModel(TransformerModel):
     def build_model(cls, args, task):
         # A DictConfig (Hydra, checkpoints) or a namespace becomes a namespace; a "${model...}" placeholder that
         # nothing resolved (a namespace built without fairseq-train's parser) is left for the arch to fill in.
-        args = Namespace(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TransformerDefineConfig)
-                            if hasattr(args, f.name) and not str(getattr(args, f.name)).startswith("${")})
+        args = config_namespace(args, TransformerDefineConfig, defaults=False)
         transformer_define(args)
         args.no_scale_embedding = True  # DeFINE's output already has unit scale: no sqrt(d_model) multiplier
         args.share_decoder_input_output_embed = not args.define_untie_output

@@ -15,11 +15,9 @@ DeFINE scales its map by sqrt(n) itself, so the decoder's sqrt(d_model) multipli
 """
 
 import dataclasses
-from argparse import Namespace
 from typing import Optional
 
 import torch.nn as nn
-from fairseq import utils
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerDecoder
 from fairseq.models.transformer_lm import (
@@ -30,6 +28,7 @@ from fairseq.models.transformer_lm import (
     transformer_lm_baevski_wiki103,
 )
 
+from define_fairseq.models.config_helpers import config_namespace, parse_cutoff
 from define_fairseq.models.define_config import DeFINEConfig, define_embedding_kwargs
 from define_fairseq.modules import DeFINEEmbedding
 
@@ -47,10 +46,6 @@ TransformerLMDefineConfig = dataclasses.make_dataclass(
     bases=(DeFINEConfig, TransformerLanguageModelConfig))
 TransformerLMDefineConfig.__module__ = __name__
 TransformerLMDefineConfig.__doc__ = "transformer_lm's flags plus the define_* flags."
-
-
-def _cutoff(value):
-    return None if value is None else list(utils.eval_str_list(value, type=int))
 
 
 class DeFINELMDecoder(TransformerDecoder):
@@ -72,8 +67,7 @@ class TransformerLMDefine(TransformerLanguageModel):
     def build_model(cls, args, task):
         # A DictConfig (Hydra, checkpoints) or a namespace becomes a namespace; unresolved "${...}" values are
         # left for the arch function to fill in.
-        args = Namespace(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TransformerLMDefineConfig)
-                            if hasattr(args, f.name) and not str(getattr(args, f.name)).startswith("${")})
+        args = config_namespace(args, TransformerLMDefineConfig, defaults=False)
         for name in ("decoder_input_dim", "decoder_output_dim"):  # unset: fairseq's arch functions copy
             if getattr(args, name, None) is None:                 # --decoder-embed-dim, but only into a
                 args.__dict__.pop(name, None)                     # missing attribute
@@ -87,10 +81,11 @@ class TransformerLMDefine(TransformerLanguageModel):
                              "is DeFINE; use --arch transformer_lm for character embeddings")
         args.no_scale_embedding = True
         n = args.define_n
-        input_cutoff = _cutoff(args.adaptive_input_cutoff) if args.adaptive_input else None
+        input_cutoff = parse_cutoff(args.adaptive_input_cutoff if args.adaptive_input else None,
+                                    "--adaptive-input-cutoff")
         if args.adaptive_input and not input_cutoff:
             raise ValueError("--adaptive-input needs --adaptive-input-cutoff (e.g. 20000,60000)")
-        softmax_cutoff = _cutoff(args.adaptive_softmax_cutoff)
+        softmax_cutoff = parse_cutoff(args.adaptive_softmax_cutoff, "--adaptive-softmax-cutoff")
         if args.tie_adaptive_weights:
             if not args.adaptive_input or not softmax_cutoff:
                 raise ValueError("--tie-adaptive-weights ties the adaptive softmax to the adaptive input: it needs "

@@ -43,16 +43,15 @@ from fairseq.utils import safe_getattr
 from torch import Tensor
 
 from define_fairseq.models.carried_state import CarriedState
-from define_fairseq.models.config_helpers import check_rate, config_namespace, parse_cutoff
+from define_fairseq.models.config_helpers import MAX_POSITIONS, config_namespace, flag_names, parse_cutoff
 from define_fairseq.models.define_config import DeFINEConfig, define_embedding_kwargs
-from define_fairseq.modules.adaptive_input import check_cutoff
+from define_fairseq.modules.checks import check_cutoff
 from define_fairseq.modules.define_embedding import DeFINEEmbedding, FoldedDeFINEEmbedding
 from define_fairseq.modules.projected_adaptive_softmax import ProjectedAdaptiveSoftmax
 from define_fairseq.modules.projective_embedding import ProjectiveEmbedding
 from define_fairseq.modules.transformer_xl import TransformerXLStack
 
 INPUTS = ["standard", "projective", "define"]
-MAX_POSITIONS = 1_000_000  # relative positions: any length
 WT103_CUTOFF = "20000,40000,200000"
 
 
@@ -187,9 +186,6 @@ def build_transformer_xl_decoder(cfg, dictionary) -> TransformerXLDecoder:
     if cfg.txl_same_length and cfg.txl_mem_len == 0:
         raise ValueError("--txl-same-length needs a memory (--txl-mem-len > 0): it makes every position attend to "
                          "mem_len states")
-    for flag, rate in (("--dropout", cfg.dropout), ("--attention-dropout", cfg.attention_dropout),
-                       ("--adaptive-softmax-dropout", cfg.adaptive_softmax_dropout)):
-        check_rate(rate, flag)
     if cfg.define_folded and kind != "define":
         raise ValueError(f"--define-folded needs --txl-input define (got {kind})")
 
@@ -220,14 +216,16 @@ def build_transformer_xl_decoder(cfg, dictionary) -> TransformerXLDecoder:
     projections = None
     if kind == "projective":
         projections = [embed.projection] + [None] * (clusters - 1)
-    adaptive_softmax = ProjectedAdaptiveSoftmax(vocab, table_dim, d, cutoff, table=embed.weight,
-                                                projections=projections, dropout=cfg.adaptive_softmax_dropout)
+    with flag_names(dropout="--adaptive-softmax-dropout"):
+        adaptive_softmax = ProjectedAdaptiveSoftmax(vocab, table_dim, d, cutoff, table=embed.weight,
+                                                    projections=projections, dropout=cfg.adaptive_softmax_dropout)
 
-    stack = TransformerXLStack(cfg.decoder_layers, d, cfg.decoder_attention_heads, cfg.txl_head_dim,
-                               cfg.decoder_ffn_embed_dim, dropout=cfg.dropout,
-                               attention_dropout=cfg.attention_dropout, pre_norm=cfg.txl_pre_norm,
-                               mem_len=cfg.txl_mem_len, clamp_len=cfg.txl_clamp_len,
-                               same_length=cfg.txl_same_length)
+    with flag_names(dropout="--dropout", attention_dropout="--attention-dropout"):
+        stack = TransformerXLStack(cfg.decoder_layers, d, cfg.decoder_attention_heads, cfg.txl_head_dim,
+                                   cfg.decoder_ffn_embed_dim, dropout=cfg.dropout,
+                                   attention_dropout=cfg.attention_dropout, pre_norm=cfg.txl_pre_norm,
+                                   mem_len=cfg.txl_mem_len, clamp_len=cfg.txl_clamp_len,
+                                   same_length=cfg.txl_same_length)
     return TransformerXLDecoder(dictionary, embed, stack, adaptive_softmax)
 
 

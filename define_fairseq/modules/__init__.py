@@ -1,6 +1,7 @@
 """Plain ``torch.nn`` modules; nothing here imports fairseq."""
 
-from .adaptive_input import AdaptiveInput, check_cutoff
+from .adaptive_input import AdaptiveInput
+from .checks import check_cutoff
 from .define import DeFINE, GroupLayerNorm, define_layer_sizes, split_and_mix
 from .define_embedding import DeFINEEmbedding, FoldedDeFINEEmbedding
 from .group_linear import GroupLinear

@@ -5,21 +5,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-
-def check_cutoff(cutoff: Sequence[int], num_embeddings: int, flag: str = "--adaptive-input-cutoff") -> List[int]:
-    """The band boundaries ``cutoff`` as a list ending with ``num_embeddings``.
-
-    Raises ``ValueError`` naming ``flag`` unless the cutoffs increase strictly and stay below the vocabulary.
-    """
-    cutoff = [int(c) for c in cutoff]
-    if cutoff and cutoff[-1] == num_embeddings:
-        cutoff = cutoff[:-1]
-    if any(c <= 0 for c in cutoff) or any(b <= a for a, b in zip(cutoff, cutoff[1:])):
-        raise ValueError(f"{flag} {','.join(map(str, cutoff))}: the cutoffs must be positive and increasing")
-    if cutoff and cutoff[-1] >= num_embeddings:
-        raise ValueError(f"{flag} {','.join(map(str, cutoff))}: the last cutoff must be below the vocabulary "
-                         f"size {num_embeddings}; lower the cutoffs or drop the ones at or beyond it")
-    return cutoff + [num_embeddings]
+from .checks import check_cutoff
 
 
 class AdaptiveInput(nn.Module):
@@ -40,7 +26,7 @@ class AdaptiveInput(nn.Module):
                  factor: float = 4, output_dim: Optional[int] = None):
         super().__init__()
         output_dim = dim if output_dim is None else output_dim
-        self.cutoff = check_cutoff(cutoff, num_embeddings)
+        self.cutoff = check_cutoff(cutoff, num_embeddings, note="set by --adaptive-input-cutoff")
         self.num_embeddings = num_embeddings
         self.padding_idx = padding_idx
         self.embedding_dim = output_dim

@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
+from .checks import check_probability
 from .parameter_cache import ParameterCache
 
 PAD_CHAR = 0
@@ -110,8 +111,7 @@ class Char2SubwordEmbedding(nn.Module):
                 raise ValueError(f"Char2SubwordEmbedding: {name}={value} must be at least 1")
         if char_dim % heads:
             raise ValueError(f"Char2SubwordEmbedding: char_dim={char_dim} must be divisible by heads={heads}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"Char2SubwordEmbedding: dropout={dropout} must be in [0, 1)")
+        check_probability(dropout, "dropout", "Char2SubwordEmbedding")
         self.num_embeddings = len(symbols)
         self.padding_idx = padding_idx
         self.embedding_dim = embedding_dim

@@ -20,6 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .checks import check_probability
 from .group_linear import GroupLinear
 
 VARIANTS = ("define", "define_concat", "hgt", "glt", "lt", "projective")
@@ -175,8 +176,7 @@ class DeFINE(nn.Module):
             raise ValueError(f"--define-activation: unknown {activation!r}; choose one of {', '.join(ACTIVATIONS)}")
         if norm not in NORMS:
             raise ValueError(f"--define-norm: unknown {norm!r}; choose one of {', '.join(NORMS)}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"--define-dropout={dropout} must be in [0, 1)")
+        check_probability(dropout, "dropout", "set by --define-dropout")
         if init not in INITS:
             raise ValueError(f"--define-init: unknown {init!r}; choose one of {', '.join(INITS)}")
         self.sizes = define_layer_sizes(n, k, m, depth, max_groups, variant)

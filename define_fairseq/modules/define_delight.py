@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .checks import check_probability
 from .define import ACTIVATIONS, split_and_mix
 from .group_linear import GroupLinear
 
@@ -116,8 +117,7 @@ class DelightDeFINE(nn.Module):
         if norm not in ("group", "none"):
             raise ValueError(f"--define-norm={norm}: the authors' unit normalises per group ('group') or not at "
                              f"all ('none')")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"--define-dropout={dropout} must be in [0, 1)")
+        check_probability(dropout, "dropout", "set by --define-dropout")
         self.sizes = delight_layer_sizes(n, k, m, depth, max_groups)
         self.n, self.k, self.m = n, k, m
         self.activation = activation

@@ -30,6 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from .checks import check_probability
 from .parameter_cache import ParameterCache
 
 ACTIVATIONS = ("glu", "gtu", "bilinear", "relu", "tanh", "linear")
@@ -293,8 +294,7 @@ class GatedConvStack(nn.Module):
     def __init__(self, input_dim: int, blocks: Union[str, Sequence], activation: str = "glu",
                  weight_norm: bool = True, dropout: float = 0.0, residual_scale: float = 1.0):
         super().__init__()
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout={dropout}: a probability in [0, 1) is needed")
+        check_probability(dropout, "dropout")
         blocks = parse_layer_spec(blocks)
         self.blocks = nn.ModuleList()
         width = input_dim

@@ -4,6 +4,8 @@ AWD-LSTM's ``LockedDropout``)."""
 import torch
 import torch.nn as nn
 
+from .checks import check_probability
+
 
 def locked_dropout(x: torch.Tensor, p: float, training: bool = True, batch_first: bool = True) -> torch.Tensor:
     """Zero the same features at every time step of a sequence, scaling the kept ones by ``1 / (1 - p)``.
@@ -11,8 +13,7 @@ def locked_dropout(x: torch.Tensor, p: float, training: bool = True, batch_first
     Shapes: ``x [B, T, C]`` (``batch_first``) or ``[T, B, C]`` -> same shape; the mask is ``[B, 1, C]``
     (``[1, B, C]``), drawn afresh on each call.
     """
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"locked dropout probability must be in [0, 1), got {p}")
+    check_probability(p, "p", "locked dropout")
     if not training or p == 0.0:
         return x
     mask_shape = (x.shape[0], 1, x.shape[2]) if batch_first else (1, x.shape[1], x.shape[2])
@@ -28,8 +29,7 @@ class LockedDropout(nn.Module):
 
     def __init__(self, p: float, batch_first: bool = True):
         super().__init__()
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"locked dropout probability must be in [0, 1), got {p}")
+        check_probability(p, "p", "locked dropout")
         self.p = p
         self.batch_first = batch_first
 

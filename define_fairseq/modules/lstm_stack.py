@@ -11,6 +11,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
+from .checks import check_probability
 from .locked_dropout import locked_dropout
 from .weight_drop import WeightDropLSTM
 
@@ -44,8 +45,7 @@ class LSTMStack(nn.Module):
         if not layer_sizes or input_size < 1 or any(s < 1 for s in layer_sizes):
             raise ValueError(f"LSTMStack needs a positive input size and at least one positive layer size, got "
                              f"input_size={input_size}, layer_sizes={layer_sizes}")
-        if not 0.0 <= hidden_dropout < 1.0:
-            raise ValueError(f"hidden dropout probability must be in [0, 1), got {hidden_dropout}")
+        check_probability(hidden_dropout, "hidden_dropout")
         self.input_size = input_size
         self.layer_sizes = layer_sizes
         self.output_size = layer_sizes[-1]

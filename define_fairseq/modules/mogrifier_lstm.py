@@ -39,6 +39,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .checks import check_probability
 from .mogrifier_recurrence import LayerRecurrence, MogrifierLayerFunction, Workspace
 from .variance_scaling import variance_scaling_
 
@@ -271,10 +272,7 @@ class MogrifierLSTM(nn.Module):
         self.forget_bias = float(forget_bias)
         for name, p in (("input_dropout", input_dropout), ("inter_layer_dropout", inter_layer_dropout),
                         ("state_dropout", state_dropout), ("output_dropout", output_dropout)):
-            if not 0.0 <= p < 1.0:
-                raise ValueError(f"MogrifierLSTM: {name} must be in [0, 1) (set by --mogrifier-"
-                                 f"{name.replace('_', '-')}), got {p}")
-            setattr(self, name, float(p))
+            setattr(self, name, check_probability(p, name, f"set by --mogrifier-{name.replace('_', '-')}"))
         self.sum_layer_outputs = bool(sum_layer_outputs)
         self.shared_mask_dropout = bool(shared_mask_dropout)
         self.state_dropout_per_step = bool(state_dropout_per_step)

@@ -18,19 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-def _check_cutoff(cutoff: Sequence[int], vocab_size: int) -> List[int]:
-    cutoff = [int(c) for c in cutoff]
-    if cutoff and cutoff[-1] == vocab_size:
-        cutoff = cutoff[:-1]
-    for c in cutoff:
-        if c >= vocab_size:
-            raise ValueError(f"cutoff {c} is beyond the vocabulary of {vocab_size} words")
-        if c <= 0:
-            raise ValueError(f"cutoff {c} must be positive (cutoff {cutoff}, vocabulary of {vocab_size} words)")
-    if any(b <= a for a, b in zip(cutoff, cutoff[1:])):
-        raise ValueError(f"cutoff {cutoff} must be strictly increasing (vocabulary of {vocab_size} words)")
-    return cutoff + [vocab_size]
+from .checks import check_cutoff, check_probability
 
 
 def _at_least_float32(x: torch.Tensor) -> torch.Tensor:
@@ -80,12 +68,11 @@ class ProjectedAdaptiveSoftmax(nn.Module):
         for name, value in (("vocab_size", vocab_size), ("embed_dim", embed_dim), ("input_dim", input_dim)):
             if int(value) < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        if not 0.0 <= float(dropout) < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        check_probability(dropout, "dropout")
         self.vocab_size = vocab_size
         self.embed_dim = embed_dim
         self.input_dim = input_dim
-        self.cutoff = _check_cutoff(cutoff, vocab_size)
+        self.cutoff = check_cutoff(cutoff, vocab_size)
         self.cluster_sizes = [hi - lo for lo, hi in zip([0] + self.cutoff[:-1], self.cutoff)]
         clusters = len(self.cutoff)
         self.num_clusters = clusters

@@ -22,6 +22,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .checks import check_probability
+
 
 def rel_shift(scores: torch.Tensor) -> torch.Tensor:
     """Realign position scores computed against distances ``[K-1, ..., 0]`` to key positions.
@@ -43,11 +45,6 @@ def rel_shift(scores: torch.Tensor) -> torch.Tensor:
 def _check_positive(name: str, value: int):
     if int(value) < 1:
         raise ValueError(f"{name} must be >= 1, got {value}")
-
-
-def _check_dropout(name: str, value: float):
-    if not 0.0 <= float(value) < 1.0:
-        raise ValueError(f"{name} must be in [0, 1), got {value}")
 
 
 class RelativeMultiheadAttention(nn.Module):
@@ -75,8 +72,8 @@ class RelativeMultiheadAttention(nn.Module):
         _check_positive("d_model", d_model)
         _check_positive("num_heads", num_heads)
         _check_positive("head_dim", head_dim)
-        _check_dropout("dropout", dropout)
-        _check_dropout("attention_dropout", attention_dropout)
+        check_probability(dropout, "dropout")
+        check_probability(attention_dropout, "attention_dropout")
         self.d_model = d_model
         self.num_heads = num_heads
         self.head_dim = head_dim
@@ -160,7 +157,7 @@ class PositionwiseFeedForward(nn.Module):
         super().__init__()
         _check_positive("d_model", d_model)
         _check_positive("d_inner", d_inner)
-        _check_dropout("dropout", dropout)
+        check_probability(dropout, "dropout")
         self.pre_norm = pre_norm
         self.fc1 = nn.Linear(d_model, d_inner)
         self.fc2 = nn.Linear(d_inner, d_model)
@@ -234,8 +231,8 @@ class TransformerXLStack(nn.Module):
         _check_positive("num_heads", num_heads)
         _check_positive("head_dim", head_dim)
         _check_positive("d_inner", d_inner)
-        _check_dropout("dropout", dropout)
-        _check_dropout("attention_dropout", attention_dropout)
+        check_probability(dropout, "dropout")
+        check_probability(attention_dropout, "attention_dropout")
         if d_model % 2:
             raise ValueError(f"d_model must be even for the sin/cos halves of the position encoding, got {d_model}")
         if int(mem_len) < 0:

@@ -15,12 +15,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.func import functional_call
 
+from .checks import check_probability
+
+
 LSTMState = Tuple[torch.Tensor, torch.Tensor]
-
-
-def _check_p(p: float, what: str):
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"{what} probability must be in [0, 1), got {p}")
 
 
 class WeightDropLSTM(nn.Module):
@@ -40,7 +38,7 @@ class WeightDropLSTM(nn.Module):
 
     def __init__(self, input_size: int, hidden_size: int, weight_drop: float = 0.0):
         super().__init__()
-        _check_p(weight_drop, "weight drop")
+        check_probability(weight_drop, "weight_drop")
         self.weight_drop = weight_drop
         self.lstm = nn.LSTM(input_size, hidden_size, batch_first=True)
 
@@ -71,7 +69,7 @@ def embedding_dropout(embedded: torch.Tensor, tokens: torch.Tensor, num_embeddin
 
     Shapes: ``embedded [..., C]``, ``tokens [...]`` (long, values < ``num_embeddings``) -> ``[..., C]``.
     """
-    _check_p(p, "embedding dropout")
+    check_probability(p, "embed_dropout")
     if not training or p == 0.0:
         return embedded
     keep = embedded.new_empty(num_embeddings).bernoulli_(1.0 - p).div_(1.0 - p)

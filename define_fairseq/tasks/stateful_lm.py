@@ -14,7 +14,7 @@ every evaluation pass has ``net_input["reset_state"] = True``, every other batch
 carries its state from one batch to the next (see the models of this plugin).
 
 * Training split (``--train-subset``): ``L = N // R``, the remainder (fewer than R tokens) is dropped, as
-  AWD-LSTM's ``batchify``; with ``--define-variable-bptt`` the window lengths follow AWD-LSTM's schedule,
+  AWD-LSTM's ``batchify``; with ``--variable-bptt`` the window lengths follow AWD-LSTM's schedule,
   drawn afresh for every epoch and deterministic for (``--seed``, epoch).
 * Every other split and ``fairseq-eval-lm``: ``L = ceil(N / R)``, the stream is padded at its end, so every token
   of the split is a target exactly once; pad targets are ignored by the criteria and by fairseq-eval-lm, and
@@ -24,30 +24,29 @@ carries its state from one batch to the next (see the models of this plugin).
 import inspect
 import logging
 import os
+from argparse import Namespace
 from dataclasses import dataclass, field
 from functools import partial
-from typing import List, Optional, Tuple
+from typing import Optional
 
 import numpy as np
 import torch
 from fairseq import utils
-from fairseq.data import Dictionary, FairseqDataset, data_utils, iterators
+from fairseq.data import Dictionary, data_utils, iterators
 from fairseq.data.indexed_dataset import get_available_dataset_impl
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.tasks import FairseqTask, register_task
 from omegaconf import II
 
+from define_fairseq.models.config_helpers import take_deprecated_flags
+from define_fairseq.tasks.bptt_windows import (  # noqa: F401 (window_schedule: imported from here too)
+    MAX_LENGTH_FACTOR, BPTTWindows, TokenStream, schedule_batches, window_schedule)
+
 logger = logging.getLogger(__name__)
 
 TASK = "stateful_lm"
-
-# AWD-LSTM's variable-length BPTT: with this probability the base length is T, otherwise T / 2 ...
-FULL_LENGTH_PROBABILITY = 0.95
-# ... and no window is shorter than this (unless the row ends) ...
-MIN_VARIABLE_LENGTH = 5
-# ... nor longer than this many times T.
-MAX_LENGTH_FACTOR = 2
-
+# The options' spellings before they were renamed (deprecated, kept for one release).
+RENAMES = {"define_variable_bptt": "variable_bptt", "define_bptt_std": "bptt_std"}
 
 @dataclass
 class StatefulLMConfig(FairseqDataclass):
@@ -55,7 +54,7 @@ class StatefulLMConfig(FairseqDataclass):
 
     Taken from fairseq's own options (no new flag): ``--batch-size`` (number of parallel streams per GPU for the
     training split), ``--batch-size-valid`` (the same for every other split; defaults to ``--batch-size``),
-    ``--seed`` (with the epoch, seeds ``--define-variable-bptt``), ``--train-subset`` (the split that gets the
+    ``--seed`` (with the epoch, seeds ``--variable-bptt``), ``--train-subset`` (the split that gets the
     training layout), ``--dataset-impl`` and ``--data-buffer-size``.
     """
 
@@ -69,15 +68,17 @@ class StatefulLMConfig(FairseqDataclass):
         metadata={"help": "BPTT length T: tokens per stream in one batch (batches are batch size x T tokens; "
                           "--max-tokens is not used by this task)"},
     )
-    define_variable_bptt: bool = field(
+    variable_bptt: bool = field(
         default=False,
         metadata={"help": "training split only: AWD-LSTM's variable BPTT length: base T (probability 0.95) or T/2, "
-                          "window max(5, int(normal(base, --define-bptt-std))) capped at 2T; the schedule is "
+                          "window max(5, int(normal(base, --bptt-std))) capped at 2T; the schedule is "
                           "deterministic for (--seed, epoch)"},
     )
-    define_bptt_std: float = field(
-        default=5.0, metadata={"help": "standard deviation of the window length for --define-variable-bptt"}
+    bptt_std: float = field(
+        default=5.0, metadata={"help": "standard deviation of the window length for --variable-bptt"}
     )
+    define_variable_bptt: Optional[bool] = field(default=None, metadata={"help": "deprecated: use --variable-bptt"})
+    define_bptt_std: Optional[float] = field(default=None, metadata={"help": "deprecated: use --bptt-std"})
     # Interpolated from fairseq's dataset / common options (no help string: the flags exist there).
     batch_size: Optional[int] = II("dataset.batch_size")
     batch_size_valid: Optional[int] = II("dataset.batch_size_valid")
@@ -92,134 +93,6 @@ def _resolved(value):
     if isinstance(value, str) and value.startswith("${"):
         return None
     return value
-
-
-class TokenStream(FairseqDataset):
-    """One split as a single stream of token ids.
-
-    ``stream`` is ``[N + 1]`` (int32): the context token (EOS) followed by the split's ``N`` tokens; ``len()`` is
-    ``N`` and item ``i`` is token ``i`` of the split. Batches are made by :class:`BPTTWindows`.
-    """
-
-    def __init__(self, stream: torch.Tensor, split: str, path: str):
-        super().__init__()
-        self.stream = stream
-        self.split = split
-        self.path = path
-
-    def __len__(self):
-        return self.stream.numel() - 1
-
-    def __getitem__(self, index):
-        return self.stream[index + 1].long()
-
-
-def window_schedule(row_length: int, tokens_per_sample: int, variable: bool = False, std: float = 5.0,
-                    seed: int = 1, epoch: int = 1) -> List[Tuple[int, int]]:
-    """The windows ``(start, length)`` that tile positions ``[0, row_length)`` of every row, in order.
-
-    Fixed: windows of ``tokens_per_sample``, the last one shorter if needed. Variable (AWD-LSTM): each length is
-    ``max(5, int(normal(base, std)))`` with base ``T`` (probability 0.95) or ``T / 2``, capped at ``2 T`` and at the
-    rest of the row; drawn from a generator seeded with ``(seed, epoch)``.
-    """
-    windows = []
-    if not variable:
-        for start in range(0, row_length, tokens_per_sample):
-            windows.append((start, min(tokens_per_sample, row_length - start)))
-        return windows
-    rng = np.random.default_rng([seed & 0xFFFFFFFF, epoch & 0xFFFFFFFF])
-    longest = MAX_LENGTH_FACTOR * tokens_per_sample
-    start = 0
-    while start < row_length:
-        base = tokens_per_sample if rng.random() < FULL_LENGTH_PROBABILITY else tokens_per_sample / 2
-        length = max(MIN_VARIABLE_LENGTH, int(rng.normal(base, std)))
-        length = min(length, longest, row_length - start)
-        windows.append((start, length))
-        start += length
-    return windows
-
-
-class BPTTWindows(FairseqDataset):
-    """The rows of one rank and their windows; the batches of :class:`StatefulLMTask`.
-
-    Args:
-        stream: ``[N + 1]`` context token + the split's tokens (see :class:`TokenStream`).
-        num_rows: ``R``, the rows of all ranks together (batch size x world size).
-        rank_rows: ``(first, end)``: the rows this rank keeps.
-        keep_remainder: False: ``L = N // R`` and the last ``N - R L`` tokens are dropped; True: ``L = ceil(N / R)``
-            and the stream is padded with ``pad`` so every token is a target once.
-        pad: the padding index.
-
-    Attributes:
-        rows: ``[B, L + 1]`` (int32) this rank's rows: positions ``0 .. L-1`` are inputs, ``1 .. L`` targets.
-        row_length: ``L``, the number of targets per row.
-
-    Items are addressed by window codes ``start * (L + 1) + length`` (see :meth:`code`), so that a per-epoch
-    schedule of windows is just a list of indices and the dataset keeps no per-epoch state.
-    """
-
-    def __init__(self, stream: torch.Tensor, num_rows: int, rank_rows: Tuple[int, int], keep_remainder: bool,
-                 pad: int):
-        super().__init__()
-        num_targets = stream.numel() - 1
-        row_length = (num_targets + num_rows - 1) // num_rows if keep_remainder else num_targets // num_rows
-        needed = num_rows * row_length + 1
-        if needed > stream.numel():
-            stream = torch.cat([stream, stream.new_full((needed - stream.numel(),), pad)])
-        all_rows = stream[:needed].unfold(0, row_length + 1, row_length)  # [R, L + 1], rows share one token
-        first, end = rank_rows
-        self.rows = all_rows[first:end].clone()
-        self.row_ids = torch.arange(first, end)
-        self.row_length = row_length
-        self.pad = pad
-
-    def code(self, start: int, length: int) -> int:
-        return start * (self.row_length + 1) + length
-
-    def decode(self, code: int) -> Tuple[int, int]:
-        return divmod(code, self.row_length + 1)
-
-    def __len__(self):
-        return self.row_length
-
-    def __getitem__(self, code):
-        return self.decode(int(code))
-
-    def window(self, start: int, length: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        """``(src_tokens, target)``, both ``[B, length]`` (int64)."""
-        inputs = self.rows[:, start:start + length].long()
-        targets = self.rows[:, start + 1:start + length + 1].long()
-        return inputs, targets
-
-    def collater(self, samples):
-        if len(samples) != 1:
-            raise ValueError(f"{TASK}: every batch is one window of all rows, got {len(samples)} windows")
-        start, length = samples[0]
-        inputs, targets = self.window(start, length)
-        bsz = inputs.size(0)
-        return {
-            "id": self.row_ids.clone(),
-            "nsentences": bsz,
-            "ntokens": int(targets.ne(self.pad).sum()),
-            "net_input": {
-                "src_tokens": inputs,
-                "src_lengths": torch.full((bsz,), length, dtype=torch.long),
-                "reset_state": start == 0,
-            },
-            "target": targets,
-        }
-
-    def num_tokens(self, index):
-        return self.rows.size(0) * self.decode(int(index))[1]
-
-    def size(self, index):
-        return self.decode(int(index))[1]
-
-
-def _schedule_batches(dataset: BPTTWindows, epoch: int, tokens_per_sample: int, std: float, seed: int):
-    """Callable batch sampler of fairseq's EpochBatchIterator: a fresh variable schedule for every epoch."""
-    windows = window_schedule(dataset.row_length, tokens_per_sample, variable=True, std=std, seed=seed, epoch=epoch)
-    return [[dataset.code(start, length)] for start, length in windows]
 
 
 def check_model_carries_state(model) -> None:
@@ -256,8 +129,12 @@ class StatefulLMTask(FairseqTask):
         if cfg.tokens_per_sample < 1:
             raise ValueError(f"--tokens-per-sample must be at least 1 (it is the BPTT length), got "
                              f"{cfg.tokens_per_sample}")
-        if cfg.define_bptt_std < 0:
-            raise ValueError(f"--define-bptt-std must not be negative, got {cfg.define_bptt_std}")
+        # The deprecated --define-* spellings (one release) are read once, here; use these, not cfg's fields.
+        given = Namespace(**{name: getattr(cfg, name, None) for name in ("variable_bptt", "bptt_std", *RENAMES)})
+        given = take_deprecated_flags(given, StatefulLMConfig, RENAMES)
+        self.variable_bptt, self.bptt_std = bool(given.variable_bptt), given.bptt_std
+        if self.bptt_std < 0:
+            raise ValueError(f"--bptt-std must not be negative, got {self.bptt_std}")
 
     @classmethod
     def setup_task(cls, cfg: StatefulLMConfig, **kwargs):
@@ -340,9 +217,9 @@ class StatefulLMTask(FairseqTask):
         rows = self._rows_per_rank(dataset, max_sentences, training)
         windows = self.stateful_batches(dataset, rows, num_shards, shard_id, training,
                                         flag="--batch-size" if training else "--batch-size-valid")
-        if training and self.cfg.define_variable_bptt:
-            batch_sampler = partial(_schedule_batches, tokens_per_sample=self.cfg.tokens_per_sample,
-                                    std=self.cfg.define_bptt_std, seed=self.cfg.seed)
+        if training and self.variable_bptt:
+            batch_sampler = partial(schedule_batches, tokens_per_sample=self.cfg.tokens_per_sample,
+                                    std=self.bptt_std, seed=self.cfg.seed)
         else:
             batch_sampler = [[windows.code(start, length)]
                              for start, length in window_schedule(windows.row_length, self.cfg.tokens_per_sample)]
@@ -393,7 +270,7 @@ class StatefulLMTask(FairseqTask):
 
     def max_positions(self):
         """The longest window this task makes."""
-        factor = MAX_LENGTH_FACTOR if self.cfg.define_variable_bptt else 1
+        factor = MAX_LENGTH_FACTOR if self.variable_bptt else 1
         return factor * self.cfg.tokens_per_sample
 
     @property

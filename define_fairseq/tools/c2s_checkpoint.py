@@ -28,8 +28,8 @@ import torch
 from fairseq.utils import safe_getattr
 
 from define_fairseq.tools.average_checkpoints import CheckpointError
-from define_fairseq.tools.distill_c2s import (C2S_OPTIONS, checkpoint_table, load_checkpoint_state, load_distilled,
-                                              read_distilled)
+from define_fairseq.tools.distill_c2s import C2S_OPTIONS, load_distilled, read_distilled
+from define_fairseq.tools.distill_c2s_data import checkpoint_table, load_checkpoint_state
 
 TABLE_KEY = "encoder.embed_tokens.weight"
 

@@ -1,0 +1,239 @@
+"""The decoder of ``lstm_lm_define`` and ``awd_lstm_lm`` (:class:`RecurrentLMDecoder`) and the function that
+builds it from the models' configuration (:func:`build_recurrent_decoder`)."""
+
+from argparse import Namespace
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.nn as nn
+from fairseq.modules import AdaptiveSoftmax
+from torch import Tensor
+
+from define_fairseq.models.config_helpers import check_rate, check_tail_widths, flag_names, parse_cutoff
+from define_fairseq.models.define_config import define_embedding_kwargs
+from define_fairseq.models.recurrent_decoder import RecurrentDecoder
+from define_fairseq.modules.adaptive_input import AdaptiveInput
+from define_fairseq.modules.checks import check_cutoff, check_probability
+from define_fairseq.modules.define_embedding import DeFINEEmbedding, FoldedDeFINEEmbedding
+from define_fairseq.modules.locked_dropout import locked_dropout
+from define_fairseq.modules.lstm_stack import LSTMStack
+from define_fairseq.modules.weight_drop import embedding_dropout
+
+
+class RecurrentLMDecoder(RecurrentDecoder):
+    """Embedding -> (word and locked dropout) -> :class:`LSTMStack` -> (locked dropout) -> output layer.
+
+    Args:
+        dictionary: the target dictionary (V symbols).
+        embed_tokens: token embedding with ``embedding_dim`` equal to ``lstm.input_size`` (a table, an adaptive
+            input or a DeFINE embedding).
+        lstm: the recurrent stack (``hidden_dropout`` and ``weight_drop`` live there).
+        output_projection: full softmax ``Linear(d, V)`` (d = n, or the last layer's size when untied); or None.
+        adaptive_softmax: fairseq ``AdaptiveSoftmax`` instead of ``output_projection``.
+        project_out_dim: bias-free ``Linear(last layer, n)`` before a tied output layer, or None.
+        input_dropout, output_dropout: locked dropout on the LSTM input / on the last layer's output.
+        embed_dropout: whole-word dropout on the embeddings.
+        ar_alpha, tar_beta: AWD-LSTM's activation / temporal activation regularisation.
+
+    ``forward(tokens [B, T], src_lengths=None, reset_state=None, incremental_state=None, features_only=False)``
+    returns ``(x, extra)``: ``x`` the logits ``[B, T, V]`` (full softmax), or the features ``[B, T, d]``
+    given to the adaptive softmax (and with ``features_only``). ``extra["regularization"]`` (training with
+    AR/TAR only) is the scalar penalty, already a mean per token. During incremental decoding only the new
+    tokens' positions are returned.
+    """
+
+    def __init__(self, dictionary, embed_tokens: nn.Module, lstm: LSTMStack,
+                 output_projection: Optional[nn.Linear] = None, adaptive_softmax: Optional[AdaptiveSoftmax] = None,
+                 project_out_dim: Optional[nn.Linear] = None, input_dropout: float = 0.0,
+                 output_dropout: float = 0.0, embed_dropout: float = 0.0, ar_alpha: float = 0.0,
+                 tar_beta: float = 0.0):
+        super().__init__(dictionary, embed_tokens, lstm, "LSTM state", "the DeFINE output width m, --decoder-embed-dim")
+        if (output_projection is None) == (adaptive_softmax is None):
+            raise ValueError("give exactly one of output_projection (full softmax) and adaptive_softmax")
+        for value, name in ((input_dropout, "input_dropout"), (output_dropout, "output_dropout"),
+                            (embed_dropout, "embed_dropout")):
+            check_probability(value, name)
+        if ar_alpha < 0 or tar_beta < 0:
+            raise ValueError(f"--awd-ar-alpha ({ar_alpha}) and --awd-tar-beta ({tar_beta}) must be >= 0")
+        self.project_out_dim = project_out_dim
+        self.output_projection = output_projection
+        self.adaptive_softmax = adaptive_softmax
+        self.input_dropout = input_dropout
+        self.output_dropout = output_dropout
+        self.embed_dropout = embed_dropout
+        self.ar_alpha = ar_alpha
+        self.tar_beta = tar_beta
+        self.padding_idx = dictionary.pad()
+
+    def recur(self, tokens, state):
+        x = self.embed_tokens(tokens)
+        x = embedding_dropout(x, tokens, len(self.dictionary), self.embed_dropout, self.training)
+        x = locked_dropout(x, self.input_dropout, self.training)
+        raw, final_state = self.lstm(x, state)
+        x = locked_dropout(raw, self.output_dropout, self.training)
+        extra = {"attn": None}
+        if self.training and (self.ar_alpha > 0 or self.tar_beta > 0):
+            extra["regularization"] = self.activation_regularization(x, raw, tokens.ne(self.padding_idx))
+        if self.project_out_dim is not None:
+            x = self.project_out_dim(x)
+        return x, final_state, extra
+
+    def activation_regularization(self, dropped: Tensor, raw: Tensor, mask: Tensor) -> Tensor:
+        """``alpha * mean(dropped^2) + beta * mean((raw_t - raw_{t-1})^2)`` over the non-padding positions
+        (AWD-LSTM's AR and TAR on the last layer). Shapes: ``dropped, raw [B, T, H]``, ``mask [B, T]``."""
+        mask = mask.to(raw.dtype).unsqueeze(-1)
+        penalty = raw.new_zeros(())
+        if self.ar_alpha > 0:
+            count = mask.sum().clamp(min=1) * raw.size(-1)
+            penalty = penalty + self.ar_alpha * (dropped.pow(2) * mask).sum() / count
+        if self.tar_beta > 0 and raw.size(1) > 1:
+            pair = mask[:, 1:] * mask[:, :-1]
+            count = pair.sum().clamp(min=1) * raw.size(-1)
+            penalty = penalty + self.tar_beta * ((raw[:, 1:] - raw[:, :-1]).pow(2) * pair).sum() / count
+        return penalty
+
+    def output_layer(self, features, **kwargs):
+        if self.adaptive_softmax is not None:
+            return features
+        return self.output_projection(features)
+
+
+def check_recurrent_config(cfg: Namespace, adaptive: bool) -> None:
+    """The checks of ``cfg`` that no module makes: sizes and combinations of flags (``ValueError`` naming them)."""
+    n, m, depth = cfg.define_n, cfg.decoder_embed_dim, cfg.define_depth
+    for name in ("define_n", "decoder_embed_dim", "decoder_hidden_size", "decoder_layers"):
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')}={getattr(cfg, name)} must be at least 1")
+    if cfg.decoder_output_dim is not None and cfg.decoder_output_dim < 1:
+        raise ValueError(f"--decoder-output-dim={cfg.decoder_output_dim} must be at least 1")
+    if depth < 0:
+        raise ValueError(f"--define-depth={depth} must be >= 0 (0: no DeFINE unit)")
+    if depth == 0 and n != m:
+        raise ValueError(f"--define-depth 0 (no DeFINE unit) feeds the map straight into the LSTM, so --define-n "
+                         f"({n}) must equal --decoder-embed-dim ({m}); set them equal or use --define-depth > 0")
+    if depth == 0 and cfg.define_folded:
+        raise ValueError("--define-folded needs a DeFINE unit (--define-depth > 0)")
+    if adaptive:
+        check_rate(cfg.adaptive_softmax_dropout, "--adaptive-softmax-dropout")  # fairseq's AdaptiveSoftmax: unchecked
+        if cfg.tie_adaptive_proj and not cfg.tie_adaptive_weights:
+            raise ValueError("--tie-adaptive-proj needs --tie-adaptive-weights")
+
+
+def locked_dropouts(cfg: Namespace) -> Dict[str, Tuple[float, str]]:
+    """``{"input" | "hidden" | "output": (probability, the flag that set it)}``: ``--awd-*-dropout`` where given,
+    else ``--dropout``."""
+    dropouts = {}
+    for where in ("input", "hidden", "output"):
+        value = getattr(cfg, f"awd_{where}_dropout")
+        dropouts[where] = (cfg.dropout, "--dropout") if value is None else (value, f"--awd-{where}-dropout")
+    return dropouts
+
+
+def build_recurrent_input(cfg: Namespace, dictionary, adaptive: bool) -> Tuple[nn.Module, Optional[list]]:
+    """The map (a V x n table or an adaptive input), with a DeFINE unit n -> m when ``--define-depth`` > 0, and
+    the adaptive input's band boundaries (None without one)."""
+    vocab, pad = len(dictionary), dictionary.pad()
+    n, m, depth = cfg.define_n, cfg.decoder_embed_dim, cfg.define_depth
+    input_cutoff = None
+    use_adaptive_input = adaptive and cfg.adaptive_input
+    if use_adaptive_input:
+        if not cfg.adaptive_input_cutoff:
+            raise ValueError("--adaptive-input needs --adaptive-input-cutoff (e.g. 20000,40000,200000)")
+        input_cutoff = check_cutoff(parse_cutoff(cfg.adaptive_input_cutoff, "--adaptive-input-cutoff"), vocab,
+                                    "--adaptive-input-cutoff")
+    elif adaptive and cfg.adaptive_input_cutoff:
+        raise ValueError("--adaptive-input-cutoff is given without --adaptive-input; add --adaptive-input or drop it")
+    if depth == 0:
+        if use_adaptive_input:
+            return AdaptiveInput(vocab, pad, n, input_cutoff, cfg.adaptive_input_factor, output_dim=n), input_cutoff
+        embed = nn.Embedding(vocab, n, padding_idx=pad)
+        nn.init.uniform_(embed.weight, -0.1, 0.1)  # AWD-LSTM's initialisation
+        with torch.no_grad():
+            embed.weight[pad].zero_()
+        return embed, None
+    if cfg.define_folded:
+        if use_adaptive_input:
+            raise ValueError("--define-folded is not supported with --adaptive-input (the DeFINE embedding already "
+                             "computes its V x m table once in eval mode)")
+        return FoldedDeFINEEmbedding(vocab, n, m, padding_idx=pad), None
+    return DeFINEEmbedding(vocab, padding_idx=pad, adaptive_cutoff=input_cutoff,
+                           adaptive_factor=cfg.adaptive_input_factor if use_adaptive_input else 4,
+                           **define_embedding_kwargs(cfg, m)), input_cutoff
+
+
+def build_recurrent_output(cfg: Namespace, dictionary, embed: nn.Module, input_cutoff: Optional[list], last: int,
+                           adaptive: bool, tie_full_softmax: bool):
+    """``(output_projection, adaptive_softmax, project_out_dim)`` for a last LSTM layer of ``last`` units: a full
+    softmax (tied to the V x n table or not) or fairseq's adaptive softmax (tied to the adaptive input or not)."""
+    vocab, n = len(dictionary), cfg.define_n
+    project_out_dim = output_projection = adaptive_softmax = None
+    softmax_cutoff = cfg.adaptive_softmax_cutoff if adaptive else None
+    if softmax_cutoff:
+        cutoff = check_cutoff(parse_cutoff(softmax_cutoff, "--adaptive-softmax-cutoff"), vocab,
+                              "--adaptive-softmax-cutoff")
+        if tie_full_softmax:
+            raise ValueError("--share-decoder-input-output-embed ties a full softmax; to tie the adaptive softmax "
+                             "(--adaptive-softmax-cutoff) use --tie-adaptive-weights instead")
+        if cfg.tie_adaptive_weights:
+            if input_cutoff is None:
+                raise ValueError("--tie-adaptive-weights needs --adaptive-input (the softmax ties to its bands)")
+            if cutoff != input_cutoff:
+                raise ValueError(f"--tie-adaptive-weights needs the same bands on both sides, but "
+                                 f"--adaptive-softmax-cutoff {softmax_cutoff} differs from --adaptive-input-cutoff "
+                                 f"{cfg.adaptive_input_cutoff}")
+            if cfg.adaptive_softmax_factor != cfg.adaptive_input_factor:
+                raise ValueError(f"--tie-adaptive-weights needs --adaptive-softmax-factor "
+                                 f"({cfg.adaptive_softmax_factor}) equal to --adaptive-input-factor "
+                                 f"({cfg.adaptive_input_factor})")
+            if last != n:
+                project_out_dim = nn.Linear(last, n, bias=False)
+            adaptive_softmax = AdaptiveSoftmax(vocab, n, cutoff, cfg.adaptive_softmax_dropout,
+                                               factor=cfg.adaptive_softmax_factor, adaptive_inputs=embed,
+                                               tie_proj=cfg.tie_adaptive_proj)
+        else:
+            check_tail_widths(cutoff, last, cfg.adaptive_softmax_factor, softmax_cutoff)
+            adaptive_softmax = AdaptiveSoftmax(vocab, last, cutoff, cfg.adaptive_softmax_dropout,
+                                               factor=cfg.adaptive_softmax_factor)
+    else:
+        if adaptive and cfg.tie_adaptive_weights:
+            raise ValueError("--tie-adaptive-weights needs an adaptive softmax (--adaptive-softmax-cutoff)")
+        if tie_full_softmax:
+            if input_cutoff is not None:
+                raise ValueError("a full softmax cannot be tied to an adaptive input (it has no single V x n "
+                                 "table): add --adaptive-softmax-cutoff with --tie-adaptive-weights, or untie")
+            if last != n:
+                project_out_dim = nn.Linear(last, n, bias=False)
+            output_projection = nn.Linear(n, vocab, bias=True)
+            output_projection.weight = embed.weight
+        else:
+            output_projection = nn.Linear(last, vocab, bias=True)
+            nn.init.normal_(output_projection.weight, mean=0.0, std=last ** -0.5)
+        nn.init.zeros_(output_projection.bias)
+    if project_out_dim is not None:
+        nn.init.xavier_uniform_(project_out_dim.weight)
+    return output_projection, adaptive_softmax, project_out_dim
+
+
+def build_recurrent_decoder(cfg: Namespace, dictionary, adaptive: bool, tie_full_softmax: bool) -> RecurrentLMDecoder:
+    """The decoder described by ``cfg`` (a namespace of :class:`RecurrentLMConfig` fields, plus those of
+    :class:`LSTMLMDefineConfig` when ``adaptive``). ``tie_full_softmax``: tie a full softmax to the V x n table.
+
+    Raises ``ValueError`` naming the flag for every impossible combination: the sizes and combinations here, the
+    probabilities in the modules (each under the flag that set it).
+    """
+    check_recurrent_config(cfg, adaptive)
+    dropouts = locked_dropouts(cfg)
+    embed, input_cutoff = build_recurrent_input(cfg, dictionary, adaptive)
+    last = cfg.decoder_output_dim if cfg.decoder_output_dim is not None else cfg.define_n
+    with flag_names(hidden_dropout=dropouts["hidden"][1], weight_drop="--awd-weight-drop"):
+        lstm = LSTMStack(cfg.decoder_embed_dim, [cfg.decoder_hidden_size] * (cfg.decoder_layers - 1) + [last],
+                         weight_drop=cfg.awd_weight_drop, hidden_dropout=dropouts["hidden"][0])
+    output_projection, adaptive_softmax, project_out_dim = build_recurrent_output(
+        cfg, dictionary, embed, input_cutoff, last, adaptive, tie_full_softmax)
+    with flag_names(input_dropout=dropouts["input"][1], output_dropout=dropouts["output"][1],
+                    embed_dropout="--awd-embed-dropout"):
+        return RecurrentLMDecoder(dictionary, embed, lstm, output_projection=output_projection,
+                                  adaptive_softmax=adaptive_softmax, project_out_dim=project_out_dim,
+                                  input_dropout=dropouts["input"][0], output_dropout=dropouts["output"][0],
+                                  embed_dropout=cfg.awd_embed_dropout, ar_alpha=cfg.awd_ar_alpha,
+                                  tar_beta=cfg.awd_tar_beta)

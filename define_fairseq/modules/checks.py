@@ -1,0 +1,47 @@
+"""Checks of a module's arguments, raising in the module's own parameter names.
+
+A model maps the name to its command-line flag with
+:func:`define_fairseq.models.config_helpers.flag_names`, so that each value is checked once, where it is used.
+"""
+
+from typing import List, Optional, Sequence
+
+
+class ParameterError(ValueError):
+    """A bad value for the parameter ``name``; ``requirement`` says what a good one is.
+
+    The message is ``"{name}{sep}{value}: {requirement}"`` followed by ``(note)`` when a note is given.
+    """
+
+    def __init__(self, name: str, value, requirement: str, note: Optional[str] = None, sep: str = "="):
+        self.name, self.value, self.requirement, self.sep = name, value, requirement, sep
+        super().__init__(f"{name}{sep}{value}: {requirement}" + (f" ({note})" if note else ""))
+
+
+def check_probability(value: float, name: str, note: Optional[str] = None) -> float:
+    """``value`` as a float if it is a dropout probability in ``[0, 1)``; a :class:`ParameterError` naming
+    ``name`` otherwise."""
+    if not 0.0 <= float(value) < 1.0:
+        raise ParameterError(name, value, "a dropout probability must be in [0, 1)", note)
+    return float(value)
+
+
+def check_cutoff(cutoff: Sequence[int], vocab_size: int, name: str = "cutoff", note: Optional[str] = None) -> List[int]:
+    """The band boundaries ``cutoff`` of an adaptive input or softmax as a list ending with ``vocab_size``
+    (which ``cutoff`` may already end with).
+
+    Raises a :class:`ParameterError` naming ``name`` unless the cutoffs are positive, increase strictly and stay
+    below the vocabulary.
+    """
+    cutoff = [int(c) for c in cutoff]
+    if cutoff and cutoff[-1] == vocab_size:
+        cutoff = cutoff[:-1]
+    shown = ",".join(map(str, cutoff))
+    if any(c <= 0 for c in cutoff) or any(b <= a for a, b in zip(cutoff, cutoff[1:])):
+        raise ParameterError(name, shown, f"the cutoffs must be positive and increasing, within the vocabulary of "
+                                          f"{vocab_size} words", note, sep=" ")
+    if cutoff and cutoff[-1] >= vocab_size:
+        raise ParameterError(name, shown, f"the last cutoff must be below the vocabulary size {vocab_size} (cutoff "
+                                          f"{cutoff[-1]} is beyond the vocabulary of {vocab_size} words); lower the "
+                                          f"cutoffs or drop the ones at or beyond it", note, sep=" ")
+    return cutoff + [vocab_size]
