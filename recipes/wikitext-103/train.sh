@@ -73,9 +73,9 @@ shift
 # fairseq-eval-lm could load the checkpoint.
 LSTM_LR="$(printf '20,%.0s' {1..15})2"
 LSTM_COMMON=(
-    --task stateful_lm --tokens-per-sample 140 --define-variable-bptt --batch-size 60 --batch-size-valid 10
+    --task stateful_lm --tokens-per-sample 140 --variable-bptt --batch-size 60 --batch-size-valid 10
     --optimizer nag --momentum 0 --lr "$LSTM_LR" --lr-scheduler fixed --max-epoch 20 --weight-decay 0 --clip-norm 0.25
-    --dropout 0.1 --define-embed-dropout 0 --define-weight-drop 0 --define-ar-alpha 0 --define-tar-beta 0
+    --dropout 0.1 --awd-embed-dropout 0 --awd-weight-drop 0 --awd-ar-alpha 0 --awd-tar-beta 0
     --seed 1 --no-epoch-checkpoints --log-format simple --log-interval 100
 )
 LSTM_ADAPTIVE=(--criterion adaptive_loss --ddp-backend legacy_ddp)
