@@ -3,6 +3,9 @@
 # temporary name and renames it into place when done, so an interrupted script never leaves a half-written output
 # that a rerun would trust; a step whose output exists is skipped.
 
+# torch's deprecation warnings about fairseq's own calls would drown the logs; PYTHONWARNINGS=default shows them.
+export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore}"
+
 # The demo's model: fairseq's IWSLT Transformer size shrunk for two CPU cores (d_model 128, FFN 512, 4 heads, 3+3
 # pre-norm layers), all embeddings shared, and its training (Adam, inverse-sqrt schedule, label smoothing, no
 # dropout, 1,024 tokens a batch). Used by examples/demo/run.sh and examples/translation/compare.sh.
@@ -126,4 +129,71 @@ train_run() {
 # seconds_of RUN_DIR: the training time fairseq-train logged for the run ("done training in S seconds").
 seconds_of() {
     grep -o 'done training in [0-9.]* seconds' "$1/train.log" | grep -o '[0-9.]*' | tail -1
+}
+
+# vocabulary_size OUT: the symbols of OUT/data-bin/dict.txt plus fairseq's 4 specials (<s>, <pad>, </s>, <unk>).
+vocabulary_size() {
+    echo $(( $(wc -l < "$1/data-bin/dict.txt") + 4 ))
+}
+
+# eval_lm_test OUT DIR ARGS...: fairseq-eval-lm of DIR/checkpoint_last.pt on the test split of OUT/data-bin, on the
+# CPU (ARGS: the task and its batching), its output in DIR/eval.log; stops with the log's last lines on failure.
+eval_lm_test() {
+    local out=$1 dir=$2
+    shift 2
+    fairseq-eval-lm "$out/data-bin" --user-dir define_fairseq --path "$dir/checkpoint_last.pt" --cpu \
+        --gen-subset test "$@" > "$dir/eval.log" 2>&1 || { tail -20 "$dir/eval.log" >&2; exit 1; }
+}
+
+# test_perplexity DIR: the perplexity in DIR/eval.log (eval_lm_test's).
+test_perplexity() {
+    grep -o 'Perplexity: [0-9.]*' "$1/eval.log" | tail -1 | awk '{print $2}'
+}
+
+# ------------------------------------------------------------------------- the comparisons over several seeds
+# examples/translation/compare.sh and examples/language_model/compare.sh: each run of MODEL[name] with seed S
+# lives in OUT/runs/REGIME/NAME.sS, its score (the metric) in its file `score`.
+
+# compare_options OPTIONS ARGS...: parse a comparison's command line with getopts. Every comparison takes
+# -o OUT, -s SEEDS, -m MODELS, -c CORPUS (a corpus folder) and -h (its function `usage`, then exit 0); OPTIONS are
+# its own letters in getopts' notation, given to its function `compare_option LETTER VALUE`. A bad option prints
+# the usage on stderr and exits 2.
+compare_options() {
+    local options=$1 opt OPTARG OPTIND=1
+    shift
+    while getopts "o:s:m:c:h$options" opt; do
+        case $opt in
+            o) OUT=$OPTARG ;; s) SEEDS=$OPTARG ;; m) MODELS=$OPTARG ;; c) CORPUS=$OPTARG ;;
+            h) usage; exit 0 ;; \?) usage >&2; exit 2 ;; *) compare_option "$opt" "${OPTARG:-}" ;;
+        esac
+    done
+}
+
+# compare_check_models: exit 2, saying which, when a name in MODELS is not a key of the script's MODEL array.
+compare_check_models() {
+    local name
+    for name in $MODELS; do
+        [[ -n ${MODEL[$name]:-} ]] || { echo "error: -m: unknown model '$name'; see -h" >&2; exit 2; }
+    done
+}
+
+# compare_report METRIC [NOTE...]: OUT/results.md (written through a .tmp name), define_fairseq.tools.compare_runs'
+# table of the runs of MODELS under OUT/runs (METRIC names their score), then, after an empty line, the line NOTE
+# (its arguments joined by spaces); and OUT/curves.png when matplotlib is installed. Prints the results.
+compare_report() {
+    local metric=$1 names models plot=(--plot "$OUT/curves.png")
+    shift
+    read -r -a names <<< "$MODELS"
+    models=$(IFS=,; echo "${names[*]}")
+    python -c "import matplotlib" 2>/dev/null \
+        || { plot=(); echo "note: no matplotlib, so no curves.png (pip install matplotlib)" >&2; }
+    {
+        python -m define_fairseq.tools.compare_runs "$OUT" --metric "$metric" --models "$models" "${plot[@]}"
+        if (( $# )); then
+            echo
+            echo "$*"
+        fi
+    } > "$OUT/results.md.tmp"
+    mv "$OUT/results.md.tmp" "$OUT/results.md"
+    cat "$OUT/results.md"
 }

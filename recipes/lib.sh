@@ -66,6 +66,42 @@ require_plugin() {
         || die "the plugin folder $LIB_USER_DIR is missing; run the recipe from a checkout of define-fairseq"
 }
 
+# ------------------------------------------------------------------------------------------------ command line
+
+# lib_parse_options OPTIONS OPERAND ARGS... : parse a recipe script's command line, "[options] OPERAND [arguments
+# passed on...]", with getopts. OPTIONS are the script's option letters in getopts' notation (a colon after a
+# letter that takes a value). A letter that the script's function `recipe_option LETTER VALUE` takes (it returns
+# 0) is the script's own; the others mean the same in every script:
+#   -h  print the script's usage (its function `usage`) and exit 0;  -n  DRY_RUN=1 (print the command and exit);
+#   -d  DATA_DIR=VALUE;  -s  SAVE_ROOT=VALUE;  -c  CONFIG=VALUE.
+# An unknown option, an option without its value, or a missing operand (when OPERAND, its name for the message,
+# e.g. CONFIG, is not empty) prints the usage on stderr and stops. Sets LIB_SHIFT to the number of arguments the
+# options took: the script then runs `shift "$LIB_SHIFT"`, which leaves the operand first.
+lib_parse_options() {
+    local options=$1 operand=$2 opt OPTARG OPTIND=1
+    shift 2
+    while getopts ":$options" opt; do
+        case $opt in
+            :) usage >&2; die "option -$OPTARG needs a value" ;;
+            \?) usage >&2; die "unknown option -$OPTARG" ;;
+        esac
+        if declare -F recipe_option > /dev/null && recipe_option "$opt" "${OPTARG:-}"; then
+            continue
+        fi
+        case $opt in
+            h) usage; exit 0 ;;
+            n) DRY_RUN=1 ;;
+            d) DATA_DIR=$OPTARG ;;
+            s) SAVE_ROOT=$OPTARG ;;
+            c) CONFIG=$OPTARG ;;
+            *) die "lib_parse_options: the script declares -$opt but does not handle it (recipe_option)" ;;
+        esac
+    done
+    LIB_SHIFT=$((OPTIND - 1))
+    shift "$LIB_SHIFT"
+    [[ -z $operand ]] || (( $# >= 1 )) || { usage >&2; die "missing $operand"; }
+}
+
 # ------------------------------------------------------------------------------- temporary paths and clean-up
 
 _LIB_TMP_PATHS=()

@@ -19,7 +19,6 @@ require_tools python subword-nmt fairseq-preprocess fairseq-train fairseq-genera
 threads=$(nproc 2>/dev/null || echo 2); (( threads > 8 )) && threads=8
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$threads}"
 export MKL_NUM_THREADS="${MKL_NUM_THREADS:-$OMP_NUM_THREADS}"
-export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore}"  # torch's deprecation warnings about fairseq's calls
 
 OUT=demo_output
 mkdir -p "$OUT"

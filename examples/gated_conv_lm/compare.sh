@@ -19,11 +19,10 @@ OUT=${1:-gcnn_compare_output}
 UPDATES=${2:-1000}
 source examples/lib.sh
 require_tools python fairseq-preprocess fairseq-train fairseq-eval-lm
-export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore}"
 mkdir -p "$OUT"
 
 lm_data "$OUT"  # the English side of the demo corpus, binarised (examples/lib.sh)
-VOCAB=$(( $(wc -l < "$OUT/data-bin/dict.txt") + 4 ))
+VOCAB=$(vocabulary_size "$OUT")
 
 # The paper's optimiser; dropout 0.1 for both (the paper uses none, but this corpus has 250k words).
 COMMON=(--task language_modeling --tokens-per-sample 128 --sample-break-mode none --max-tokens 2048
@@ -56,11 +55,11 @@ for name in "${ORDER[@]}"; do
     # 128-token blocks of which the last 96 are scored, each after 32 tokens of context (> the receptive field).
     # fairseq's fconv_lm keeps its options as an argparse.Namespace in the checkpoint, which torch >= 2.6 only
     # unpickles with TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 (the checkpoint was written just above).
-    trust=()
-    [[ $name == fconv_lm ]] && trust=(env TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1)
-    "${trust[@]}" fairseq-eval-lm "$OUT/data-bin" --user-dir define_fairseq --path "$dir/checkpoint_last.pt" --cpu \
-        --gen-subset test --task language_modeling --tokens-per-sample 128 --context-window 32 \
-        --max-tokens 2048 > "$dir/eval.log" 2>&1 || { tail -20 "$dir/eval.log" >&2; exit 1; }
+    (
+        [[ $name != fconv_lm ]] || export TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
+        eval_lm_test "$OUT" "$dir" --task language_modeling --tokens-per-sample 128 --context-window 32 \
+            --max-tokens 2048
+    )
 done
 
 {
@@ -71,7 +70,7 @@ done
         total=$(awk '/^total/ {print $2}' "$dir/params.txt")
         io=$(awk '/^input\/output/ {print $2}' "$dir/params.txt")
         updates=$(grep -o 'num_updates": "[0-9]*\|num_updates [0-9]*\|num_updates=[0-9]*' "$dir/train.log" | tail -1 | grep -o '[0-9]*$' || echo "?")
-        ppl=$(grep -o 'Perplexity: [0-9.]*' "$dir/eval.log" | tail -1 | awk '{print $2}')
+        ppl=$(test_perplexity "$dir")
         seconds=$(cat "$dir/train_seconds.txt")
         echo "| \`$name\` | $total | $io | $updates | ${seconds} s | $ppl |"
     done

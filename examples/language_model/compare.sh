@@ -21,14 +21,9 @@ source examples/lib.sh
 
 OUT=lm_compare_output SEEDS=3 MINUTES=4 MODELS="transformer_lm transformer_lm_define lstm_adaptive lstm_adaptive_define"
 CORPUS=""
-while getopts "o:s:t:m:c:h" opt; do
-    case $opt in
-        o) OUT=$OPTARG ;; s) SEEDS=$OPTARG ;; t) MINUTES=$OPTARG ;; m) MODELS=$OPTARG ;; c) CORPUS=$OPTARG ;;
-        h) usage; exit 0 ;; *) usage >&2; exit 2 ;;
-    esac
-done
+compare_option() { [[ $1 == t ]] && MINUTES=$2; }
+compare_options t: "$@"
 require_tools python fairseq-preprocess fairseq-eval-lm
-export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore}"
 
 # --required-batch-size-multiple 1: fairseq's default 8 drops a split's last batch when it is smaller (examples/lib.sh)
 COMMON=(--optimizer adam --adam-betas '(0.9, 0.98)' --lr 0.001 --clip-norm 0.25 --dropout 0.1
@@ -45,9 +40,7 @@ declare -A MODEL=(
     [lstm_adaptive]="--arch lstm_lm_adaptive_wt103"
     [lstm_adaptive_define]="--arch lstm_lm_define_wt103_n3 --define-k 1024"
 )
-for name in $MODELS; do
-    [[ -n ${MODEL[$name]:-} ]] || { echo "error: -m: unknown model '$name'; see -h" >&2; exit 2; }
-done
+compare_check_models
 
 mkdir -p "$OUT"
 lm_data "$OUT" "$CORPUS"
@@ -68,20 +61,11 @@ for seed in $(seq 1 "$SEEDS"); do
                                      --max-tokens 2048);;
             *) eval_args=(--task stateful_lm --tokens-per-sample 35 --batch-size 1);;
         esac
-        fairseq-eval-lm "$OUT/data-bin" --user-dir define_fairseq --path "$dir/checkpoint_last.pt" --cpu \
-            --gen-subset test "${eval_args[@]}" > "$dir/eval.log" 2>&1 || { tail -20 "$dir/eval.log" >&2; exit 1; }
-        grep -o 'Perplexity: [0-9.]*' "$dir/eval.log" | tail -1 | awk '{print $2}' > "$dir/score.tmp"
+        eval_lm_test "$OUT" "$dir" "${eval_args[@]}"
+        test_perplexity "$dir" > "$dir/score.tmp"
         mv "$dir/score.tmp" "$dir/score"
     done
 done
 
-plot=(--plot "$OUT/curves.png")
-python -c "import matplotlib" 2>/dev/null || { plot=(); echo "note: no matplotlib, so no curves.png (pip install matplotlib)" >&2; }
-{
-    python -m define_fairseq.tools.compare_runs "$OUT" --metric "test perplexity" --models "${MODELS// /,}" "${plot[@]}"
-    echo
-    echo "Vocabulary: $(( $(wc -l < "$OUT/data-bin/dict.txt") + 4 )) symbols (words seen at least 3 times in train," \
-         "plus fairseq's specials); $MINUTES minutes of training per run."
-} > "$OUT/results.md.tmp"
-mv "$OUT/results.md.tmp" "$OUT/results.md"
-cat "$OUT/results.md"
+compare_report "test perplexity" "Vocabulary: $(vocabulary_size "$OUT") symbols (words seen at least 3 times in train," \
+    "plus fairseq's specials); $MINUTES minutes of training per run."

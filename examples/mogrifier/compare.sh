@@ -17,7 +17,6 @@ OUT=${1:-mogrifier_compare_output}
 MINUTES=${2:-5}
 source examples/lib.sh
 require_tools python fairseq-preprocess fairseq-train fairseq-eval-lm
-export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore}"
 HOURS=$(python -c "print($MINUTES / 60)")
 mkdir -p "$OUT"
 
@@ -67,9 +66,7 @@ for name in mogrifier lstm; do
             || { tail -20 "$dir/train.log" >&2; exit 1; }
     fi
     params "${TRAIN_ARGS[@]}" "${model[@]}" "${COMMON[@]}" > "$dir/params.txt"
-    fairseq-eval-lm "$OUT/data-bin" --user-dir define_fairseq --path "$dir/checkpoint_last.pt" --cpu \
-        --gen-subset test --task stateful_lm --tokens-per-sample 35 --batch-size 1 > "$dir/eval.log" 2>&1 \
-        || { tail -20 "$dir/eval.log" >&2; exit 1; }
+    eval_lm_test "$OUT" "$dir" --task stateful_lm --tokens-per-sample 35 --batch-size 1
 done
 
 {
@@ -78,10 +75,10 @@ done
     for name in mogrifier lstm; do
         dir=$OUT/$name
         updates=$(grep -o 'num_updates[^0-9]*[0-9]*' "$dir/train.log" | tail -1 | grep -o '[0-9]*$' || echo "?")
-        ppl=$(grep -o 'Perplexity: [0-9.]*' "$dir/eval.log" | tail -1 | awk '{print $2}')
+        ppl=$(test_perplexity "$dir")
         echo "| $name | \`${MODEL[$name]}\` | $(cat "$dir/params.txt") | $updates | $ppl |"
     done
     echo
-    echo "Vocabulary: $(( $(wc -l < "$OUT/data-bin/dict.txt") + 4 )) symbols."
+    echo "Vocabulary: $(vocabulary_size "$OUT") symbols."
 } > "$OUT/results.md"
 cat "$OUT/results.md"

@@ -25,14 +25,11 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source examples/lib.sh
 
 OUT=translation_compare_output SEEDS=3 UPDATES=2000 MODELS="baseline define projective" CORPUS="" TIMED=1
-while getopts "o:s:u:m:c:Th" opt; do
-    case $opt in
-        o) OUT=$OPTARG ;; s) SEEDS=$OPTARG ;; u) UPDATES=$OPTARG ;; m) MODELS=$OPTARG ;; c) CORPUS=$OPTARG ;;
-        T) TIMED=0 ;; h) usage; exit 0 ;; *) usage >&2; exit 2 ;;
-    esac
-done
+compare_option() {
+    case $1 in u) UPDATES=$2 ;; T) TIMED=0 ;; esac
+}
+compare_options u:T "$@"
 require_tools python subword-nmt fairseq-preprocess fairseq-generate sacrebleu
-export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore}"
 
 # DeFINE at n = 96 has fewer parameters than the baseline's V x 128 table; projective at n = 105 has as many as
 # DeFINE (the paper's Table 2 compares them at equal n; equal parameters is the stricter test).
@@ -51,9 +48,7 @@ declare -A MODEL=(
     [define_concat]="$DEFINE 96 --define-variant define_concat"
     [delight]="$DEFINE 96 --define-variant delight"
 )
-for name in $MODELS; do
-    [[ -n ${MODEL[$name]:-} ]] || { echo "error: -m: unknown model '$name'; see -h" >&2; exit 2; }
-done
+compare_check_models
 if (( TIMED )) && [[ $MODELS != baseline* ]]; then
     echo "error: -m: the first model must be baseline (its training time is the equal time; or -T)" >&2; exit 2
 fi
@@ -99,9 +94,4 @@ if (( TIMED )); then
     done
 fi
 
-models=$(echo $MODELS | tr ' ' ',')
-plot=(--plot "$OUT/curves.png")
-python -c "import matplotlib" 2>/dev/null || { plot=(); echo "note: no matplotlib, so no curves.png (pip install matplotlib)" >&2; }
-python -m define_fairseq.tools.compare_runs "$OUT" --metric BLEU --models "$models" "${plot[@]}" > "$OUT/results.md.tmp"
-mv "$OUT/results.md.tmp" "$OUT/results.md"
-cat "$OUT/results.md"
+compare_report BLEU

@@ -37,18 +37,8 @@ USAGE
 DATA_DIR=${DATA_DIR:-data/gbw}
 SAVE_ROOT=${SAVE_ROOT:-checkpoints/gbw}
 DRY_RUN=0
-while getopts ":hnd:s:" opt; do
-    case $opt in
-        h) usage; exit 0 ;;
-        n) DRY_RUN=1 ;;
-        d) DATA_DIR=$OPTARG ;;
-        s) SAVE_ROOT=$OPTARG ;;
-        :) usage >&2; die "option -$OPTARG needs a value" ;;
-        *) usage >&2; die "unknown option -$OPTARG" ;;
-    esac
-done
-shift $((OPTIND - 1))
-(( $# >= 1 )) || { usage >&2; die "missing CONFIG"; }
+lib_parse_options hnd:s: CONFIG "$@"
+shift "$LIB_SHIFT"
 CONFIG=$1
 shift
 

@@ -35,18 +35,8 @@ USAGE
 DATA_DIR=${DATA_DIR:-data/ptb}
 SAVE_ROOT=${SAVE_ROOT:-checkpoints/ptb}
 DRY_RUN=0
-while getopts ":hnd:s:" opt; do
-    case $opt in
-        h) usage; exit 0 ;;
-        n) DRY_RUN=1 ;;
-        d) DATA_DIR=$OPTARG ;;
-        s) SAVE_ROOT=$OPTARG ;;
-        :) usage >&2; die "option -$OPTARG needs a value" ;;
-        *) usage >&2; die "unknown option -$OPTARG" ;;
-    esac
-done
-shift $((OPTIND - 1))
-(( $# >= 1 )) || { usage >&2; die "missing CONFIG"; }
+lib_parse_options hnd:s: CONFIG "$@"
+shift "$LIB_SHIFT"
 CONFIG=$1
 shift
 
@@ -61,12 +51,12 @@ shift
 # an argparse.Namespace, which torch >= 2.6 refuses to unpickle by default, so neither a resumed training nor
 # fairseq-eval-lm could load the checkpoint.
 AWD_PTB=(
-    --task stateful_lm --tokens-per-sample 70 --define-variable-bptt --batch-size 20 --batch-size-valid 10
+    --task stateful_lm --tokens-per-sample 70 --variable-bptt --batch-size 20 --batch-size-valid 10
     --criterion lm_regularized_loss
     --optimizer nag --momentum 0 --lr 30 --clip-norm 0.25 --weight-decay 1.2e-6 --max-epoch 500
     --lr-scheduler reduce_lr_on_plateau --lr-shrink 0.1 --lr-patience 5
-    --define-output-dropout 0.4 --define-input-dropout 0.4 --define-hidden-dropout 0.25
-    --define-embed-dropout 0.1 --define-weight-drop 0.5 --define-ar-alpha 2 --define-tar-beta 1
+    --awd-output-dropout 0.4 --awd-input-dropout 0.4 --awd-hidden-dropout 0.25
+    --awd-embed-dropout 0.1 --awd-weight-drop 0.5 --awd-ar-alpha 2 --awd-tar-beta 1
     --seed 141 --no-epoch-checkpoints --log-format simple --log-interval 200
 )
 

@@ -51,18 +51,8 @@ USAGE
 DATA_DIR=${DATA_DIR:-data/wikitext-103}
 SAVE_ROOT=${SAVE_ROOT:-checkpoints/wikitext-103}
 CONFIG=""
-while getopts ":hc:d:s:" opt; do
-    case $opt in
-        h) usage; exit 0 ;;
-        c) CONFIG=$OPTARG ;;
-        d) DATA_DIR=$OPTARG ;;
-        s) SAVE_ROOT=$OPTARG ;;
-        :) usage >&2; die "option -$OPTARG needs a value" ;;
-        *) usage >&2; die "unknown option -$OPTARG" ;;
-    esac
-done
-shift $((OPTIND - 1))
-(( $# >= 1 )) || { usage >&2; die "missing CONFIG or CHECKPOINT"; }
+lib_parse_options hc:d:s: "CONFIG or CHECKPOINT" "$@"
+shift "$LIB_SHIFT"
 TARGET=$1
 shift
 

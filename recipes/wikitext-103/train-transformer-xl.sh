@@ -43,19 +43,9 @@ DATA_DIR=${DATA_DIR:-data/wikitext-103}
 SAVE_ROOT=${SAVE_ROOT:-checkpoints/wikitext-103}
 DRY_RUN=0
 GPUS=""
-while getopts ":hnd:s:g:" opt; do
-    case $opt in
-        h) usage; exit 0 ;;
-        n) DRY_RUN=1 ;;
-        d) DATA_DIR=$OPTARG ;;
-        s) SAVE_ROOT=$OPTARG ;;
-        g) GPUS=$OPTARG ;;
-        :) usage >&2; die "option -$OPTARG needs a value" ;;
-        *) usage >&2; die "unknown option -$OPTARG" ;;
-    esac
-done
-shift $((OPTIND - 1))
-(( $# >= 1 )) || { usage >&2; die "missing CONFIG"; }
+recipe_option() { [[ $1 == g ]] && GPUS=$2; }
+lib_parse_options hnd:s:g: CONFIG "$@"
+shift "$LIB_SHIFT"
 CONFIG=$1
 shift
 [[ " $CONFIGS " == *" $CONFIG "* ]] || { usage >&2; die "unknown CONFIG '$CONFIG' (see the list above)"; }

@@ -45,18 +45,8 @@ USAGE
 DATA_DIR=${DATA_DIR:-data/wikitext-103}
 SAVE_ROOT=${SAVE_ROOT:-checkpoints/wikitext-103}
 DRY_RUN=0
-while getopts ":hnd:s:" opt; do
-    case $opt in
-        h) usage; exit 0 ;;
-        n) DRY_RUN=1 ;;
-        d) DATA_DIR=$OPTARG ;;
-        s) SAVE_ROOT=$OPTARG ;;
-        :) usage >&2; die "option -$OPTARG needs a value" ;;
-        *) usage >&2; die "unknown option -$OPTARG" ;;
-    esac
-done
-shift $((OPTIND - 1))
-(( $# >= 1 )) || { usage >&2; die "missing CONFIG"; }
+lib_parse_options hnd:s: CONFIG "$@"
+shift "$LIB_SHIFT"
 CONFIG=$1
 shift
 
@@ -73,9 +63,9 @@ shift
 # fairseq-eval-lm could load the checkpoint.
 LSTM_LR="$(printf '20,%.0s' {1..15})2"
 LSTM_COMMON=(
-    --task stateful_lm --tokens-per-sample 140 --define-variable-bptt --batch-size 60 --batch-size-valid 10
+    --task stateful_lm --tokens-per-sample 140 --variable-bptt --batch-size 60 --batch-size-valid 10
     --optimizer nag --momentum 0 --lr "$LSTM_LR" --lr-scheduler fixed --max-epoch 20 --weight-decay 0 --clip-norm 0.25
-    --dropout 0.1 --define-embed-dropout 0 --define-weight-drop 0 --define-ar-alpha 0 --define-tar-beta 0
+    --dropout 0.1 --awd-embed-dropout 0 --awd-weight-drop 0 --awd-ar-alpha 0 --awd-tar-beta 0
     --seed 1 --no-epoch-checkpoints --log-format simple --log-interval 100
 )
 LSTM_ADAPTIVE=(--criterion adaptive_loss --ddp-backend legacy_ddp)

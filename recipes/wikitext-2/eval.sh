@@ -1,66 +1,9 @@
 #!/usr/bin/env bash
-# Perplexity of a WikiText-2 model of this recipe on the valid and test splits (fairseq-eval-lm).
+# Perplexity of a WikiText-2 model of this recipe on the valid and test splits (fairseq-eval-lm); the script is
+# shared with the other LSTM recipe (../lstm_eval.sh).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$HERE/../lib.sh"
+source "$HERE/../lstm_eval.sh"
 
-TEMPERATURE_CONFIGS="mogrifier_lstm_lm_wt2 lstm_lm_wt2"
-CONFIGS="awd_lstm_lm awd_lstm_lm_define $TEMPERATURE_CONFIGS"
-
-usage() {
-    cat <<USAGE
-Usage: $(basename "$0") [-h] [-d DATA_DIR] [-s SAVE_ROOT] [-c CONFIG] CONFIG|CHECKPOINT [fairseq-eval-lm arguments...]
-
-Evaluate SAVE_ROOT/CONFIG/checkpoint_best.pt (or the CHECKPOINT file given) on the valid and test splits of
-DATA_DIR/data-bin and print the perplexities; they are also written to <checkpoint>.eval.txt (reused while the
-checkpoint and the arguments are unchanged; FORCE=1 redoes it) with the full fairseq output in
-<checkpoint>.eval.<split>.log. Arguments after the checkpoint are appended to every fairseq-eval-lm call
-(e.g. --cpu).
-
-As AWD-LSTM evaluates: --task stateful_lm, BPTT 70, the state carried through the whole split, valid with 10
-parallel streams, test with 1.
-
-For the Mogrifier configs (mogrifier_lstm_lm_wt2, lstm_lm_wt2) the perplexities are given twice: as they are
-(softmax temperature T = 1), and as the Mogrifier paper reports them, with the softmax temperature T tuned on the
-valid split (the lowest valid perplexity) and then applied to test; written to <checkpoint>.eval.temperature.txt
-(logs <checkpoint>.eval.temperature.<split>.T<T>.log). T divides the logits (--model-overrides
-"{'mogrifier_softmax_temperature': T}"). The grid is the official code's: it multiplies the logits by
-t = 1.06, 1.04, ..., 0.80, i.e. T = 1/t from 0.9434 to 1.2500; TEMPERATURES="T1 T2 ..." sets another grid.
-
-Options:
-  -c CONFIG     the config of a CHECKPOINT whose folder is not named after it
-  -d DATA_DIR   data directory of prepare.sh (default: \$DATA_DIR or data/wikitext-2)
-  -s SAVE_ROOT  checkpoint root of train.sh (default: \$SAVE_ROOT or checkpoints/wikitext-2)
-  -h            this help
-CONFIG is one of: $CONFIGS
-USAGE
-}
-
-DATA_DIR=${DATA_DIR:-data/wikitext-2}
-SAVE_ROOT=${SAVE_ROOT:-checkpoints/wikitext-2}
-CONFIG=""
-while getopts ":hc:d:s:" opt; do
-    case $opt in
-        h) usage; exit 0 ;;
-        c) CONFIG=$OPTARG ;;
-        d) DATA_DIR=$OPTARG ;;
-        s) SAVE_ROOT=$OPTARG ;;
-        :) usage >&2; die "option -$OPTARG needs a value" ;;
-        *) usage >&2; die "unknown option -$OPTARG" ;;
-    esac
-done
-shift $((OPTIND - 1))
-(( $# >= 1 )) || { usage >&2; die "missing CONFIG or CHECKPOINT"; }
-TARGET=$1
-shift
-
-lib_eval_target "$TARGET" "$CONFIG" "$CONFIGS" "$SAVE_ROOT" "$HERE/train.sh"
-
-SPECS=("valid|stateful, BPTT 70, 10 streams|--task stateful_lm --tokens-per-sample 70 --batch-size 10"
-       "test|stateful, BPTT 70, 1 stream|--task stateful_lm --tokens-per-sample 70 --batch-size 1")
-
-if [[ " $TEMPERATURE_CONFIGS " == *" $CONFIG "* ]]; then
-    lib_eval_with_temperature "$DATA_DIR/data-bin" "$CHECKPOINT" "${SPECS[@]}" -- "$@"
-else
-    lib_eval "$DATA_DIR/data-bin" "$CHECKPOINT" "${CHECKPOINT%.pt}.eval.txt" "${SPECS[@]}" -- "$@"
-fi
+lstm_eval wikitext-2 wt2 "$@"

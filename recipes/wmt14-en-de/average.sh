@@ -25,16 +25,9 @@ USAGE
 
 SAVE_ROOT=${SAVE_ROOT:-checkpoints/wmt14-en-de}
 COUNT=5
-while getopts ":hs:n:" opt; do
-    case $opt in
-        h) usage; exit 0 ;;
-        s) SAVE_ROOT=$OPTARG ;;
-        n) COUNT=$OPTARG ;;
-        :) usage >&2; die "option -$OPTARG needs a value" ;;
-        *) usage >&2; die "unknown option -$OPTARG" ;;
-    esac
-done
-shift $((OPTIND - 1))
+recipe_option() { [[ $1 == n ]] && COUNT=$2; }  # -n N here: how many checkpoints, not a dry run
+lib_parse_options hs:n: "" "$@"
+shift "$LIB_SHIFT"
 (( $# == 1 )) || { usage >&2; die "give one CONFIG or SAVE_DIR"; }
 [[ $COUNT =~ ^[1-9][0-9]*$ ]] || die "-n $COUNT: give the number of checkpoints as a positive whole number"
 if [[ -d $1 ]]; then

@@ -44,23 +44,18 @@ USAGE
 DATA_DIR=${DATA_DIR:-data/wmt14-en-de}
 SAVE_ROOT=${SAVE_ROOT:-checkpoints/wmt14-en-de}
 CONFIG="" AVERAGE="" BEAM=4 LENPEN=0.6 BATCH=128 TESTSETS="newstest2014 newstest2017"
-while getopts ":hd:s:c:a:b:l:B:t:" opt; do
-    case $opt in
-        h) usage; exit 0 ;;
-        d) DATA_DIR=$OPTARG ;;
-        s) SAVE_ROOT=$OPTARG ;;
-        c) CONFIG=$OPTARG ;;
-        a) AVERAGE=$OPTARG ;;
-        b) BEAM=$OPTARG ;;
-        l) LENPEN=$OPTARG ;;
-        B) BATCH=$OPTARG ;;
-        t) TESTSETS=$OPTARG ;;
-        :) usage >&2; die "option -$OPTARG needs a value" ;;
-        *) usage >&2; die "unknown option -$OPTARG" ;;
+recipe_option() {
+    case $1 in
+        a) AVERAGE=$2 ;;
+        b) BEAM=$2 ;;
+        l) LENPEN=$2 ;;
+        B) BATCH=$2 ;;
+        t) TESTSETS=$2 ;;
+        *) return 1 ;;
     esac
-done
-shift $((OPTIND - 1))
-(( $# >= 1 )) || { usage >&2; die "missing CONFIG or CHECKPOINT"; }
+}
+lib_parse_options hd:s:c:a:b:l:B:t: "CONFIG or CHECKPOINT" "$@"
+shift "$LIB_SHIFT"
 TARGET=$1
 shift
 EXTRA=("$@")

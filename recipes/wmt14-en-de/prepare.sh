@@ -59,17 +59,16 @@ USAGE
 BPE=subword-nmt
 BPE_SIZE=40000
 WORKERS=${PREPROCESS_WORKERS:-$(nproc 2>/dev/null || echo 1)}
-while getopts ":hb:v:j:" opt; do
-    case $opt in
-        h) usage; exit 0 ;;
-        b) BPE=$OPTARG ;;
-        v) BPE_SIZE=$OPTARG ;;
-        j) WORKERS=$OPTARG ;;
-        :) usage >&2; die "option -$OPTARG needs a value" ;;
-        *) usage >&2; die "unknown option -$OPTARG" ;;
+recipe_option() {
+    case $1 in
+        b) BPE=$2 ;;
+        v) BPE_SIZE=$2 ;;
+        j) WORKERS=$2 ;;
+        *) return 1 ;;
     esac
-done
-shift $((OPTIND - 1))
+}
+lib_parse_options hb:v:j: "" "$@"
+shift "$LIB_SHIFT"
 (( $# <= 1 )) || { usage >&2; die "too many arguments"; }
 DATA_DIR=${1:-data/wmt14-en-de}
 [[ $DATA_DIR != *,* ]] || die "DATA_DIR $DATA_DIR contains a comma, which fairseq-preprocess's --testpref and" \

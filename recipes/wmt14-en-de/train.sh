@@ -46,20 +46,15 @@ SAVE_ROOT=${SAVE_ROOT:-checkpoints/wmt14-en-de}
 DRY_RUN=0
 GPUS=""
 PRECISION=fp16
-while getopts ":hnd:s:g:p:" opt; do
-    case $opt in
-        h) usage; exit 0 ;;
-        n) DRY_RUN=1 ;;
-        d) DATA_DIR=$OPTARG ;;
-        s) SAVE_ROOT=$OPTARG ;;
-        g) GPUS=$OPTARG ;;
-        p) PRECISION=$OPTARG ;;
-        :) usage >&2; die "option -$OPTARG needs a value" ;;
-        *) usage >&2; die "unknown option -$OPTARG" ;;
+recipe_option() {
+    case $1 in
+        g) GPUS=$2 ;;
+        p) PRECISION=$2 ;;
+        *) return 1 ;;
     esac
-done
-shift $((OPTIND - 1))
-(( $# >= 1 )) || { usage >&2; die "missing CONFIG"; }
+}
+lib_parse_options hnd:s:g:p: CONFIG "$@"
+shift "$LIB_SHIFT"
 CONFIG=$1
 shift
 
