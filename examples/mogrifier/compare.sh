@@ -28,8 +28,7 @@ COMMON=(--task stateful_lm --tokens-per-sample 35 --batch-size 20 --batch-size-v
         --mogrifier-layers 2 --mogrifier-input-dropout 0.3 --mogrifier-inter-layer-dropout 0.2
         --mogrifier-state-dropout 0.2 --mogrifier-output-dropout 0.3 --mogrifier-shared-mask-dropout
         --criterion cross_entropy --optimizer adam --adam-betas '(0, 0.999)' --lr 0.002 --clip-norm 10
-        --seed 1 --cpu --num-workers 0 --no-progress-bar --log-format simple --log-interval 50
-        --stop-time-hours "$HOURS" --max-epoch 1000 --disable-validation --no-epoch-checkpoints)
+        --seed 1 --cpu --num-workers 0 --stop-time-hours "$HOURS" --max-epoch 1000 --disable-validation)
 declare -A MODEL=(
     [mogrifier]="--arch mogrifier_lstm_lm_ptb --mogrifier-hidden-size 256 --mogrifier-embed-dim 256 --mogrifier-rounds 5 --mogrifier-rank 32"
     [lstm]="--arch lstm_lm_ptb --mogrifier-hidden-size HIDDEN --mogrifier-embed-dim HIDDEN --mogrifier-rounds 0"
@@ -59,12 +58,9 @@ for name in mogrifier lstm; do
     # shellcheck disable=SC2206
     model=(${MODEL[$name]})
     dir=$OUT/$name
-    if [[ ! -f $dir/checkpoint_last.pt ]]; then
-        mkdir -p "$dir"
-        echo "==> training $name for $MINUTES min: ${MODEL[$name]}"
-        fairseq-train "${TRAIN_ARGS[@]}" "${model[@]}" "${COMMON[@]}" --save-dir "$dir" > "$dir/train.log" 2>&1 \
-            || { tail -20 "$dir/train.log" >&2; exit 1; }
-    fi
+    # a run counts as done only once it finished (train_run: its log says so); an interrupted one trains again
+    grep -qs "done training" "$dir/train.log" || echo "==> training $name for $MINUTES min: ${MODEL[$name]}"
+    train_run "$dir" "${TRAIN_ARGS[@]}" "${model[@]}" "${COMMON[@]}"
     params "${TRAIN_ARGS[@]}" "${model[@]}" "${COMMON[@]}" > "$dir/params.txt"
     eval_lm_test "$OUT" "$dir" --task stateful_lm --tokens-per-sample 35 --batch-size 1
 done
