@@ -109,3 +109,17 @@ def check_tail_widths(cutoff: List[int], dim: int, factor: float, flag_value) ->
             raise ValueError(f"--adaptive-softmax-cutoff {flag_value}: tail cluster {band} would have {dim} // "
                              f"{factor}**{band} = 0 dimensions; use fewer cutoffs or a smaller "
                              f"--adaptive-softmax-factor")
+
+
+def check_tied_bands(cfg, input_cutoff: Optional[List[int]], softmax_cutoff: Optional[List[int]]) -> None:
+    """``--tie-adaptive-weights`` ties each band of the adaptive softmax to the adaptive input's: both must be
+    there, with the same cutoffs and the same factor."""
+    if input_cutoff is None or not softmax_cutoff:
+        raise ValueError("--tie-adaptive-weights needs --adaptive-input (the softmax ties to its bands) and "
+                         "--adaptive-softmax-cutoff")
+    if list(softmax_cutoff) != list(input_cutoff):
+        raise ValueError(f"--tie-adaptive-weights needs the same bands on both sides, but --adaptive-softmax-cutoff "
+                         f"{cfg.adaptive_softmax_cutoff} differs from --adaptive-input-cutoff {cfg.adaptive_input_cutoff}")
+    if cfg.adaptive_softmax_factor != cfg.adaptive_input_factor:
+        raise ValueError(f"--tie-adaptive-weights needs --adaptive-softmax-factor ({cfg.adaptive_softmax_factor}) "
+                         f"equal to --adaptive-input-factor ({cfg.adaptive_input_factor})")

@@ -9,7 +9,8 @@ import torch.nn as nn
 from fairseq.modules import AdaptiveSoftmax
 from torch import Tensor
 
-from define_fairseq.models.config_helpers import check_rate, check_tail_widths, flag_names, parse_cutoff
+from define_fairseq.models.config_helpers import (check_rate, check_tail_widths, check_tied_bands, flag_names,
+                                                  parse_cutoff)
 from define_fairseq.models.define_config import define_embedding_kwargs
 from define_fairseq.models.recurrent_decoder import RecurrentDecoder
 from define_fairseq.modules.adaptive_input import AdaptiveInput
@@ -175,16 +176,7 @@ def build_recurrent_output(cfg: Namespace, dictionary, embed: nn.Module, input_c
             raise ValueError("--share-decoder-input-output-embed ties a full softmax; to tie the adaptive softmax "
                              "(--adaptive-softmax-cutoff) use --tie-adaptive-weights instead")
         if cfg.tie_adaptive_weights:
-            if input_cutoff is None:
-                raise ValueError("--tie-adaptive-weights needs --adaptive-input (the softmax ties to its bands)")
-            if cutoff != input_cutoff:
-                raise ValueError(f"--tie-adaptive-weights needs the same bands on both sides, but "
-                                 f"--adaptive-softmax-cutoff {softmax_cutoff} differs from --adaptive-input-cutoff "
-                                 f"{cfg.adaptive_input_cutoff}")
-            if cfg.adaptive_softmax_factor != cfg.adaptive_input_factor:
-                raise ValueError(f"--tie-adaptive-weights needs --adaptive-softmax-factor "
-                                 f"({cfg.adaptive_softmax_factor}) equal to --adaptive-input-factor "
-                                 f"({cfg.adaptive_input_factor})")
+            check_tied_bands(cfg, input_cutoff, cutoff)
             if last != n:
                 project_out_dim = nn.Linear(last, n, bias=False)
             adaptive_softmax = AdaptiveSoftmax(vocab, n, cutoff, cfg.adaptive_softmax_dropout,

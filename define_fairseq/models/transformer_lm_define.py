@@ -28,7 +28,7 @@ from fairseq.models.transformer_lm import (
     transformer_lm_baevski_wiki103,
 )
 
-from define_fairseq.models.config_helpers import config_namespace, parse_cutoff
+from define_fairseq.models.config_helpers import check_tied_bands, config_namespace, parse_cutoff
 from define_fairseq.models.define_config import DeFINEConfig, define_embedding_kwargs
 from define_fairseq.modules import DeFINEEmbedding
 
@@ -87,17 +87,7 @@ class TransformerLMDefine(TransformerLanguageModel):
             raise ValueError("--adaptive-input needs --adaptive-input-cutoff (e.g. 20000,60000)")
         softmax_cutoff = parse_cutoff(args.adaptive_softmax_cutoff, "--adaptive-softmax-cutoff")
         if args.tie_adaptive_weights:
-            if not args.adaptive_input or not softmax_cutoff:
-                raise ValueError("--tie-adaptive-weights ties the adaptive softmax to the adaptive input: it needs "
-                                 "--adaptive-input and --adaptive-softmax-cutoff")
-            if softmax_cutoff != input_cutoff:
-                raise ValueError(f"--adaptive-softmax-cutoff {args.adaptive_softmax_cutoff} differs from "
-                                 f"--adaptive-input-cutoff {args.adaptive_input_cutoff}; tied bands need the same "
-                                 f"cutoffs")
-            if args.adaptive_softmax_factor != args.adaptive_input_factor:
-                raise ValueError(f"--adaptive-softmax-factor {args.adaptive_softmax_factor} differs from "
-                                 f"--adaptive-input-factor {args.adaptive_input_factor}; tied bands need the same "
-                                 f"factor")
+            check_tied_bands(args, input_cutoff, softmax_cutoff)
             if args.define_untie_output:
                 raise ValueError("--define-untie-output is for a full softmax; drop --tie-adaptive-weights to untie "
                                  "an adaptive softmax")

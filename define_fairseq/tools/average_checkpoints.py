@@ -32,6 +32,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
+from define_fairseq.tools.arguments import int_at_least
+
 EXTRA_STATE = "_extra_state"  # the last part of the key under which torch saves a module's get_extra_state()
 UPDATE_CHECKPOINT = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")  # checkpoint_<epoch>_<updates>.pt
 EPOCH_CHECKPOINT = re.compile(r"^checkpoint(\d+)\.pt$")  # checkpoint<epoch>.pt
@@ -265,23 +267,13 @@ def average_checkpoints(paths: Sequence, output) -> List[str]:
     return out["averaged_from"]
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer (number of checkpoints), got {text!r}")
-    return value
-
-
 def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m define_fairseq.tools.average_checkpoints", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--inputs", nargs="+", metavar="CHECKPOINT", help="the checkpoints to average")
     source.add_argument("--dir", metavar="SAVE_DIR", help="a fairseq-train --save-dir; use with --last N")
-    parser.add_argument("--last", type=_positive, metavar="N",
+    parser.add_argument("--last", type=int_at_least(1, "--last"), metavar="N",
                         help="with --dir: average the N newest update checkpoints (checkpoint_<epoch>_<updates>.pt)")
     parser.add_argument("--epochs", action="store_true",
                         help="with --dir: take the N newest epoch checkpoints (checkpoint<epoch>.pt) instead")

@@ -17,6 +17,8 @@ import os
 import sys
 from typing import Iterator, List, Optional, Tuple
 
+from define_fairseq.tools.arguments import int_at_least
+
 
 def count_lines(path: str) -> int:
     """Lines of ``path`` split at b"\\n": ``wc -l``, plus one when the last line has no "\\n"."""
@@ -83,18 +85,6 @@ def clean_parallel(src_in: str, tgt_in: str, src_out: str, tgt_out: str, min_len
     return kept, total
 
 
-def _int_at_least(low: int, flag: str):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} must be an integer, got {text!r}")
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{flag} must be at least {low}, got {value}")
-        return value
-    return parse
-
-
 def _ratio(text: str) -> float:
     try:
         value = float(text)
@@ -112,9 +102,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("tgt_in", metavar="TGT_IN", help="target side, line i translates line i of SRC_IN")
     parser.add_argument("src_out", metavar="SRC_OUT", help="where to write the kept source lines")
     parser.add_argument("tgt_out", metavar="TGT_OUT", help="where to write the kept target lines")
-    parser.add_argument("--min-len", type=_int_at_least(0, "--min-len"), default=1,
+    parser.add_argument("--min-len", type=int_at_least(0, "--min-len"), default=1,
                         help="fewest tokens a side may have (default: 1)")
-    parser.add_argument("--max-len", type=_int_at_least(0, "--max-len"), default=250,
+    parser.add_argument("--max-len", type=int_at_least(0, "--max-len"), default=250,
                         help="most tokens a side may have (default: 250)")
     parser.add_argument("--ratio", type=_ratio, default=1.5,
                         help="largest allowed length ratio, longer side / shorter side (default: 1.5)")

@@ -39,6 +39,8 @@ from typing import Callable, Iterable, Iterator, List, Optional
 
 import regex
 
+from define_fairseq.tools.arguments import int_at_least
+
 CHUNK_LINES = 2000  # lines a worker processes at a time
 COMMANDS = ("tokenize", "normalize", "detokenize", "split-compounds")
 
@@ -174,16 +176,6 @@ def run(command: str, input_path: str = "-", output_path: str = "-", lang: Optio
     return count
 
 
-def _workers(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer (number of processes), got {text!r}")
-    return value
-
-
 def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m define_fairseq.tools.moses_text", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -198,7 +190,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         subparsers[command] = sub
         if command != "split-compounds":
             sub.add_argument("-l", "--lang", required=True, help="language code (en, de, ...)")
-            sub.add_argument("-j", "--workers", type=_workers, default=1,
+            sub.add_argument("-j", "--workers", type=int_at_least(1, "--workers"), default=1,
                              help="number of processes (default: 1); the output does not depend on it")
         if command == "tokenize":
             sub.add_argument("--no-normalize", action="store_true",
