@@ -13,6 +13,7 @@ against wall-clock time, from the ``updates`` runs when there are any (matplotli
 
 import argparse
 import json
+import logging
 import re
 import statistics
 import sys
@@ -119,6 +120,7 @@ def table(runs: Dict[str, List[Run]], metric: str, order: List[str]) -> str:
 
 def plot(runs: List[Run], order: List[str], path: Path) -> None:
     try:
+        logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq's import leaves the root logger at DEBUG
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
