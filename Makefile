@@ -16,8 +16,10 @@ FAIRSEQ := fairseq-fixed==0.12.3.1
 # Test processes in parallel (pytest-xdist); each file's tests stay in one process (shared fixtures).
 TEST_WORKERS ?= 2
 TESTS ?= tests
+# `make test` leaves out the tests marked slow (the example scripts end to end); `make test-all` runs them too.
+MARKS ?= not slow
 
-.PHONY: install test test-stack test-matrix wheelhouse install-offline install-env gpu-check demo bench clean
+.PHONY: install test test-all test-stack test-matrix wheelhouse install-offline install-env gpu-check demo bench clean
 
 install: $(STAMP)
 
@@ -35,7 +37,10 @@ $(STAMP): setup.py requirements.txt Makefile
 	@touch $(STAMP)
 
 test: install
-	$(VENV_PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(TESTS)
+	$(VENV_PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(if $(MARKS),-m "$(MARKS)") $(TESTS)
+
+test-all:
+	$(MAKE) test MARKS=
 
 # ---- Other stacks: each in its own .venv-NAME, made and tested like .venv (`make test` is torch 2.13 CPU with
 # numpy 1.26). torch==2.13.0 resolves to the local CPU wheel where pip's find-links has it (2.13.0+cpu sorts
@@ -56,7 +61,7 @@ STACK_TESTS ?= tests/test_bf16.py tests/test_transformer_define.py tests/test_tr
 test-stack:
 	@test -n "$(STACK_$(STACK))" || { echo "make test-stack: STACK=NAME, one of: $(STACKS)" >&2; exit 2; }
 	$(MAKE) test VENV=.venv-$(STACK) TORCH=$(word 1,$(STACK_$(STACK))) NUMPY=$(word 2,$(STACK_$(STACK))) \
-	  TESTS="$(STACK_TESTS)"
+	  TESTS="$(STACK_TESTS)" MARKS=
 
 # The default stack and every other one; a failing stack does not stop the others, and the summary names it.
 test-matrix:

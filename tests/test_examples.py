@@ -9,6 +9,9 @@ import pytest
 
 from conftest import BIN, REPO, write_tiny_corpus
 
+# Minutes each: `make test` leaves them out, `make test-all` and CI (.ci/run) run them.
+pytestmark = pytest.mark.slow
+
 
 def run_script(script, *args, check=True):
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
