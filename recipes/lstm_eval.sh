@@ -31,15 +31,7 @@ lstm_eval() {
 }
 
 usage() {
-    cat <<USAGE
-Usage: $(basename "$0") [-h] [-d DATA_DIR] [-s SAVE_ROOT] [-c CONFIG] CONFIG|CHECKPOINT [fairseq-eval-lm arguments...]
-
-Evaluate SAVE_ROOT/CONFIG/checkpoint_best.pt (or the CHECKPOINT file given) on the valid and test splits of
-DATA_DIR/data-bin and print the perplexities; they are also written to <checkpoint>.eval.txt (reused while the
-checkpoint and the arguments are unchanged; FORCE=1 redoes it) with the full fairseq output in
-<checkpoint>.eval.<split>.log. Arguments after the checkpoint are appended to every fairseq-eval-lm call
-(e.g. --cpu).
-
+    lib_eval_usage "$CORPUS" "$CONFIGS" "$(cat <<HOW
 As AWD-LSTM evaluates: --task stateful_lm, BPTT 70, the state carried through the whole split, valid with 10
 parallel streams, test with 1.
 
@@ -49,12 +41,6 @@ valid split (the lowest valid perplexity) and then applied to test; written to <
 (logs <checkpoint>.eval.temperature.<split>.T<T>.log). T divides the logits (--model-overrides
 "{'mogrifier_softmax_temperature': T}"). The grid is the official code's: it multiplies the logits by
 t = 1.06, 1.04, ..., 0.80, i.e. T = 1/t from 0.9434 to 1.2500; TEMPERATURES="T1 T2 ..." sets another grid.
-
-Options:
-  -c CONFIG     the config of a CHECKPOINT whose folder is not named after it
-  -d DATA_DIR   data directory of prepare.sh (default: \$DATA_DIR or data/$CORPUS)
-  -s SAVE_ROOT  checkpoint root of train.sh (default: \$SAVE_ROOT or checkpoints/$CORPUS)
-  -h            this help
-CONFIG is one of: $CONFIGS
-USAGE
+HOW
+)"
 }

@@ -10,7 +10,7 @@ import logging
 import pytest
 import torch
 
-from conftest import USER_DIR, run_cli
+from conftest import USER_DIR, needs_fairseq_eos_blocks, run_cli
 from lm_helpers import check_generate_continues_a_prefix, eval_lm, load, log_probs, tokens_batch
 
 from define_fairseq.models.carried_state import CarriedState
@@ -112,6 +112,11 @@ def stateful_checkpoints(lm_data, tmp_path_factory):
     return [save_dir / "checkpoint_1_2.pt", save_dir / "checkpoint_1_4.pt"]
 
 
+@needs_fairseq_eos_blocks
+def test_a_checkpoint_with_the_state_generates(stateful_checkpoints, lm_data):
+    check_generate_continues_a_prefix(lm_data, stateful_checkpoints[1], "--beam", "2")  # --task language_modeling
+
+
 def test_checkpoints_with_the_state_load_average_and_fold(stateful_checkpoints, lm_data, tmp_path):
     from define_fairseq.tools import average_checkpoints as avg
     from define_fairseq.tools.fold_define import fold_checkpoint
@@ -120,7 +125,6 @@ def test_checkpoints_with_the_state_load_average_and_fold(stateful_checkpoints, 
         assert torch.load(path, map_location="cpu", weights_only=False)["model"][KEY]["batch_size"] == 4
     model, _ = load(stateful_checkpoints[1])  # as fairseq-generate and fairseq-eval-lm load it
     assert model.decoder.carried_state.has_state(True)
-    check_generate_continues_a_prefix(lm_data, stateful_checkpoints[1], "--beam", "2")  # --task language_modeling
     tokens = tokens_batch(len(model.decoder.dictionary))
 
     averaged = tmp_path / "averaged.pt"

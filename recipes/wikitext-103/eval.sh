@@ -11,15 +11,7 @@ CONFIGS+=" transformer_xl_define_wt103_n384 transformer_xl_define_wt103_n256 tra
 CONFIGS+=" transformer_xl_define_wt103_n64"
 
 usage() {
-    cat <<USAGE
-Usage: $(basename "$0") [-h] [-d DATA_DIR] [-s SAVE_ROOT] [-c CONFIG] CONFIG|CHECKPOINT [fairseq-eval-lm arguments...]
-
-Evaluate SAVE_ROOT/CONFIG/checkpoint_best.pt (or the CHECKPOINT file given) on the valid and test splits of
-DATA_DIR/data-bin and print the perplexities; they are also written to <checkpoint>.eval.txt (reused while the
-checkpoint and the arguments are unchanged; FORCE=1 redoes it) with the full fairseq output in
-<checkpoint>.eval.<split>.log. Arguments after the checkpoint are appended to every fairseq-eval-lm call
-(e.g. --cpu).
-
+    lib_eval_usage wikitext-103 "$CONFIGS" "$(cat <<HOW
 How each CONFIG is evaluated:
   r1 .. r5     --task stateful_lm, BPTT 140, the state carried through the whole split: valid with 10 parallel
                streams, test with 1 (Merity et al.'s evaluation; the paper does not say which it used)
@@ -38,14 +30,8 @@ How each CONFIG is evaluated:
                fconv_lm_dauphin_wikitext103 it sets TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1: fairseq's fconv_lm
                checkpoints hold an argparse.Namespace, which torch >= 2.6 does not load otherwise (use it only on
                checkpoints you trust).
-
-Options:
-  -c CONFIG     the config of a CHECKPOINT whose folder is not named after it
-  -d DATA_DIR   data directory of prepare.sh (default: \$DATA_DIR or data/wikitext-103)
-  -s SAVE_ROOT  checkpoint root of train.sh (default: \$SAVE_ROOT or checkpoints/wikitext-103)
-  -h            this help
-CONFIG is one of: $CONFIGS
-USAGE
+HOW
+)"
 }
 
 DATA_DIR=${DATA_DIR:-data/wikitext-103}
