@@ -32,7 +32,10 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from define_fairseq.tools.arguments import int_at_least
+if __package__:
+    from .arguments import int_at_least
+else:  # run as a script, as the recipes run it so that the package (and fairseq) is not loaded
+    from arguments import int_at_least
 
 EXTRA_STATE = "_extra_state"  # the last part of the key under which torch saves a module's get_extra_state()
 UPDATE_CHECKPOINT = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")  # checkpoint_<epoch>_<updates>.pt

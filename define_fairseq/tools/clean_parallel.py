@@ -17,7 +17,10 @@ import os
 import sys
 from typing import Iterator, List, Optional, Tuple
 
-from define_fairseq.tools.arguments import int_at_least
+if __package__:
+    from .arguments import int_at_least
+else:  # run as a script, as the recipes run it so that the package (and fairseq) is not loaded
+    from arguments import int_at_least
 
 
 def count_lines(path: str) -> int:

@@ -39,7 +39,10 @@ from typing import Callable, Iterable, Iterator, List, Optional
 
 import regex
 
-from define_fairseq.tools.arguments import int_at_least
+if __package__:
+    from .arguments import int_at_least
+else:  # run as a script, as the recipes run it so that the package (and fairseq) is not loaded
+    from arguments import int_at_least
 
 CHUNK_LINES = 2000  # lines a worker processes at a time
 COMMANDS = ("tokenize", "normalize", "detokenize", "split-compounds")
