@@ -16,7 +16,8 @@ FAIRSEQ := fairseq-fixed==0.12.3.1
 # Test processes in parallel (pytest-xdist); each file's tests stay in one process (shared fixtures).
 TEST_WORKERS ?= 2
 TESTS ?= tests
-# `make test` leaves out the tests marked slow (the example scripts end to end); `make test-all` runs them too.
+# `make test` leaves out the tests marked slow (the example scripts and the recipes' train -> eval chains end to end;
+# it stays under 10 minutes on 2 cores); `make test-all` runs them too.
 MARKS ?= not slow
 
 .PHONY: install test test-all test-stack test-matrix wheelhouse install-offline install-env gpu-check demo bench clean

@@ -1,4 +1,5 @@
-"""awd_lstm_lm and awd_lstm_lm_define: PTB parameter counts, AWD-LSTM regularisation, lm_regularized_loss, CLIs."""
+"""awd_lstm_lm and awd_lstm_lm_define: PTB parameter counts, AWD-LSTM regularisation, lm_regularized_loss (also with
+an adaptive softmax), CLIs."""
 
 import math
 import re
@@ -12,11 +13,12 @@ from define_fairseq.modules import DeFINEEmbedding
 from define_fairseq.tools.params import parameter_breakdown
 
 from lm_helpers import check_beam_search_scores, eval_lm, load, log_probs, split_stream, tokens_batch
-from test_lstm_lm import (  # noqa: F401  (one_thread: an autouse fixture)
+from test_lstm_lm import (
+    ADAPTIVE,
     lstm_params,
     mean_nll_base2,
-    one_thread,
     parsed_model,
+    TINY as LSTM_TINY,
     train,
 )
 
@@ -164,6 +166,29 @@ def test_lm_regularized_loss_adds_the_penalty_per_token(lm_data):
     assert values["loss"] == pytest.approx(loss.item() / ntokens / math.log(2), abs=1e-3)
     assert values["nll_loss"] == pytest.approx(nll.item() / ntokens / math.log(2), abs=1e-3)
     assert values["ppl"] == pytest.approx(2 ** values["nll_loss"], rel=1e-2)  # from the NLL, without the penalty
+
+
+def test_lm_regularized_loss_with_adaptive_softmax_counts_every_target(lm_data):
+    cfg, task, model = parsed_model(lm_data, "lstm_lm_define_wt103_n3", *LSTM_TINY, *ADAPTIVE, "--criterion",
+                                    "lm_regularized_loss")
+    criterion = task.build_criterion(cfg.criterion)
+    model.eval()
+    dictionary = task.target_dictionary
+    pad = dictionary.pad()
+    tokens = tokens_batch(len(dictionary), length=10)
+    target = torch.roll(tokens, -1, dims=1)
+    target[0, 0] = 10 + pad  # the tail word whose index inside its cluster equals the padding index
+    target[1, -3:] = pad
+    sample = {"net_input": {"src_tokens": tokens, "src_lengths": torch.full((3,), 10)}, "target": target,
+              "ntokens": int(target.ne(pad).sum()), "nsentences": 3}
+    with torch.no_grad():
+        loss, sample_size, logging_output = criterion(model, sample)
+        lprobs = model.get_normalized_probs(model(tokens), log_probs=True)  # the whole distribution
+    keep = target.ne(pad)
+    expected = -lprobs.gather(-1, target.unsqueeze(-1))[..., 0][keep].sum()
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-4)
+    assert sample_size == keep.sum() == logging_output["ntokens"]
+    torch.testing.assert_close(logging_output["nll_loss"], expected, rtol=1e-5, atol=1e-4)
 
 
 def test_generation_scores_equal_the_full_pass(lm_data):

@@ -5,10 +5,8 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from define_fairseq.modules.define_delight import DelightDeFINE, delight_groups, delight_layer_sizes
-from define_fairseq.tools.params import parameter_breakdown
 
 from conftest import USER_DIR, run_module
 

@@ -2,7 +2,6 @@
 
 import logging
 import math
-import os
 import re
 from argparse import Namespace
 
@@ -43,20 +42,6 @@ ARCH_FLAGS = {
     "lstm_lm_define_wt103_n7": TINY + ADAPTIVE + ["--criterion", "adaptive_loss", "--ddp-backend", "legacy_ddp"],
     "lstm_lm_define_wt103_n11": TINY + ADAPTIVE + ["--criterion", "lm_regularized_loss"],
 }
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest on one thread, here and in the fairseq programs started (OMP_NUM_THREADS)."""
-    threads, env = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
-    torch.set_num_threads(1)
-    os.environ["OMP_NUM_THREADS"] = "1"
-    yield
-    torch.set_num_threads(threads)
-    if env is None:
-        del os.environ["OMP_NUM_THREADS"]
-    else:
-        os.environ["OMP_NUM_THREADS"] = env
 
 
 def lstm_params(inputs: int, hidden: int) -> int:
@@ -319,32 +304,6 @@ def test_carried_state(lm_data, caplog):
                                rtol=1e-5, atol=1e-5)
     assert decoder.carried_state.has_state(True) and not decoder.carried_state.has_state(False)
     assert [key for key in model.state_dict() if "carried" in key] == ["decoder.carried_state._extra_state"]
-
-
-# -- criterion with an adaptive softmax -------------------------------------------------------------------------
-
-
-def test_lm_regularized_loss_with_adaptive_softmax_counts_every_target(lm_data):
-    cfg, task, model = parsed_model(lm_data, "lstm_lm_define_wt103_n3", *TINY, *ADAPTIVE, "--criterion",
-                                    "lm_regularized_loss")
-    criterion = task.build_criterion(cfg.criterion)
-    model.eval()
-    dictionary = task.target_dictionary
-    pad = dictionary.pad()
-    tokens = tokens_batch(len(dictionary), length=10)
-    target = torch.roll(tokens, -1, dims=1)
-    target[0, 0] = 10 + pad  # the tail word whose index inside its cluster equals the padding index
-    target[1, -3:] = pad
-    sample = {"net_input": {"src_tokens": tokens, "src_lengths": torch.full((3,), 10)}, "target": target,
-              "ntokens": int(target.ne(pad).sum()), "nsentences": 3}
-    with torch.no_grad():
-        loss, sample_size, logging_output = criterion(model, sample)
-        lprobs = model.get_normalized_probs(model(tokens), log_probs=True)  # the whole distribution
-    keep = target.ne(pad)
-    expected = -lprobs.gather(-1, target.unsqueeze(-1))[..., 0][keep].sum()
-    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-4)
-    assert sample_size == keep.sum() == logging_output["ntokens"]
-    torch.testing.assert_close(logging_output["nll_loss"], expected, rtol=1e-5, atol=1e-4)
 
 
 # -- errors ---------------------------------------------------------------------------------------------------

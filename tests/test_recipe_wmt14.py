@@ -1,271 +1,22 @@
-"""The WMT14 En-De recipe (recipes/wmt14-en-de/{prepare,train,average,eval}.sh), offline.
+"""The WMT14 En-De recipe's train.sh commands (the paper's settings for any number of GPUs), then the whole chain
+offline (wmt14_recipe.py): train.sh (tiny models, CPU, a few updates, one of them in bfloat16) -> average.sh ->
+eval.sh, whose BLEU files are checked against the hypotheses and references they were computed from; the
+SentencePiece option; the recipe's model from Python and fairseq-interactive."""
 
-Stand-in archives with the real names and layout (``wmt14_mirror.py``) are served from 127.0.0.1. prepare.sh
-downloads, extracts, tokenises, cleans, learns and applies a BPE and binarizes them; each stage is checked
-against a re-computation from the previous one. Then the whole chain: train.sh (tiny models, CPU, a few updates,
-one of them in bfloat16) -> average.sh -> eval.sh, whose BLEU files are checked against the hypotheses and
-references they were computed from. A prepare.sh killed midway and run again must give byte-identical binarized
-data.
-"""
-
-import hashlib
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from conftest import BIN, REPO, training_arguments
-from recipe_mirror import closed_port_url, serve_directory
-from wmt14_mirror import expected_text, write_wmt14
-
-RECIPE = REPO / "recipes" / "wmt14-en-de"
-BPE_SIZE = "300"
-TESTSETS = {"newstest2014": "test", "newstest2017": "test1"}
-TINY = ["--cpu", "--max-update", "6", "--save-interval-updates", "2", "--keep-interval-updates", "5",
-        "--max-tokens", "512", "--update-freq", "1", "--warmup-updates", "2", "--log-interval", "1",
-        "--data-buffer-size", "0", "--encoder-layers", "1", "--decoder-layers", "1",
-        "--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
-        "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
-TINY_DEFINE = ["--define-n", "16", "--define-k", "64"]
-
-
-def run_script(script, *args, env=None, popen=False):
-    """Run recipes/wmt14-en-de/<script> with this environment's programs first on PATH. The WMT14_* variables
-    come from ``env`` only."""
-    full_env = {name: value for name, value in os.environ.items()
-                if not name.startswith("WMT14_") and name not in ("DATA_DIR", "SAVE_ROOT", "FORCE")}
-    full_env.update(PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1")
-    full_env.update(env or {})
-    command = ["bash", str(RECIPE / script), *map(str, args)]
-    if popen:  # its own process group, so that the test can kill the script and every program it started
-        return subprocess.Popen(command, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
-    return subprocess.run(command, env=full_env, capture_output=True, text=True, timeout=600)
-
-
-def ok(proc):
-    assert proc.returncode == 0, f"exit code {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-    return proc
-
-
-def md5(path):
-    return hashlib.md5(Path(path).read_bytes()).hexdigest()
-
-
-def leftovers(directory):
-    """Temporary names a run must not leave behind."""
-    return [p for p in Path(directory).rglob("*") if re.search(r"\.(tmp|part|err)$", p.name)]
-
-
-def read_lines(path):
-    """The lines of a text file, split on newlines only (as the recipe's tools read them)."""
-    return Path(path).read_text(encoding="utf-8").split("\n")[:-1]
-
-
-def normalize(normalizer, line):
-    """normalize-punctuation.perl, then remove-non-printing-char.perl (every \\p{C} character becomes a space)."""
-    import regex
-    return regex.sub(r"\p{C}", " ", normalizer.normalize(line))
-
-
-def binarized(data_bin, subset, lang):
-    """The symbols of every sentence of a binarized split, read back with fairseq's own reader."""
-    from fairseq.data import Dictionary, data_utils
-    dictionary = Dictionary.load(str(data_bin / f"dict.{lang}.txt"))
-    dataset = data_utils.load_indexed_dataset(str(data_bin / f"{subset}.en-de.{lang}"), dictionary)
-    return [dictionary.string(dataset[i]) for i in range(len(dataset))]
-
-
-# ------------------------------------------------------------------------------------------------ fixtures
-
-@pytest.fixture(scope="module")
-def mirror(tmp_path_factory):
-    """The stand-in archives over HTTP: (base URL, folder, {name: archive})."""
-    folder = tmp_path_factory.mktemp("wmt14-mirror")
-    archives = write_wmt14(folder)
-    broken = folder / "broken"
-    broken.mkdir()
-    (broken / "test-full.tgz").write_bytes(archives["dev"].read_bytes())  # a valid archive, but not test-full's
-    with serve_directory(folder) as url:
-        yield url, folder, archives
-
-
-def mirror_env(mirror):
-    url, _, archives = mirror
-    # the stand-ins' own digests for the two archives whose MD5 the recipe knows
-    return {"WMT14_MIRROR": url, "WMT14_TEST_MD5": md5(archives["test"]), "WMT14_TEST17_MD5": md5(archives["test17"])}
-
-
-@pytest.fixture(scope="module")
-def prepared(mirror, tmp_path_factory):
-    data_dir = tmp_path_factory.mktemp("wmt14") / "data"
-    proc = ok(run_script("prepare.sh", "-v", BPE_SIZE, "-j", "2", data_dir, env=mirror_env(mirror)))
-    return data_dir, proc.stdout + proc.stderr
-
-
-# ------------------------------------------------------------------------------------------------ prepare.sh
-
-def test_prepare_extracts_the_right_members(prepared, mirror):
-    data_dir, output = prepared
-    _, _, archives = mirror
-    for archive in archives.values():
-        assert (data_dir / "orig" / archive.name).read_bytes() == archive.read_bytes()
-    assert output.count("no checksum to verify") == 4  # the four archives without a known MD5; the others checked
-    # the three training corpora concatenated (Europarl, Common Crawl, News Commentary), newstest2013 as valid, and
-    # the test sets' segments as sacreBLEU reads the .sgm files (extra spaces inside <seg> dropped)
-    for name, lines in expected_text().items():
-        assert read_lines(data_dir / "raw" / name) == lines, name
-    assert (data_dir / "settings").read_text() == f"bpe=subword-nmt size={BPE_SIZE}\n"
-    assert not leftovers(data_dir)
-
-
-def test_prepare_tokenises_cleans_and_segments_as_moses_and_subword_nmt(prepared):
-    from sacremoses import MosesPunctNormalizer, MosesTokenizer
-    from subword_nmt.apply_bpe import BPE
-    data_dir, output = prepared
-    for lang in ("en", "de"):
-        normalizer, tokenizer = MosesPunctNormalizer(lang=lang), MosesTokenizer(lang)
-        for split in ("train", "valid", "newstest2014", "newstest2017"):
-            expected = [tokenizer.tokenize(normalize(normalizer, line), aggressive_dash_splits=True, escape=True,
-                                           return_str=True) for line in read_lines(data_dir / "raw" / f"{split}.{lang}")]
-            assert read_lines(data_dir / "tok" / f"{split}.{lang}") == expected, (split, lang)
-    # cleaning: 1 to 250 words a side, ratio at most 1.5
-    pairs = list(zip(read_lines(data_dir / "tok" / "train.en"), read_lines(data_dir / "tok" / "train.de")))
-    kept = [(en, de) for en, de in pairs
-            if 1 <= len(en.split()) <= 250 and 1 <= len(de.split()) <= 250
-            and max(len(en.split()), len(de.split())) <= 1.5 * min(len(en.split()), len(de.split()))]
-    assert len(pairs) - len(kept) >= 4  # at least the stand-in's four bad pairs went
-    assert list(zip(read_lines(data_dir / "tok" / "train.clean.en"),
-                    read_lines(data_dir / "tok" / "train.clean.de"))) == kept
-    assert f"kept {len(kept)} of {len(pairs)} sentence pairs" in output
-    # one BPE code for both languages, applied to every split
-    codes = read_lines(data_dir / "bpe" / "code")
-    assert len(codes) == int(BPE_SIZE) + 1  # the version line, then one merge a line
-    with open(data_dir / "bpe" / "code", encoding="utf-8") as code:
-        bpe = BPE(code)
-    for lang in ("en", "de"):
-        for split in ("train", "valid", "newstest2014", "newstest2017"):
-            source = data_dir / "tok" / f"{'train.clean' if split == 'train' else split}.{lang}"
-            expected = [bpe.process_line(line) for line in read_lines(source)]
-            assert read_lines(data_dir / "bpe" / f"{split}.{lang}") == expected, (split, lang)
-
-
-def test_prepare_binarizes_every_split_with_one_dictionary(prepared):
-    data_dir, _ = prepared
-    data_bin = data_dir / "data-bin"
-    assert (data_bin / "dict.en.txt").read_bytes() == (data_bin / "dict.de.txt").read_bytes()
-    for subset, name in (("train", "train"), ("valid", "valid"), ("test", "newstest2014"), ("test1", "newstest2017")):
-        for lang in ("en", "de"):
-            assert binarized(data_bin, subset, lang) == read_lines(data_dir / "bpe" / f"{name}.{lang}"), (subset, lang)
-
-
-def test_prepare_rerun_skips_finished_steps(prepared, tmp_path):
-    import shutil
-    data_dir = tmp_path / "data"
-    shutil.copytree(prepared[0], data_dir)
-    before = {p: p.stat().st_mtime_ns for p in data_dir.rglob("*") if p.is_file()}
-    proc = ok(run_script("prepare.sh", "-v", BPE_SIZE, data_dir, env={"WMT14_MIRROR": closed_port_url("wmt")}))
-    for step in ("download training-parallel-europarl-v7.tgz", "extract", "tokenize", "clean", "learn BPE",
-                 "apply BPE", "binarize"):
-        assert f"skip {step}" in proc.stdout, step
-    assert {p: p.stat().st_mtime_ns for p in data_dir.rglob("*") if p.is_file()} == before
-    # other BPE settings for the same folder are refused: they would mix two preparations
-    proc = run_script("prepare.sh", "-v", "200", data_dir, env={"WMT14_MIRROR": closed_port_url("wmt")})
-    assert proc.returncode != 0
-    assert f"was prepared with bpe=subword-nmt size={BPE_SIZE}, not bpe=subword-nmt size=200" in proc.stderr
-
-
-@pytest.mark.parametrize("kill_at", ["sacremoses tokenize", "    train.en:", "apply the BPE", "fairseq-preprocess"])
-def test_prepare_killed_midway_and_rerun_gives_identical_data(kill_at, prepared, mirror, tmp_path):
-    """SIGKILL to prepare.sh and all its programs as soon as a step starts (no clean-up handler runs), then a
-    rerun: the binarized data are byte for byte those of an uninterrupted run."""
-    data_dir = tmp_path / "data"
-    env = mirror_env(mirror)
-    proc = run_script("prepare.sh", "-v", BPE_SIZE, "-j", "2", data_dir, env=env, popen=True)
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if kill_at in line:
-            os.killpg(proc.pid, signal.SIGKILL)
-            break
-    proc.wait(timeout=60)
-    assert proc.returncode == -signal.SIGKILL, "".join(seen)
-    step = {"sacremoses tokenize": "tokenize", "    train.en:": "tokenize", "apply the BPE": "bpe-apply",
-            "fairseq-preprocess": "binarize"}[kill_at]
-    assert (data_dir / ".done" / "extract").exists()  # earlier steps had finished ...
-    assert not (data_dir / ".done" / step).exists()  # ... the killed one had not
-    rerun = ok(run_script("prepare.sh", "-v", BPE_SIZE, "-j", "2", data_dir, env=env))
-    assert "skip extract" in rerun.stdout and f"skip {step}" not in rerun.stdout
-    if kill_at == "    train.en:":  # killed after the first file of the step: the rerun keeps it, does the rest
-        assert "train.en: already done" in rerun.stdout and "train.de: already done" not in rerun.stdout
-    reference = prepared[0] / "data-bin"
-    files = sorted(p.name for p in reference.iterdir() if p.name != "preprocess.log")
-    assert sorted(p.name for p in (data_dir / "data-bin").iterdir() if p.name != "preprocess.log") == files
-    for name in files:
-        assert (data_dir / "data-bin" / name).read_bytes() == (reference / name).read_bytes(), name
-    assert (data_dir / "bpe" / "code").read_bytes() == (prepared[0] / "bpe" / "code").read_bytes()
-    assert not leftovers(data_dir)
-
-
-def test_prepare_redoes_the_later_steps_when_an_archive_changes(prepared, mirror, tmp_path):
-    """An archive downloaded again (here: another News Commentary) is extracted again, and every later step is
-    redone from the new text: no tokenised file of the old text is trusted."""
-    import shutil
-    from sacremoses import MosesPunctNormalizer, MosesTokenizer
-    data_dir = tmp_path / "data"
-    shutil.copytree(prepared[0], data_dir)
-    other = write_wmt14(tmp_path / "other-mirror", seed=7)["news_commentary"]
-    (data_dir / "orig" / "training-parallel-nc-v9.tgz").unlink()
-    proc = ok(run_script("prepare.sh", "-v", BPE_SIZE, "-j", "2", data_dir,
-                         env={"WMT14_MIRROR": closed_port_url("wmt"), "WMT14_NEWS_COMMENTARY_URL": str(other)}))
-    assert "skip download training-parallel-europarl-v7.tgz" in proc.stdout
-    assert "skip extract" not in proc.stdout and "train.en: already done" not in proc.stdout
-    raw = read_lines(data_dir / "raw" / "train.en")
-    assert raw != read_lines(prepared[0] / "raw" / "train.en") and raw[-1] == expected_text(seed=7)["train.en"][-1]
-    normalizer, tokenizer = MosesPunctNormalizer(lang="en"), MosesTokenizer("en")
-    assert read_lines(data_dir / "tok" / "train.en") == [
-        tokenizer.tokenize(normalize(normalizer, line), aggressive_dash_splits=True, escape=True, return_str=True)
-        for line in raw]
-    assert binarized(data_dir / "data-bin", "train", "en") == read_lines(data_dir / "bpe" / "train.en")
-    assert len(read_lines(data_dir / "bpe" / "train.en")) == len(read_lines(data_dir / "tok" / "train.clean.en"))
-
-
-def test_prepare_wrong_archive_or_checksum_fails_clearly(mirror, tmp_path):
-    url, _, archives = mirror
-    env = mirror_env(mirror)
-    # an archive without the expected members: named in the error, deleted, and downloaded again by a rerun
-    data_dir = tmp_path / "broken"
-    proc = run_script("prepare.sh", data_dir, env={**env, "WMT14_TEST_URL": f"{url}/broken/test-full.tgz",
-                                                   "WMT14_TEST_MD5": ""})
-    assert proc.returncode != 0
-    assert "test-full.tgz does not hold the expected test-full/newstest2014-deen-src.en.sgm" in proc.stderr
-    assert "WMT14_TEST_URL" in proc.stderr
-    assert not (data_dir / "orig" / "test-full.tgz").exists()
-    assert (data_dir / "orig" / "dev.tgz").exists()  # the other downloads are kept for the rerun
-    assert not (data_dir / ".done" / "download-test").exists() and not leftovers(data_dir)
-    # the MD5 sacreBLEU records for the real test-full.tgz applies by default; the stand-in does not have it
-    data_dir = tmp_path / "new" / "checksum"
-    proc = run_script("prepare.sh", data_dir, env={"WMT14_MIRROR": url})
-    assert proc.returncode != 0
-    assert (f"checksum mismatch for {url}/test-full.tgz: MD5 {md5(archives['test'])}, expected "
-            "a8cd784e006feb32ac6f3d9ec7eb389a") in proc.stderr
-    assert "WMT14_TEST_MD5" in proc.stderr
-    # an unreachable mirror: nothing is left of a folder this run created
-    data_dir = tmp_path / "unreachable" / "data"
-    proc = run_script("prepare.sh", data_dir, env={"WMT14_MIRROR": closed_port_url("wmt")})
-    assert proc.returncode != 0 and "error: download of" in proc.stderr and "WMT14_EUROPARL_URL" in proc.stderr
-    assert not (tmp_path / "unreachable").exists()
-    # bad options
-    for args, message in ((["-b", "wordpiece"], "give subword-nmt or sentencepiece"),
-                          (["-v", "0"], "-v 0: give the BPE size"), (["-j", "x"], "-j x: give the number")):
-        proc = run_script("prepare.sh", *args, tmp_path / "unused")
-        assert proc.returncode != 0 and message in proc.stderr, args
+from recipe_runs import leftovers, ok
+from wmt14_recipe import (BPE_SIZE, TESTSETS, TINY, TINY_DEFINE, binarized, mirror_env, normalize, read_lines,
+                          run_script)
+from wmt14_recipe import mirror, prepared  # noqa: F401 - fixtures
 
 
 # ------------------------------------------------------------------------------------------ train.sh commands
@@ -379,6 +130,7 @@ def state(path):
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
+@pytest.mark.slow
 def test_train_writes_checkpoints_and_logs(trained):
     save_root, outputs = trained
     for config in ("transformer_define", "transformer_wmt_en_de"):
@@ -404,6 +156,7 @@ def averaged(trained):
     return save_root / "transformer_define" / "checkpoint_avg3.pt", proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_average_is_the_mean_of_the_last_checkpoints(averaged, trained):
     path, output = averaged
     save_root, _ = trained
@@ -472,6 +225,7 @@ def check_bleu_folder(folder, data_dir, checkpoint, bpe="subword-nmt", beam=2, t
         assert f"BLEU4 = {float(match.group(3)):.2f}" in fairseq_score
 
 
+@pytest.mark.slow
 def test_eval_chain_writes_well_formed_bleu(averaged, prepared, trained):
     data_dir, _ = prepared
     save_root, _ = trained
@@ -492,6 +246,7 @@ def test_eval_chain_writes_well_formed_bleu(averaged, prepared, trained):
 
 # ------------------------------------------------------------------------------------------ the SentencePiece option
 
+@pytest.mark.slow
 def test_sentencepiece_option_prepares_trains_and_evaluates(mirror, tmp_path):
     import sentencepiece
     data_dir = tmp_path / "spm"
@@ -529,6 +284,7 @@ def test_sentencepiece_option_prepares_trains_and_evaluates(mirror, tmp_path):
 
 # ------------------------------------------------------------------------- the recipe's model from Python and CLI
 
+@pytest.mark.slow
 def test_recipe_checkpoint_translates_raw_text_from_python_and_interactive(prepared, trained):
     """The hub interface and fairseq-interactive on the recipe's outputs, with the Moses tokenizer (the data
     are Moses-tokenised) and the BPE codes: raw sentences in, detokenised translations out, the same both ways."""

@@ -9,7 +9,6 @@ perplexity must cover every token of the split and equal a plain re-computation 
 describes (GBW: each sentence on its own; WikiText-103: the split as one stream).
 """
 
-import hashlib
 import json
 import math
 import os
@@ -22,38 +21,20 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, REPO, needs_fairseq_eos_blocks, training_arguments
+from conftest import needs_fairseq_eos_blocks, training_arguments
 from recipe_mirror import (GBW_HELDOUT_SHARDS, GBW_LONG_SENTENCE, GBW_TOP, GBW_TRAIN_SHARDS, closed_port_url,
                            serve_directory, write_gbw_tgz, write_wikitext_zip)
+from recipe_runs import leftovers, md5, ok, run_recipe
 
-RECIPES = REPO / "recipes"
 GBW_ARCHIVE = f"{GBW_TOP}.tar.gz"
 RECIPE_VARIABLES = ("GBW_URL", "GBW_MD5", "WIKITEXT103_URL", "WIKITEXT103_MD5", "DATA_DIR", "SAVE_ROOT", "FORCE",
                     "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
 
 
 def run_script(script, *args, env=None):
-    """Run recipes/<script> with this environment's fairseq programs first on PATH. The variables the recipes
-    read come from ``env`` only, never from the caller's environment."""
-    full_env = {name: value for name, value in os.environ.items() if name not in RECIPE_VARIABLES}
-    full_env.update(PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", PREPROCESS_WORKERS="1", OMP_NUM_THREADS="1")
-    full_env.update(env or {})
-    return subprocess.run(["bash", str(RECIPES / script), *map(str, args)], env=full_env, capture_output=True,
-                          text=True, timeout=300)
-
-
-def ok(proc):
-    assert proc.returncode == 0, f"exit code {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-    return proc
-
-
-def md5(path):
-    return hashlib.md5(Path(path).read_bytes()).hexdigest()
-
-
-def leftovers(directory):
-    """Temporary names a run must not leave behind."""
-    return [p for p in Path(directory).rglob("*") if re.search(r"\.(tmp|part|err)$", p.name)]
+    """Run recipes/<script> (recipe_runs.run_recipe), fairseq-preprocess with one worker; the variables the recipes
+    read come from ``env`` only."""
+    return run_recipe(script, *args, env={"PREPROCESS_WORKERS": "1", **(env or {})}, clear=RECIPE_VARIABLES)
 
 
 def gbw_members(archive):
@@ -291,6 +272,7 @@ def train_then_eval(corpus, config, data_dir, save_root, *train_args):
     return save_dir, results, signature
 
 
+@pytest.mark.slow
 @needs_fairseq_eos_blocks
 def test_gbw_scores_every_sentence_on_its_own(gbw_data, tmp_path):
     """gcnn_lm_14b shrunk; trained on rows of at most 32 tokens, yet eval.sh scores the 90-word test sentence."""
@@ -318,6 +300,7 @@ def test_gbw_scores_every_sentence_on_its_own(gbw_data, tmp_path):
         assert results[split][1] == pytest.approx(total / tokens, abs=2e-4)
 
 
+@pytest.mark.slow
 def test_wikitext103_gcnn_scores_the_split_as_one_stream(wt103_data, tmp_path):
     """gcnn_lm_14 shrunk: rows of 960 tokens after a 64-token context give the perplexity of one pass over the
     whole split (the tiny model sees 7 tokens)."""

@@ -1,249 +1,31 @@
-"""The language-model recipes (recipes/{wikitext-103,wikitext-2,ptb}/{prepare,train,eval}.sh), offline.
+"""The language-model recipes' train.sh configs (valid fairseq commands with the papers' settings), then train.sh
+and eval.sh end to end on the stand-in corpora (lm_recipe.py): one config per recipe shrunk to a few seconds,
+scored on valid and test as the papers evaluate, and the Mogrifier's tuned softmax temperature."""
 
-Stand-in archives with the real names and layout (``recipe_mirror.py``) are served from 127.0.0.1; prepare.sh
-downloads them through its URL override, checks the layout and binarizes; train.sh trains one config per recipe
-shrunk to a few seconds; eval.sh scores valid and test. The failure paths (unreachable URL, wrong layout,
-checksum mismatch) must stop with a clear message and leave nothing behind.
-"""
-
-import hashlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from conftest import BIN, REPO, training_arguments
-from recipe_mirror import closed_port_url, serve_directory, write_all, write_wrong_layout_zip
-
-RECIPES = REPO / "recipes"
-PLUGIN = REPO / "define_fairseq"
-
-# corpus -> (archive name, URL variable, MD5 variable, text folder, split file names)
-CORPORA = {
-    "wikitext-103": ("wikitext-103-v1.zip", "WIKITEXT103_URL", "WIKITEXT103_MD5", "wikitext-103",
-                     ("wiki.train.tokens", "wiki.valid.tokens", "wiki.test.tokens")),
-    "wikitext-2": ("wikitext-2-v1.zip", "WIKITEXT2_URL", "WIKITEXT2_MD5", "wikitext-2",
-                   ("wiki.train.tokens", "wiki.valid.tokens", "wiki.test.tokens")),
-    "ptb": ("simple-examples.tgz", "PTB_URL", "PTB_MD5", "ptb", ("ptb.train.txt", "ptb.valid.txt", "ptb.test.txt")),
-}
-SPLITS = ("train", "valid", "test")
-
-# What each model needs from the plugin; a train/eval test is skipped while one of these does not exist yet.
-NEEDS = {
-    "lstm_lm_define": ["models/lstm_lm_define.py", "tasks/stateful_lm.py"],
-    "awd_lstm_lm": ["models/awd_lstm_lm.py", "tasks/stateful_lm.py", "criterions/lm_regularized_loss.py"],
-    "transformer_lm_define": ["models/transformer_lm_define.py"],
-    "mogrifier_lstm_lm": ["models/mogrifier_lstm_lm.py", "modules/mogrifier_lstm.py", "tasks/stateful_lm.py",
-                          "criterions/lm_regularized_loss.py"],
-}
-CONFIG_MODEL = {
-    **{f"wikitext-103/r{i}": "lstm_lm_define" for i in range(1, 6)},
-    "wikitext-103/transformer_lm_wiki103": None,  # fairseq's own arch
-    "wikitext-103/transformer_lm_define_wiki103": "transformer_lm_define",
-    **{f"{corpus}/{config}": "awd_lstm_lm" for corpus in ("ptb", "wikitext-2")
-       for config in ("awd_lstm_lm", "awd_lstm_lm_define")},
-    **{config: "mogrifier_lstm_lm" for config in ("ptb/mogrifier_lstm_lm_ptb", "ptb/lstm_lm_ptb",
-                                                  "wikitext-2/mogrifier_lstm_lm_wt2", "wikitext-2/lstm_lm_wt2")},
-}
-# The official code's learning rate and L2 penalty of each Mogrifier-paper config (lamb's tuned trials).
-LAMB_LR_L2 = {"mogrifier_lstm_lm_ptb": ("0.0023", "0.000252"), "lstm_lm_ptb": ("0.00304", "0.000249"),
-              "mogrifier_lstm_lm_wt2": ("0.00329", "0.00019"), "lstm_lm_wt2": ("0.00318", "0.000231")}
-
-
-def missing_files(model):
-    return [path for path in NEEDS.get(model, []) if not (PLUGIN / path).exists()]
-
-
-def skip_unless_available(model):
-    missing = missing_files(model)
-    if missing:
-        pytest.skip(f"not written yet: {', '.join(missing)}")
-
-
-RECIPE_VARIABLES = ("WIKITEXT103_URL", "WIKITEXT2_URL", "PTB_URL", "WIKITEXT103_MD5", "WIKITEXT2_MD5", "PTB_MD5",
-                    "DATA_DIR", "SAVE_ROOT", "FORCE", "TEMPERATURES")
-
-
-def run_script(script, *args, env=None):
-    """Run recipes/<script> with this environment's fairseq programs first on PATH; return the result. The
-    variables the recipes read come from ``env`` only, never from the caller's environment."""
-    full_env = {name: value for name, value in os.environ.items() if name not in RECIPE_VARIABLES}
-    full_env.update(PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", PREPROCESS_WORKERS="1", OMP_NUM_THREADS="1")
-    full_env.update(env or {})
-    return subprocess.run(["bash", str(RECIPES / script), *map(str, args)], env=full_env, capture_output=True,
-                          text=True, timeout=600)
-
-
-def ok(proc):
-    assert proc.returncode == 0, f"exit code {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-    return proc
-
-
-def md5(path):
-    return hashlib.md5(Path(path).read_bytes()).hexdigest()
-
-
-def leftovers(directory):
-    """Temporary names a run must not leave behind."""
-    return [p for p in Path(directory).rglob("*") if re.search(r"\.(tmp|part|err)$", p.name)]
-
-
-# ------------------------------------------------------------------------------------------------ fixtures
-
-@pytest.fixture(scope="module")
-def mirror(tmp_path_factory):
-    """The stand-in archives served over HTTP: yields (base URL, folder, {corpus: archive path})."""
-    folder = tmp_path_factory.mktemp("mirror")
-    archives = write_all(folder)
-    write_wrong_layout_zip(folder / "flat.zip")
-    (folder / "error-page.zip").write_text("<html><body>404 Not Found</body></html>\n")
-    with serve_directory(folder) as url:
-        yield url, folder, archives
-
-
-@pytest.fixture(scope="module")
-def prepared(mirror, tmp_path_factory):
-    """prepare.sh run once for each corpus (over HTTP, with the stand-in's MD5): {corpus: (data dir, output)}."""
-    url, folder, archives = mirror
-    root = tmp_path_factory.mktemp("data")
-    result = {}
-    for corpus, (archive, url_var, md5_var, _, _) in CORPORA.items():
-        data_dir = root / corpus
-        proc = ok(run_script(f"{corpus}/prepare.sh", data_dir,
-                             env={url_var: f"{url}/{archive}", md5_var: md5(archives[corpus])}))
-        result[corpus] = (data_dir, proc.stdout + proc.stderr)
-    return result
-
-
-def read_binarized(data_bin, split):
-    """The dictionary and the token ids of every line of a binarized split, read with fairseq's own reader."""
-    from fairseq.data import Dictionary, data_utils
-    dictionary = Dictionary.load(str(data_bin / "dict.txt"))
-    dataset = data_utils.load_indexed_dataset(str(data_bin / split), dictionary)
-    return dictionary, [dataset[i].tolist() for i in range(len(dataset))]
-
-
-def raw_token_count(path):
-    """Tokens fairseq scores in a raw text file: its words plus one end-of-sentence per line."""
-    return sum(len(line.split()) + 1 for line in Path(path).read_text().splitlines())
-
-
-# ------------------------------------------------------------------------------------------------ prepare.sh
-
-@pytest.mark.parametrize("corpus", list(CORPORA))
-def test_prepare_downloads_checks_and_binarizes(corpus, prepared, mirror, tmp_path):
-    data_dir, output = prepared[corpus]
-    archive, _, _, text_folder, files = CORPORA[corpus]
-    _, _, archives = mirror
-    assert (data_dir / archive).read_bytes() == archives[corpus].read_bytes()
-    assert "no checksum to verify" not in output  # the MD5 given was checked
-    assert sorted(p.name for p in (data_dir / text_folder).iterdir()) == sorted(files)
-    assert not leftovers(data_dir)
-    # the three split files are the archive's, byte for byte (unpacked here with Python)
-    shutil.unpack_archive(str(archives[corpus]), str(tmp_path))
-    member_dir = tmp_path / ("simple-examples/data" if corpus == "ptb" else text_folder)
-    for name in files:
-        assert (data_dir / text_folder / name).read_bytes() == (member_dir / name).read_bytes(), name
-    # every split was binarized from its own file: decoding gives the words of each line back, in order
-    data_bin = data_dir / "data-bin"
-    for split, name in zip(SPLITS, files):
-        dictionary, lines = read_binarized(data_bin, split)
-        raw = (member_dir / name).read_text().splitlines()
-        assert len(lines) == len(raw), split
-        for ids, text in zip(lines, raw):  # words the training split lacks are <unk>
-            assert ids == [dictionary.index(word) for word in text.split()] + [dictionary.eos()]
-        if split == "train":
-            assert all(dictionary[i] == word for i, word in zip(lines[0], raw[0].split()))
-
-
-def test_prepare_rerun_skips_finished_steps(prepared, tmp_path):
-    data_dir = tmp_path / "wikitext-2"
-    shutil.copytree(prepared["wikitext-2"][0], data_dir)
-    before = {p: p.stat().st_mtime_ns for p in data_dir.rglob("*") if p.is_file()}
-    # a rerun neither downloads (the URL now points at a closed port) nor unpacks nor binarizes again
-    proc = ok(run_script("wikitext-2/prepare.sh", data_dir, env={"WIKITEXT2_URL": closed_port_url("x.zip")}))
-    for step in ("download", "unpack", "binarize"):
-        assert f"skip {step}" in proc.stdout
-    assert {p: p.stat().st_mtime_ns for p in data_dir.rglob("*") if p.is_file()} == before
-    # with the binarized data removed, only that step runs again, and gives the same files
-    dictionary = (data_dir / "data-bin" / "dict.txt").read_bytes()
-    train = (data_dir / "data-bin" / "train.bin").read_bytes()
-    shutil.rmtree(data_dir / "data-bin")
-    proc = ok(run_script("wikitext-2/prepare.sh", data_dir, env={"WIKITEXT2_URL": closed_port_url("x.zip")}))
-    assert "skip download" in proc.stdout and "skip unpack" in proc.stdout and "skip binarize" not in proc.stdout
-    assert (data_dir / "data-bin" / "dict.txt").read_bytes() == dictionary
-    assert (data_dir / "data-bin" / "train.bin").read_bytes() == train
-    assert not leftovers(data_dir)
-
-
-def test_prepare_unreachable_url_fails_clearly_and_leaves_nothing(tmp_path):
-    url = closed_port_url("wikitext-103-v1.zip")
-    data_dir = tmp_path / "new" / "wikitext-103"
-    proc = run_script("wikitext-103/prepare.sh", data_dir, env={"WIKITEXT103_URL": url})
-    assert proc.returncode != 0
-    assert f"error: download of {url} failed" in proc.stderr
-    assert "WIKITEXT103_URL" in proc.stderr  # says how to point it elsewhere
-    assert not (tmp_path / "new").exists()
-    # a data directory that existed before is kept, and holds no partial download
-    existing = tmp_path / "existing"
-    existing.mkdir()
-    proc = run_script("ptb/prepare.sh", existing, env={"PTB_URL": closed_port_url("simple-examples.tgz")})
-    assert proc.returncode != 0 and "error: download of" in proc.stderr and "PTB_URL" in proc.stderr
-    assert list(existing.iterdir()) == []
-
-
-@pytest.mark.parametrize("served, message", [
-    ("flat.zip", "unexpected layout of wikitext-103-v1.zip"),
-    ("error-page.zip", "cannot unpack"),
-])
-def test_prepare_wrong_archive_fails_clearly_and_leaves_nothing(served, message, mirror, tmp_path):
-    url, _, _ = mirror
-    data_dir = tmp_path / "wt103"
-    proc = run_script("wikitext-103/prepare.sh", data_dir,
-                      env={"WIKITEXT103_URL": f"{url}/{served}", "WIKITEXT103_MD5": ""})
-    assert proc.returncode != 0
-    assert message in proc.stderr
-    if served == "flat.zip":  # names the file it expected and what it found instead
-        assert "wikitext-103/wiki.train.tokens is missing" in proc.stderr
-        assert "the archive holds: wiki.test.tokens wiki.train.tokens wiki.valid.tokens" in proc.stderr
-    assert not data_dir.exists()
-
-
-def test_prepare_checks_the_known_checksum_by_default(mirror, tmp_path):
-    url, _, archives = mirror
-    data_dir = tmp_path / "wt2"
-    # no WIKITEXT2_MD5: the original release's MD5 applies, which the stand-in does not have
-    proc = run_script("wikitext-2/prepare.sh", data_dir, env={"WIKITEXT2_URL": f"{url}/wikitext-2-v1.zip"})
-    assert proc.returncode != 0
-    assert f"checksum mismatch for {url}/wikitext-2-v1.zip: MD5 {md5(archives['wikitext-2'])}, expected " \
-           f"542ccefacc6c27f945fb54453812b3cd" in proc.stderr
-    assert "WIKITEXT2_MD5" in proc.stderr
-    assert not data_dir.exists()
-
-
-@pytest.mark.parametrize("script", sorted(str(p.relative_to(RECIPES)) for p in RECIPES.glob("*/*.sh")))
-def test_every_script_has_usage_and_strict_mode(script):
-    text = (RECIPES / script).read_text()
-    assert text.startswith("#!/usr/bin/env bash\n") and "set -euo pipefail" in text
-    proc = ok(run_script(script, "-h"))
-    assert proc.stdout.startswith("Usage: ")
-
-
-def test_unknown_config_and_missing_data_fail_clearly(tmp_path):
-    proc = run_script("ptb/train.sh", "-d", tmp_path, "awd_lstm")
-    assert proc.returncode != 0 and "unknown CONFIG 'awd_lstm'" in proc.stderr
-    proc = run_script("ptb/train.sh", "-d", tmp_path, "-s", tmp_path / "ck", "awd_lstm_lm")
-    assert proc.returncode != 0 and f"no binarized data in {tmp_path}/data-bin" in proc.stderr
-    proc = run_script("wikitext-103/eval.sh", "-s", tmp_path, "r3")
-    assert proc.returncode != 0 and f"{tmp_path}/r3/checkpoint_best.pt not found" in proc.stderr
+from conftest import training_arguments
+from lm_recipe import CORPORA, raw_token_count, run_script
+from lm_recipe import mirror, prepared  # noqa: F401 - fixtures
+from recipe_runs import leftovers, ok
 
 
 # ------------------------------------------------------------------------------------------ train.sh configs
+
+# Every config of the three recipes' train.sh.
+CONFIGS = [*(f"wikitext-103/{c}" for c in ("r1", "r2", "r3", "r4", "r5", "transformer_lm_wiki103",
+                                            "transformer_lm_define_wiki103")),
+           *(f"{corpus}/{c}" for corpus in ("ptb", "wikitext-2") for c in ("awd_lstm_lm", "awd_lstm_lm_define")),
+           "ptb/mogrifier_lstm_lm_ptb", "ptb/lstm_lm_ptb", "wikitext-2/mogrifier_lstm_lm_wt2", "wikitext-2/lstm_lm_wt2"]
+# The official code's learning rate and L2 penalty of each Mogrifier-paper config (lamb's tuned trials).
+LAMB_LR_L2 = {"mogrifier_lstm_lm_ptb": ("0.0023", "0.000252"), "lstm_lm_ptb": ("0.00304", "0.000249"),
+              "mogrifier_lstm_lm_wt2": ("0.00329", "0.00019"), "lstm_lm_wt2": ("0.00318", "0.000231")}
 
 # Parses each config's fairseq-train command with fairseq's own parser (arch defaults applied, then the
 # dataclass config built), and reads the learning rate per epoch from the scheduler the command asks for.
@@ -295,10 +77,7 @@ def parse_commands(commands):
 
 
 def test_every_config_is_a_valid_fairseq_command_with_the_papers_settings():
-    available = {config: model for config, model in CONFIG_MODEL.items() if not missing_files(model)}
-    if not available:
-        pytest.skip("no model of the recipes is written yet")
-    commands = {config: dry_run(config) for config in available}
+    commands = {config: dry_run(config) for config in CONFIGS}
     commands["override"] = dry_run("ptb/awd_lstm_lm", "--max-epoch", "3", "--lr", "7", save_root="elsewhere")
     parsed = parse_commands(commands)
     errors = {config: info["error"] for config, info in parsed.items() if "error" in info}
@@ -398,9 +177,9 @@ EVAL_EXTRA = {"wikitext-103/transformer_lm_define_wiki103": ["--tokens-per-sampl
                                                             "--max-tokens", "256"]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", list(TINY))
 def test_train_then_eval(config, prepared, tmp_path):
-    skip_unless_available(CONFIG_MODEL[config])
     corpus, name = config.split("/")
     data_dir = prepared[corpus][0]
     save_root = tmp_path / "checkpoints"
@@ -456,8 +235,8 @@ MOGRIFIER_TINY = ["--mogrifier-hidden-size", "16", "--mogrifier-rank", "4", "--b
                   "--batch-size-valid", "8", "--tokens-per-sample", "35", "--max-update", "3"]
 
 
+@pytest.mark.slow
 def test_mogrifier_eval_reports_perplexity_without_and_with_the_tuned_temperature(prepared, tmp_path):
-    skip_unless_available("mogrifier_lstm_lm")
     data_dir = prepared["ptb"][0]
     save_root = tmp_path / "checkpoints"
     ok(run_script("ptb/train.sh", "-d", data_dir, "-s", save_root, "mogrifier_lstm_lm_ptb", *MOGRIFIER_TINY, *CPU))

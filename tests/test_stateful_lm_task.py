@@ -10,9 +10,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import define_fairseq  # noqa: F401  (registers the task)
+from define_fairseq.tasks.bptt_windows import BPTTWindows
 from define_fairseq.tasks.stateful_lm import check_model_carries_state, window_schedule
 
-from conftest import REPO, USER_DIR, run_cli
+from conftest import USER_DIR, run_cli
 
 
 def setup_task(data, *argv, arch="lstm_lm"):
@@ -245,6 +246,9 @@ def test_bad_inputs_raise_clear_errors(lm_data, tmp_path, task):
         task.get_batch_iterator(task.dataset("train"), max_sentences=50000, num_shards=2)
     with pytest.raises(ValueError, match="--tokens-per-sample"):
         setup_task(lm_data, "--batch-size", 2, "--tokens-per-sample", 0)
+    windows = BPTTWindows(task.dataset("train").stream, 4, (0, 4), keep_remainder=False, pad=1)
+    with pytest.raises(ValueError, match="one window of all rows, got 2 windows"):
+        windows.collater([windows[windows.code(0, 3)], windows[windows.code(3, 3)]])
 
     cfg, unbatched = setup_task(lm_data, "--max-tokens", 100)
     unbatched.load_dataset("test")
@@ -260,12 +264,10 @@ def test_bad_inputs_raise_clear_errors(lm_data, tmp_path, task):
         stateless.build_model(cfg.model)
 
 
-LSTM_MODEL_FILE = REPO / "define_fairseq" / "models" / "lstm_lm_define.py"
 TINY_LSTM = ["--arch", "lstm_lm_define", "--decoder-embed-dim", "16", "--decoder-hidden-size", "32",
              "--decoder-layers", "2", "--define-n", "16", "--define-depth", "0"]
 
 
-@pytest.mark.skipif(not LSTM_MODEL_FILE.exists(), reason="the recurrent model lstm_lm_define is not written yet")
 def test_train_and_eval_lm_through_the_cli(lm_data, tmp_path):
     out = run_cli("fairseq-train", lm_data, "--user-dir", USER_DIR, "--task", "stateful_lm", *TINY_LSTM,
                   "--criterion", "cross_entropy", "--optimizer", "adam", "--lr", "0.005", "--batch-size", 32,

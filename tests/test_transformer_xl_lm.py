@@ -291,6 +291,7 @@ def test_recipe_commands_have_transformer_xls_settings():
     assert proc.returncode != 0 and "unknown CONFIG 'transformer_xl'" in proc.stderr
 
 
+@pytest.mark.slow
 def test_recipe_trains_and_evaluates_with_the_evaluation_settings(lm_data, tmp_path):
     """train-transformer-xl.sh (sizes shrunk, CPU, 4 updates) then eval.sh, which scores valid and test with
     memory 640, clamp_len 400 and same_length: the perplexities it reports are fairseq-eval-lm's with those

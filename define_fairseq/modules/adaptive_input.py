@@ -1,6 +1,6 @@
 """Adaptive input embeddings (Baevski & Auli, 2019) in the form the DeFINE paper's parameter counts imply."""
 
-from typing import List, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn

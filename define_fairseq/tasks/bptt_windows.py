@@ -117,7 +117,8 @@ class BPTTWindows(FairseqDataset):
 
     def collater(self, samples):
         if len(samples) != 1:
-            raise ValueError(f"{TASK}: every batch is one window of all rows, got {len(samples)} windows")
+            raise ValueError(f"--task stateful_lm: every batch is one window of all rows, got {len(samples)} windows "
+                             "(its batch sampler gives one window an index)")
         start, length = samples[0]
         inputs, targets = self.window(start, length)
         bsz = inputs.size(0)

@@ -16,7 +16,6 @@ import json
 import logging
 import re
 import statistics
-import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 

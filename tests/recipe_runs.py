@@ -1,0 +1,46 @@
+"""Running the recipes' shell scripts (recipes/) from the tests, and what a run must leave behind.
+
+A script runs with this environment's fairseq programs first on PATH and one thread a process; the variables the
+recipes read come from the test only, never from the caller's environment."""
+
+import hashlib
+import os
+import re
+import subprocess
+from pathlib import Path
+
+from conftest import BIN, REPO
+
+RECIPES = REPO / "recipes"
+
+
+def run_recipe(script, *args, env=None, clear=(), popen=False):
+    """Run ``bash recipes/<script> args...``. The caller's variables named in ``clear`` (a name ending in "_" is a
+    prefix) are left out; ``env`` adds the test's. With ``popen``: a ``Popen`` in its own process group, its output
+    on ``stdout``, so that a test can kill the script and every program it started."""
+    def cleared(name):
+        return any(name == c or (c.endswith("_") and name.startswith(c)) for c in clear)
+
+    full_env = {name: value for name, value in os.environ.items() if not cleared(name)}
+    full_env.update(PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1")
+    full_env.update(env or {})
+    command = ["bash", str(RECIPES / script), *map(str, args)]
+    if popen:
+        return subprocess.Popen(command, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+    return subprocess.run(command, env=full_env, capture_output=True, text=True, timeout=600)
+
+
+def ok(proc):
+    """``proc``, after asserting that it succeeded (its output's end in the message when not)."""
+    assert proc.returncode == 0, f"exit code {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return proc
+
+
+def md5(path):
+    return hashlib.md5(Path(path).read_bytes()).hexdigest()
+
+
+def leftovers(directory):
+    """Temporary names a run must not leave behind."""
+    return [p for p in Path(directory).rglob("*") if re.search(r"\.(tmp|part|err)$", p.name)]
