@@ -13,7 +13,8 @@ from define_fairseq.modules.gated_conv import (
     ACTIVATIONS, CausalConv1d, GatedConvLayer, GatedConvStack, parse_layer_spec, receptive_field)
 from define_fairseq.tools.params import parameter_breakdown, setup_from_train_args
 from conftest import USER_DIR, needs_fairseq_eos_blocks, run_cli
-from lm_helpers import check_beam_search_scores, check_generate_continues_a_prefix, load, log_probs, tokens_batch
+from lm_helpers import (check_beam_search_scores, check_generate_continues_a_prefix, check_incremental_decoding, load,
+                        log_probs, tokens_batch)
 
 WT103_VOCAB = 267_735
 TINY = ["--decoder-embed-dim", "16", "--gcnn-layers", "[(16, 3)] * 2 + [[(8, 1), (8, 3), (24, 1)]]"]
@@ -196,21 +197,7 @@ def test_changing_a_token_never_changes_an_earlier_output(lm_data, case):
 @pytest.mark.parametrize("case", CASES)
 def test_incremental_decoding_and_reordering_equal_the_full_pass(lm_data, case):
     _, task, model = parsed_model(lm_data, "gcnn_lm", *CASES[case])
-    model.eval()
-    tokens = tokens_batch(len(task.target_dictionary), length=12)
-    full = log_probs(model, tokens)
-    state = {}
-    with torch.no_grad():
-        first = model.get_normalized_probs(model.decoder(tokens[:, :3], incremental_state=state), log_probs=True)
-        steps = [model.get_normalized_probs(model.decoder(tokens[:, : t + 1], incremental_state=state),
-                                            log_probs=True) for t in range(3, 6)]
-        order = torch.tensor([2, 0, 0, 1])  # beam search: reorder, and duplicate a row
-        model.decoder.reorder_incremental_state_scripting(state, order)
-        reordered = tokens[order]
-        more = [model.get_normalized_probs(model.decoder(reordered[:, : t + 1], incremental_state=state),
-                                           log_probs=True) for t in range(6, tokens.shape[1])]
-    torch.testing.assert_close(torch.cat([first, *steps], dim=1), full[:, :6], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(torch.cat(more, dim=1), full[order, 6:], rtol=1e-5, atol=1e-5)
+    check_incremental_decoding(model, tokens_batch(len(task.target_dictionary), length=12), first=3, split=6)
 
 
 def test_beam_search_scores_equal_the_full_pass(lm_data):

@@ -19,6 +19,7 @@ from conftest import USER_DIR, needs_fairseq_eos_blocks, run_cli
 from lm_helpers import (
     check_beam_search_scores,
     check_generate_continues_a_prefix,
+    check_incremental_decoding,
     eval_lm,
     last_float,
     load,
@@ -223,20 +224,7 @@ IN_PROCESS = {
 def test_incremental_decoding_and_reordering_equal_the_full_pass(lm_data, case):
     arch, flags = IN_PROCESS[case]
     _, task, model = parsed_model(lm_data, arch, *flags)
-    model.eval()
-    tokens = tokens_batch(len(task.target_dictionary))
-    full = log_probs(model, tokens)
-    state = {}
-    with torch.no_grad():
-        steps = [model.get_normalized_probs(model.decoder(tokens[:, : t + 1], incremental_state=state),
-                                            log_probs=True) for t in range(5)]
-        order = torch.tensor([2, 0, 0, 1])  # beam search: reorder, and duplicate a row
-        model.decoder.reorder_incremental_state_scripting(state, order)
-        reordered = tokens[order]
-        more = [model.get_normalized_probs(model.decoder(reordered[:, : t + 1], incremental_state=state),
-                                           log_probs=True) for t in range(5, tokens.shape[1])]
-    torch.testing.assert_close(torch.cat(steps, dim=1), full[:, :5], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(torch.cat(more, dim=1), full[order, 5:], rtol=1e-5, atol=1e-5)
+    check_incremental_decoding(model, tokens_batch(len(task.target_dictionary)))
 
 
 @pytest.mark.parametrize("case", IN_PROCESS)

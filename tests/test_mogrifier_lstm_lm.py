@@ -13,7 +13,8 @@ import define_fairseq  # noqa: F401  (registers the models, tasks and criteria)
 from define_fairseq.models.mogrifier_lstm_lm import MogrifierLSTMLMModel, TiedOutput
 from define_fairseq.modules import DeFINEEmbedding
 
-from lm_helpers import check_beam_search_scores, eval_lm, load, log_probs, split_stream, tokens_batch
+from lm_helpers import (check_beam_search_scores, check_incremental_decoding, eval_lm, load, log_probs, split_stream,
+                        tokens_batch)
 from test_lstm_lm import mean_nll_base2, parsed_model, train
 
 # Each arch on tiny dims (the arch's structure: rounds, mixture, projection, dropouts, kept).
@@ -284,20 +285,7 @@ def test_l2_penalty_is_lambs_term_in_training_only(lm_task):
 def test_incremental_decoding_and_reordering_equal_the_full_pass(lm_data, case):
     arch, flags = CASES[case]
     _, task, model = parsed_model(lm_data, arch, *flags, "--mogrifier-softmax-temperature", "1.2")
-    model.eval()
-    tokens = tokens_batch(len(task.target_dictionary))
-    full = log_probs(model, tokens)
-    state = {}
-    with torch.no_grad():
-        steps = [model.get_normalized_probs(model.decoder(tokens[:, : t + 1], incremental_state=state),
-                                            log_probs=True) for t in range(5)]
-        order = torch.tensor([2, 0, 0, 1])  # beam search: reorder, and duplicate a row
-        model.decoder.reorder_incremental_state_scripting(state, order)
-        reordered = tokens[order]
-        more = [model.get_normalized_probs(model.decoder(reordered[:, : t + 1], incremental_state=state),
-                                           log_probs=True) for t in range(5, tokens.shape[1])]
-    torch.testing.assert_close(torch.cat(steps, dim=1), full[:, :5], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(torch.cat(more, dim=1), full[order, 5:], rtol=1e-5, atol=1e-5)
+    check_incremental_decoding(model, tokens_batch(len(task.target_dictionary)))
 
 
 def test_beam_search_scores_equal_the_full_pass(lm_data):

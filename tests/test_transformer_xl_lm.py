@@ -10,7 +10,8 @@ import torch
 import define_fairseq  # noqa: F401  (registers the models, tasks and criteria)
 from define_fairseq.tools.params import parameter_breakdown, setup_from_train_args, write_dictionaries
 from conftest import USER_DIR, needs_fairseq_eos_blocks, run_cli, training_arguments
-from lm_helpers import check_generate_continues_a_prefix, eval_lm, load, log_probs, split_stream, tokens_batch
+from lm_helpers import (check_generate_continues_a_prefix, check_incremental_decoding, eval_lm, load, log_probs,
+                        split_stream, tokens_batch)
 
 WT103_VOCAB = 267_735
 TINY = ["--decoder-layers", "2", "--decoder-embed-dim", "16", "--decoder-attention-heads", "2", "--txl-head-dim", "6",
@@ -79,20 +80,7 @@ def test_changing_a_token_never_changes_an_earlier_output(model):
 
 def test_incremental_decoding_and_reordering_equal_the_full_pass(model):
     model, vocab = model
-    tokens = tokens_batch(vocab, length=12, bos=False)
-    full = log_probs(model, tokens)
-    state = {}
-    with torch.no_grad():
-        first = model.get_normalized_probs(model.decoder(tokens[:, :3], incremental_state=state), log_probs=True)
-        steps = [model.get_normalized_probs(model.decoder(tokens[:, : t + 1], incremental_state=state),
-                                            log_probs=True) for t in range(3, 6)]
-        order = torch.tensor([2, 0, 0, 1])  # beam search: reorder, and duplicate a row
-        model.decoder.reorder_incremental_state_scripting(state, order)
-        reordered = tokens[order]
-        more = [model.get_normalized_probs(model.decoder(reordered[:, : t + 1], incremental_state=state),
-                                           log_probs=True) for t in range(6, tokens.shape[1])]
-    torch.testing.assert_close(torch.cat([first, *steps], dim=1), full[:, :6], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(torch.cat(more, dim=1), full[order, 6:], rtol=1e-5, atol=1e-5)
+    check_incremental_decoding(model, tokens_batch(vocab, length=12, bos=False), first=3, split=6)
 
 
 def test_input_layers_and_tying(lm_data):
