@@ -1,6 +1,7 @@
 """What the language-model tests share: random token batches, full log-probabilities, loading a checkpoint as
-fairseq's programs do, a binarized split as one stream, fairseq-eval-lm's loss and perplexity, and the checks of
-incremental decoding, beam search and fairseq-generate against the full pass."""
+fairseq's programs do, a recurrent LM saved and loaded with its carried state, a binarized split as one stream,
+fairseq-eval-lm's loss and perplexity, and the checks of incremental decoding, beam search and fairseq-generate
+against the full pass."""
 
 import math
 import re
@@ -33,6 +34,23 @@ def load(path, **overrides):
 
     (model,), _, task = checkpoint_utils.load_model_ensemble_and_task([str(path)], arg_overrides=overrides or None)
     return model.eval(), task
+
+
+def saved_and_loaded(cfg, task, model, path) -> tuple:
+    """A recurrent LM after one training forward (so that it carries a state), saved to ``path`` by fairseq's
+    ``Trainer`` and loaded back as fairseq's programs load it: the state is in the checkpoint with its batch size,
+    and the loaded model's log-probabilities equal the original's exactly. Returns ``(loaded model, tokens)``."""
+    from fairseq import checkpoint_utils
+    from fairseq.trainer import Trainer
+
+    tokens = tokens_batch(len(task.target_dictionary))
+    model.decoder(tokens, reset_state=True)  # a training state is carried, and saved with the weights
+    Trainer(cfg, task, model, task.build_criterion(cfg.criterion)).save_checkpoint(str(path), {})
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    assert state["model"]["decoder.carried_state._extra_state"]["batch_size"] == len(tokens)
+    (loaded,), _ = checkpoint_utils.load_model_ensemble([str(path)])
+    torch.testing.assert_close(log_probs(loaded.eval(), tokens), log_probs(model.eval(), tokens), rtol=0, atol=0)
+    return loaded, tokens
 
 
 def split_stream(data, dictionary, split: str = "test") -> torch.Tensor:
