@@ -20,17 +20,6 @@ CORPORA = {
 SPLITS = ("train", "valid", "test")
 
 
-RECIPE_VARIABLES = ("WIKITEXT103_URL", "WIKITEXT2_URL", "PTB_URL", "WIKITEXT103_MD5", "WIKITEXT2_MD5", "PTB_MD5",
-                    "DATA_DIR", "SAVE_ROOT", "FORCE", "TEMPERATURES")
-
-
-
-def run_script(script, *args, env=None):
-    """Run recipes/<script> (recipe_runs.run_recipe), fairseq-preprocess with one worker; the variables the recipes
-    read come from ``env`` only."""
-    return run_recipe(script, *args, env={"PREPROCESS_WORKERS": "1", **(env or {})}, clear=RECIPE_VARIABLES)
-
-
 # ------------------------------------------------------------------------------------------------ fixtures
 
 @pytest.fixture(scope="module")
@@ -52,7 +41,7 @@ def prepared(mirror, tmp_path_factory):
     result = {}
     for corpus, (archive, url_var, md5_var, _, _) in CORPORA.items():
         data_dir = root / corpus
-        proc = ok(run_script(f"{corpus}/prepare.sh", data_dir,
+        proc = ok(run_recipe(f"{corpus}/prepare.sh", data_dir,
                              env={url_var: f"{url}/{archive}", md5_var: md5(archives[corpus])}))
         result[corpus] = (data_dir, proc.stdout + proc.stderr)
     return result

@@ -14,15 +14,21 @@ from conftest import BIN, REPO
 RECIPES = REPO / "recipes"
 
 
-def run_recipe(script, *args, env=None, clear=(), popen=False):
-    """Run ``bash recipes/<script> args...``. The caller's variables named in ``clear`` (a name ending in "_" is a
-    prefix) are left out; ``env`` adds the test's. With ``popen``: a ``Popen`` in its own process group, its output
-    on ``stdout``, so that a test can kill the script and every program it started."""
-    def cleared(name):
-        return any(name == c or (c.endswith("_") and name.startswith(c)) for c in clear)
+# What the recipes read from the environment: a caller's value would change what a test runs.
+RECIPE_VARIABLES = ("DATA_DIR", "SAVE_ROOT", "FORCE", "TEMPERATURES", "PREPROCESS_WORKERS",
+                    "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
 
-    full_env = {name: value for name, value in os.environ.items() if not cleared(name)}
-    full_env.update(PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1")
+
+def run_recipe(script, *args, env=None, popen=False):
+    """Run ``bash recipes/<script> args...`` with fairseq-preprocess on one worker. The caller's recipe variables
+    (``RECIPE_VARIABLES``, ``WMT14_*``, ``*_URL``, ``*_MD5``) are left out; ``env`` adds the test's. With ``popen``:
+    a ``Popen`` in its own process group, its output on ``stdout``, so that a test can kill the script and every
+    program it started."""
+    def recipe_variable(name):
+        return name in RECIPE_VARIABLES or name.startswith("WMT14_") or name.endswith(("_URL", "_MD5"))
+
+    full_env = {name: value for name, value in os.environ.items() if not recipe_variable(name)}
+    full_env.update(PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1", PREPROCESS_WORKERS="1")
     full_env.update(env or {})
     command = ["bash", str(RECIPES / script), *map(str, args)]
     if popen:

@@ -27,16 +27,6 @@ from recipe_mirror import (GBW_HELDOUT_SHARDS, GBW_LONG_SENTENCE, GBW_TOP, GBW_T
 from recipe_runs import leftovers, md5, ok, run_recipe
 
 GBW_ARCHIVE = f"{GBW_TOP}.tar.gz"
-RECIPE_VARIABLES = ("GBW_URL", "GBW_MD5", "WIKITEXT103_URL", "WIKITEXT103_MD5", "DATA_DIR", "SAVE_ROOT", "FORCE",
-                    "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
-
-
-def run_script(script, *args, env=None):
-    """Run recipes/<script> (recipe_runs.run_recipe), fairseq-preprocess with one worker; the variables the recipes
-    read come from ``env`` only."""
-    return run_recipe(script, *args, env={"PREPROCESS_WORKERS": "1", **(env or {})}, clear=RECIPE_VARIABLES)
-
-
 def gbw_members(archive):
     """{path below the top folder: text} of a GBW archive, read with Python's tarfile."""
     with tarfile.open(archive) as tar:
@@ -73,7 +63,7 @@ def gbw_data(mirror, tmp_path_factory):
     """recipes/gbw/prepare.sh run once over HTTP with the stand-in's MD5: (data dir, its output)."""
     url, folder = mirror
     data_dir = tmp_path_factory.mktemp("data") / "gbw"
-    proc = ok(run_script("gbw/prepare.sh", data_dir,
+    proc = ok(run_recipe("gbw/prepare.sh", data_dir,
                          env={"GBW_URL": f"{url}/{GBW_ARCHIVE}", "GBW_MD5": md5(folder / GBW_ARCHIVE)}))
     return data_dir, proc.stdout + proc.stderr
 
@@ -82,7 +72,7 @@ def gbw_data(mirror, tmp_path_factory):
 def wt103_data(mirror, tmp_path_factory):
     url, folder = mirror
     data_dir = tmp_path_factory.mktemp("data") / "wikitext-103"
-    ok(run_script("wikitext-103/prepare.sh", data_dir, env={"WIKITEXT103_URL": f"{url}/wikitext-103-v1.zip",
+    ok(run_recipe("wikitext-103/prepare.sh", data_dir, env={"WIKITEXT103_URL": f"{url}/wikitext-103-v1.zip",
                                                             "WIKITEXT103_MD5": md5(folder / "wikitext-103-v1.zip")}))
     return data_dir
 
@@ -125,7 +115,7 @@ def test_gbw_prepare_assembles_the_splits_and_keeps_words_seen_three_times(gbw_d
             assert dataset[i].tolist() == expected + [dictionary.eos()], (split, i)
 
     # a rerun skips every step (the URL now points at a closed port)
-    proc = ok(run_script("gbw/prepare.sh", data_dir, env={"GBW_URL": closed_port_url(GBW_ARCHIVE)}))
+    proc = ok(run_recipe("gbw/prepare.sh", data_dir, env={"GBW_URL": closed_port_url(GBW_ARCHIVE)}))
     assert all(f"skip {step}" in proc.stdout for step in ("download", "unpack", "binarize"))
 
 
@@ -140,7 +130,7 @@ def test_gbw_prepare_failures_leave_nothing_behind(served, message, mirror, tmp_
     url = closed_port_url(GBW_ARCHIVE) if served is None else f"{base}/{served}"
     env = {"GBW_URL": url, "GBW_MD5": "0" * 32 if served == GBW_ARCHIVE else ""}
     data_dir = tmp_path / "new" / "gbw"
-    proc = run_script("gbw/prepare.sh", data_dir, env=env)
+    proc = run_recipe("gbw/prepare.sh", data_dir, env=env)
     assert proc.returncode != 0
     assert message.format(url=url) in proc.stderr
     assert "GBW_URL" in proc.stderr or "GBW_MD5" in proc.stderr  # says what to change
@@ -150,7 +140,7 @@ def test_gbw_prepare_failures_leave_nothing_behind(served, message, mirror, tmp_
     # a data directory that existed before is kept, and holds nothing of the failed run
     existing = tmp_path / "existing"
     existing.mkdir()
-    assert run_script("gbw/prepare.sh", existing, env=env).returncode != 0
+    assert run_recipe("gbw/prepare.sh", existing, env=env).returncode != 0
     assert list(existing.iterdir()) == []
 
 
@@ -184,7 +174,7 @@ GBW_CONFIGS = ("gcnn_lm_13", "gcnn_lm_14b", "gcnn_lm_8b")
 
 
 def dry_run(corpus, config, *extra):
-    proc = ok(run_script(f"{corpus}/train.sh", "-n", "-d", "data", "-s", "ck", config, *extra))
+    proc = ok(run_recipe(f"{corpus}/train.sh", "-n", "-d", "data", "-s", "ck", config, *extra))
     assert proc.stderr == ""
     return training_arguments(proc.stdout)
 
@@ -259,10 +249,10 @@ def nll_bits(model, inputs, targets):
 
 
 def train_then_eval(corpus, config, data_dir, save_root, *train_args):
-    ok(run_script(f"{corpus}/train.sh", "-d", data_dir, "-s", save_root, config, *TINY, *train_args))
+    ok(run_recipe(f"{corpus}/train.sh", "-d", data_dir, "-s", save_root, config, *TINY, *train_args))
     save_dir = save_root / config
     assert "done training" in (save_dir / "train.log").read_text() and (save_dir / ".done" / "train").is_file()
-    proc = ok(run_script(f"{corpus}/eval.sh", "-d", data_dir, "-s", save_root, config, "--cpu"))
+    proc = ok(run_recipe(f"{corpus}/eval.sh", "-d", data_dir, "-s", save_root, config, "--cpu"))
     results = split_results(proc.stdout)
     assert list(results) == ["valid", "test"]
     for ppl, loss in results.values():

@@ -11,9 +11,9 @@ import sys
 import pytest
 
 from conftest import training_arguments
-from lm_recipe import CORPORA, raw_token_count, run_script
+from lm_recipe import CORPORA, raw_token_count
 from lm_recipe import mirror, prepared  # noqa: F401 - fixtures
-from recipe_runs import leftovers, ok
+from recipe_runs import leftovers, ok, run_recipe
 
 
 # ------------------------------------------------------------------------------------------ train.sh configs
@@ -65,7 +65,7 @@ print(json.dumps(result))
 
 def dry_run(config, *extra, save_root="ck"):
     corpus, name = config.split("/")
-    proc = ok(run_script(f"{corpus}/train.sh", "-n", "-d", "data", "-s", save_root, name, *extra))
+    proc = ok(run_recipe(f"{corpus}/train.sh", "-n", "-d", "data", "-s", save_root, name, *extra))
     return training_arguments(proc.stdout)
 
 
@@ -183,26 +183,26 @@ def test_train_then_eval(config, prepared, tmp_path):
     corpus, name = config.split("/")
     data_dir = prepared[corpus][0]
     save_root = tmp_path / "checkpoints"
-    proc = ok(run_script(f"{corpus}/train.sh", "-d", data_dir, "-s", save_root, name, *TINY[config], *CPU))
+    proc = ok(run_recipe(f"{corpus}/train.sh", "-d", data_dir, "-s", save_root, name, *TINY[config], *CPU))
     save_dir = save_root / name
     assert (save_dir / "checkpoint_best.pt").is_file() and (save_dir / "checkpoint_last.pt").is_file()
     assert "done training" in (save_dir / "train.log").read_text()
     assert (save_dir / ".done" / "train").is_file()
     # a rerun does not train again
     stamp = (save_dir / "checkpoint_last.pt").stat().st_mtime_ns
-    proc = ok(run_script(f"{corpus}/train.sh", "-d", data_dir, "-s", save_root, name, *TINY[config], *CPU))
+    proc = ok(run_recipe(f"{corpus}/train.sh", "-d", data_dir, "-s", save_root, name, *TINY[config], *CPU))
     assert "skip training" in proc.stdout and "done training" not in proc.stdout
     assert (save_dir / "checkpoint_last.pt").stat().st_mtime_ns == stamp
     if config == "ptb/awd_lstm_lm":  # an unfinished run (no marker) resumes from checkpoint_last.pt
         (save_dir / ".done" / "train").unlink()
-        ok(run_script(f"{corpus}/train.sh", "-d", data_dir, "-s", save_root, name, *TINY[config], *CPU,
+        ok(run_recipe(f"{corpus}/train.sh", "-d", data_dir, "-s", save_root, name, *TINY[config], *CPU,
                       "--max-epoch", "2"))
         log = (save_dir / "train.log").read_text()
         assert "Loaded checkpoint" in log and "| epoch 002 |" in log and "| epoch 001 |" in log
         assert log.count("done training") == 2 and (save_dir / ".done" / "train").is_file()
 
     extra = EVAL_EXTRA.get(config, []) + ["--cpu"]
-    proc = ok(run_script(f"{corpus}/eval.sh", "-d", data_dir, "-s", save_root, name, *extra))
+    proc = ok(run_recipe(f"{corpus}/eval.sh", "-d", data_dir, "-s", save_root, name, *extra))
     files = CORPORA[corpus][4][1:]  # valid, test
     results = save_dir / "checkpoint_best.eval.txt"
     assert results.read_text().splitlines()[1:] == proc.stdout.strip().splitlines()[-2:]
@@ -219,11 +219,11 @@ def test_train_then_eval(config, prepared, tmp_path):
         if not name.startswith("transformer"):  # the paper's evaluation batches: valid 10 streams, test 1
             assert f"--batch-size {10 if split == 'valid' else 1}" in results.read_text().splitlines()[0]
     # the same checkpoint given as a file reuses the results; FORCE=1 recomputes the same numbers
-    again = ok(run_script(f"{corpus}/eval.sh", "-d", data_dir, save_dir / "checkpoint_best.pt", *extra))
+    again = ok(run_recipe(f"{corpus}/eval.sh", "-d", data_dir, save_dir / "checkpoint_best.pt", *extra))
     assert "skip evaluation" in again.stdout
     assert again.stdout.strip().splitlines()[-2:] == proc.stdout.strip().splitlines()[-2:]
     if config == "ptb/awd_lstm_lm":
-        forced = ok(run_script(f"{corpus}/eval.sh", "-d", data_dir, "-s", save_root, name, *extra,
+        forced = ok(run_recipe(f"{corpus}/eval.sh", "-d", data_dir, "-s", save_root, name, *extra,
                                env={"FORCE": "1"}))
         assert "skip" not in forced.stdout
         assert forced.stdout.strip().splitlines()[-2:] == proc.stdout.strip().splitlines()[-2:]
@@ -239,11 +239,11 @@ MOGRIFIER_TINY = ["--mogrifier-hidden-size", "16", "--mogrifier-rank", "4", "--b
 def test_mogrifier_eval_reports_perplexity_without_and_with_the_tuned_temperature(prepared, tmp_path):
     data_dir = prepared["ptb"][0]
     save_root = tmp_path / "checkpoints"
-    ok(run_script("ptb/train.sh", "-d", data_dir, "-s", save_root, "mogrifier_lstm_lm_ptb", *MOGRIFIER_TINY, *CPU))
+    ok(run_recipe("ptb/train.sh", "-d", data_dir, "-s", save_root, "mogrifier_lstm_lm_ptb", *MOGRIFIER_TINY, *CPU))
     save_dir = save_root / "mogrifier_lstm_lm_ptb"
     assert "done training" in (save_dir / "train.log").read_text()
     env = {"TEMPERATURES": "1.0 1.7"}
-    proc = ok(run_script("ptb/eval.sh", "-d", data_dir, "-s", save_root, "mogrifier_lstm_lm_ptb", "--cpu", env=env))
+    proc = ok(run_recipe("ptb/eval.sh", "-d", data_dir, "-s", save_root, "mogrifier_lstm_lm_ptb", "--cpu", env=env))
     searched = {float(t): float(ppl) for t, ppl in re.findall(r"^ +T = ([0-9.]+): valid perplexity ([0-9.]+)$",
                                                               proc.stdout, re.M)}
     assert set(searched) == {1.0, 1.7}
@@ -263,7 +263,7 @@ def test_mogrifier_eval_reports_perplexity_without_and_with_the_tuned_temperatur
     if best != 1.0:
         assert tuned["test"] != plain["test"]
     # a rerun reuses both results
-    again = ok(run_script("ptb/eval.sh", "-d", data_dir, "-s", save_root, "mogrifier_lstm_lm_ptb", "--cpu", env=env))
+    again = ok(run_recipe("ptb/eval.sh", "-d", data_dir, "-s", save_root, "mogrifier_lstm_lm_ptb", "--cpu", env=env))
     assert "skip evaluation" in again.stdout and "skip temperature search" in again.stdout
     assert again.stdout.strip().splitlines()[-7:] == tail
     assert not leftovers(save_dir)

@@ -7,10 +7,10 @@ import shutil
 
 import pytest
 
-from lm_recipe import CORPORA, SPLITS, read_binarized, run_script
+from lm_recipe import CORPORA, SPLITS, read_binarized
 from lm_recipe import mirror, prepared  # noqa: F401 - fixtures
 from recipe_mirror import closed_port_url
-from recipe_runs import RECIPES, leftovers, md5, ok
+from recipe_runs import RECIPES, leftovers, md5, ok, run_recipe
 
 
 # ------------------------------------------------------------------------------------------------ prepare.sh
@@ -46,7 +46,7 @@ def test_prepare_rerun_skips_finished_steps(prepared, tmp_path):
     shutil.copytree(prepared["wikitext-2"][0], data_dir)
     before = {p: p.stat().st_mtime_ns for p in data_dir.rglob("*") if p.is_file()}
     # a rerun neither downloads (the URL now points at a closed port) nor unpacks nor binarizes again
-    proc = ok(run_script("wikitext-2/prepare.sh", data_dir, env={"WIKITEXT2_URL": closed_port_url("x.zip")}))
+    proc = ok(run_recipe("wikitext-2/prepare.sh", data_dir, env={"WIKITEXT2_URL": closed_port_url("x.zip")}))
     for step in ("download", "unpack", "binarize"):
         assert f"skip {step}" in proc.stdout
     assert {p: p.stat().st_mtime_ns for p in data_dir.rglob("*") if p.is_file()} == before
@@ -54,7 +54,7 @@ def test_prepare_rerun_skips_finished_steps(prepared, tmp_path):
     dictionary = (data_dir / "data-bin" / "dict.txt").read_bytes()
     train = (data_dir / "data-bin" / "train.bin").read_bytes()
     shutil.rmtree(data_dir / "data-bin")
-    proc = ok(run_script("wikitext-2/prepare.sh", data_dir, env={"WIKITEXT2_URL": closed_port_url("x.zip")}))
+    proc = ok(run_recipe("wikitext-2/prepare.sh", data_dir, env={"WIKITEXT2_URL": closed_port_url("x.zip")}))
     assert "skip download" in proc.stdout and "skip unpack" in proc.stdout and "skip binarize" not in proc.stdout
     assert (data_dir / "data-bin" / "dict.txt").read_bytes() == dictionary
     assert (data_dir / "data-bin" / "train.bin").read_bytes() == train
@@ -64,7 +64,7 @@ def test_prepare_rerun_skips_finished_steps(prepared, tmp_path):
 def test_prepare_unreachable_url_fails_clearly_and_leaves_nothing(tmp_path):
     url = closed_port_url("wikitext-103-v1.zip")
     data_dir = tmp_path / "new" / "wikitext-103"
-    proc = run_script("wikitext-103/prepare.sh", data_dir, env={"WIKITEXT103_URL": url})
+    proc = run_recipe("wikitext-103/prepare.sh", data_dir, env={"WIKITEXT103_URL": url})
     assert proc.returncode != 0
     assert f"error: download of {url} failed" in proc.stderr
     assert "WIKITEXT103_URL" in proc.stderr  # says how to point it elsewhere
@@ -72,7 +72,7 @@ def test_prepare_unreachable_url_fails_clearly_and_leaves_nothing(tmp_path):
     # a data directory that existed before is kept, and holds no partial download
     existing = tmp_path / "existing"
     existing.mkdir()
-    proc = run_script("ptb/prepare.sh", existing, env={"PTB_URL": closed_port_url("simple-examples.tgz")})
+    proc = run_recipe("ptb/prepare.sh", existing, env={"PTB_URL": closed_port_url("simple-examples.tgz")})
     assert proc.returncode != 0 and "error: download of" in proc.stderr and "PTB_URL" in proc.stderr
     assert list(existing.iterdir()) == []
 
@@ -84,7 +84,7 @@ def test_prepare_unreachable_url_fails_clearly_and_leaves_nothing(tmp_path):
 def test_prepare_wrong_archive_fails_clearly_and_leaves_nothing(served, message, mirror, tmp_path):
     url, _, _ = mirror
     data_dir = tmp_path / "wt103"
-    proc = run_script("wikitext-103/prepare.sh", data_dir,
+    proc = run_recipe("wikitext-103/prepare.sh", data_dir,
                       env={"WIKITEXT103_URL": f"{url}/{served}", "WIKITEXT103_MD5": ""})
     assert proc.returncode != 0
     assert message in proc.stderr
@@ -98,7 +98,7 @@ def test_prepare_checks_the_known_checksum_by_default(mirror, tmp_path):
     url, _, archives = mirror
     data_dir = tmp_path / "wt2"
     # no WIKITEXT2_MD5: the original release's MD5 applies, which the stand-in does not have
-    proc = run_script("wikitext-2/prepare.sh", data_dir, env={"WIKITEXT2_URL": f"{url}/wikitext-2-v1.zip"})
+    proc = run_recipe("wikitext-2/prepare.sh", data_dir, env={"WIKITEXT2_URL": f"{url}/wikitext-2-v1.zip"})
     assert proc.returncode != 0
     assert f"checksum mismatch for {url}/wikitext-2-v1.zip: MD5 {md5(archives['wikitext-2'])}, expected " \
            f"542ccefacc6c27f945fb54453812b3cd" in proc.stderr
@@ -110,14 +110,14 @@ def test_prepare_checks_the_known_checksum_by_default(mirror, tmp_path):
 def test_every_script_has_usage_and_strict_mode(script):
     text = (RECIPES / script).read_text()
     assert text.startswith("#!/usr/bin/env bash\n") and "set -euo pipefail" in text
-    proc = ok(run_script(script, "-h"))
+    proc = ok(run_recipe(script, "-h"))
     assert proc.stdout.startswith("Usage: ")
 
 
 def test_unknown_config_and_missing_data_fail_clearly(tmp_path):
-    proc = run_script("ptb/train.sh", "-d", tmp_path, "awd_lstm")
+    proc = run_recipe("ptb/train.sh", "-d", tmp_path, "awd_lstm")
     assert proc.returncode != 0 and "unknown CONFIG 'awd_lstm'" in proc.stderr
-    proc = run_script("ptb/train.sh", "-d", tmp_path, "-s", tmp_path / "ck", "awd_lstm_lm")
+    proc = run_recipe("ptb/train.sh", "-d", tmp_path, "-s", tmp_path / "ck", "awd_lstm_lm")
     assert proc.returncode != 0 and f"no binarized data in {tmp_path}/data-bin" in proc.stderr
-    proc = run_script("wikitext-103/eval.sh", "-s", tmp_path, "r3")
+    proc = run_recipe("wikitext-103/eval.sh", "-s", tmp_path, "r3")
     assert proc.returncode != 0 and f"{tmp_path}/r3/checkpoint_best.pt not found" in proc.stderr

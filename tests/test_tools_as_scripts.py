@@ -21,7 +21,8 @@ def run_script(tool, *args, stdin=""):
 
 
 def test_the_tokenizer_runs_as_a_script_without_fairseq():
-    code, out, imported = run_script("moses_text", "tokenize", "-l", "en", "-j", "2", stdin="Hello, well-known world!\n")
+    code, out, imported = run_script("moses_text", "tokenize", "-l", "en", "-j", "2",
+                                     stdin="Hello, well-known world!\n")
     assert code == 0
     assert out == "Hello , well @-@ known world !\n"
     assert "sacremoses" in imported  # the check sees the imports ...

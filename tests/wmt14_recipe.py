@@ -20,9 +20,8 @@ TINY_DEFINE = ["--define-n", "16", "--define-k", "64"]
 
 
 def run_script(script, *args, env=None, popen=False):
-    """Run recipes/wmt14-en-de/<script> (recipe_runs.run_recipe); the WMT14_* variables come from ``env`` only."""
-    return run_recipe(f"wmt14-en-de/{script}", *args, env=env, clear=("WMT14_", "DATA_DIR", "SAVE_ROOT", "FORCE"),
-                      popen=popen)
+    """Run recipes/wmt14-en-de/<script> (recipe_runs.run_recipe)."""
+    return run_recipe(f"wmt14-en-de/{script}", *args, env=env, popen=popen)
 
 
 def read_lines(path):

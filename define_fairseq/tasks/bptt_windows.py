@@ -118,7 +118,7 @@ class BPTTWindows(FairseqDataset):
     def collater(self, samples):
         if len(samples) != 1:
             raise ValueError(f"--task stateful_lm: every batch is one window of all rows, got {len(samples)} windows "
-                             "(its batch sampler gives one window an index)")
+                             "(the task's batch sampler gives each batch one window)")
         start, length = samples[0]
         inputs, targets = self.window(start, length)
         bsz = inputs.size(0)
