@@ -112,14 +112,14 @@ lm_data() {
     mv "$out/data-bin.tmp" "$out/data-bin"
 }
 
-# train_run DIR ARGS...: fairseq-train ARGS into DIR (checkpoint_last.pt, train.log with --log-format json),
+# train_run DIR ARGS...: fairseq-train ARGS into DIR (its checkpoints, train.log with --log-format json),
 # skipped when DIR/train.log says the run finished; an unfinished DIR is started over. Training runs through
 # define_fairseq.tools.train, fairseq-train's loop with a clean process exit.
 train_run() {
     local dir=$1; shift
     grep -qs "done training" "$dir/train.log" && return 0
     rm -rf "$dir" && mkdir -p "$dir"
-    python -m define_fairseq.tools.train "$@" --save-dir "$dir" --no-epoch-checkpoints --no-progress-bar \
+    python -m define_fairseq.tools.train "$@" --save-dir "$dir" --no-progress-bar \
         --log-format json --log-interval 50 > "$dir/train.log.tmp" 2>&1 \
         || { tail -20 "$dir/train.log.tmp" >&2; echo "error: training into $dir failed" >&2; exit 1; }
     rm -f "$dir/checkpoint_best.pt"

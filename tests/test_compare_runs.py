@@ -65,3 +65,29 @@ def test_models_limits_the_table_to_their_runs_while_others_still_train(tmp_path
     assert len(rows) == 1 and rows[0].startswith("| `baseline` |")
     with pytest.raises(SystemExit, match="projective.s1/train.log is missing"):
         main([str(tmp_path)])
+
+
+def write_point(root, regime, model, seed, score, updates, seconds):
+    """A point cut from the run under runs/train (define_fairseq.tools.run_points)."""
+    point = root / "runs" / regime / f"{model}.s{seed}"
+    point.mkdir(parents=True)
+    train = root / "runs" / "train" / f"{model}.s{seed}"
+    (point / "point.json").write_text(json.dumps({"run": f"../../train/{model}.s{seed}", "updates": updates,
+                                                  "seconds": seconds}))
+    (point / "params.txt").write_text((train / "params.txt").read_text())
+    (point / "score").write_text(f"{score}\n")
+
+
+def test_points_of_one_run_give_each_regime_its_updates_time_and_curve(tmp_path, capsys):
+    curve = [(200, 8.0), (400, 7.0), (600, 6.5), (800, 6.4)]
+    write_run(tmp_path, "train", "define", 1, 0.0, curve, 400)
+    write_point(tmp_path, "updates", "define", 1, 25.0, 400, 201.5)
+    write_point(tmp_path, "time", "define", 1, 25.5, 600, 299.0)
+    write_point(tmp_path, "long", "define", 1, 27.0, 800, 400.0)
+    main([str(tmp_path), "--metric", "BLEU", "--models", "define", "--plot", str(tmp_path / "c.png")])
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| `define`"))
+    assert "| 25.00 (25.00) | 202 | 400 | 25.50 (25.50) | 299 | 600 | 27.00 (27.00) | 400 | 800 |" in row
+    from define_fairseq.tools.compare_runs import load
+
+    cut = load(tmp_path, "updates")[0]
+    assert cut.valid == curve[:2] and max(cut.wall) == 400

@@ -1,5 +1,6 @@
 """The examples' scripts end to end on a toy corpus: what they write and the errors they give."""
 
+import json
 import os
 import re
 import subprocess
@@ -29,18 +30,23 @@ def toy_corpus(tmp_path_factory):
 
 def test_translation_compare_writes_its_table_and_curves(toy_corpus, tmp_path):
     out = tmp_path / "out"
-    run_script("examples/translation/compare.sh", "-o", out, "-s", 2, "-u", 40, "-m", "baseline define",
-               "-c", toy_corpus)
+    run_script("examples/translation/compare.sh", "-o", out, "-s", 2, "-u", 40, "-L", 60, "-i", 20,
+               "-m", "baseline define", "-c", toy_corpus)
     results = (out / "results.md").read_text()
     rows = {m: line for line in results.splitlines() for m in ("baseline", "define") if line.startswith(f"| `{m}`")}
     assert set(rows) == {"baseline", "define"}
     number = r"\d+\.\d\d"
-    for row in rows.values():  # BLEU mean ± spread (two seeds) at equal updates, then at equal time
+    for row in rows.values():  # BLEU mean ± spread (two seeds) at equal updates and at equal time; seed 1 longer
         assert len(re.findall(rf"{number} ± {number} \({number}, {number}\)", row)) == 2, row
+        assert re.search(rf"\| {number} \({number}\) \| \d+ \| 60 \|$", row), row
         assert "| 40/40 |" in row
-    for seed in (1, 2):  # the baseline's run sets the time of the others
-        assert (out / "runs" / "time" / f"baseline.s{seed}").resolve() == out / "runs" / "updates" / f"baseline.s{seed}"
-        assert "stop_time_hours" in (out / "runs" / "time" / f"define.s{seed}" / "train.log").read_text()
+    for seed in (1, 2):  # one training run per model and seed; the baseline's time at 40 updates bounds the others'
+        budget = json.loads((out / "runs" / "updates" / f"baseline.s{seed}" / "point.json").read_text())["seconds"]
+        timed = json.loads((out / "runs" / "time" / f"define.s{seed}" / "point.json").read_text())
+        assert timed["seconds"] <= budget
+        kept = {p.name for p in (out / "runs" / "train" / f"define.s{seed}").glob("checkpoint*.pt")}
+        assert len(kept) <= 4 and "checkpoint_last.pt" in kept  # the points' checkpoints and the last only
+    assert "max_update': 60" in (out / "runs" / "train" / "define.s1" / "train.log").read_text()
     assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
     assert not list(out.rglob("*.tmp"))
 

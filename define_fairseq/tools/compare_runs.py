@@ -3,12 +3,14 @@ and for equal wall time (``examples/translation/compare.sh``, ``examples/languag
 
     python -m define_fairseq.tools.compare_runs OUT_DIR --metric BLEU [--plot OUT_DIR/curves.png]
 
-reads ``OUT_DIR/runs/{updates,time}/MODEL.sSEED/`` (either or both regimes), each holding ``train.log`` (fairseq-train
-with ``--log-format json``), ``params.txt`` (``define_fairseq.tools.params``) and ``score`` (the test metric, one
-number), and prints a Markdown table: parameters, the metric's mean, standard deviation and per-seed values,
-the training time and the updates done, per regime. ``--plot`` draws the validation loss against updates and
-against wall-clock time, from the ``updates`` runs when there are any (matplotlib needed for the plot only). Models keep the order of their first appearance in
-``--models`` (default: alphabetical).
+reads ``OUT_DIR/runs/{updates,time,long}/MODEL.sSEED/`` (any of the regimes), each holding ``params.txt``
+(``define_fairseq.tools.params``), ``score`` (the test metric, one number) and either ``train.log`` (fairseq-train
+with ``--log-format json``) or ``point.json``: ``{"run": DIR, "updates": U, "seconds": T}``, a checkpoint of the
+training run in DIR (relative to the point's directory) after U updates and T seconds
+(``define_fairseq.tools.run_points``). It prints a Markdown table: parameters, the metric's mean, standard
+deviation and per-seed values, the training time and the updates done, per regime. ``--plot`` draws the
+validation loss against updates and against wall-clock time, each seed's longest curve (matplotlib needed for the
+plot only). Models keep the order of their first appearance in ``--models`` (default: alphabetical).
 """
 
 import argparse
@@ -25,7 +27,7 @@ DONE = re.compile(r"done training in (?P<seconds>[\d.]+) seconds")
 
 
 class Run:
-    """One training run: its validation curve, wall-clock times, parameters and test score."""
+    """One training run, or one point of it: its validation curve, wall-clock times, parameters and test score."""
 
     def __init__(self, directory: Path):
         self.directory = directory
@@ -36,7 +38,9 @@ class Run:
         self.valid: List[tuple] = []  # (updates, loss)
         self.wall: Dict[int, float] = {}  # updates -> seconds since the start
         self.updates, self.seconds = 0, None
-        log = directory / "train.log"
+        point = directory / "point.json"
+        cut = json.loads(point.read_text()) if point.is_file() else None
+        log = directory / (cut["run"] if cut else ".") / "train.log"
         if not log.is_file():
             raise ValueError(f"{log} is missing: the run did not train")
         for line in log.read_text(errors="replace").splitlines():
@@ -56,6 +60,10 @@ class Run:
                 self.seconds = float(done["seconds"])
         if self.seconds is None:
             raise ValueError(f"{log} has no 'done training' line: the run did not finish")
+        if cut:
+            self.updates, self.seconds = int(cut["updates"]), float(cut["seconds"])
+            self.valid = [(u, loss) for u, loss in self.valid if u <= self.updates]
+            self.wall = {u: t for u, t in self.wall.items() if u <= self.updates}
         self.params = dict(re.findall(r"^(DeFINE|context|input/output|total)\s+([\d.]+)M$",
                                       (directory / "params.txt").read_text(), re.M))
         score = (directory / "score").read_text().split()
@@ -90,7 +98,7 @@ def summary(values: List[float], digits: int) -> str:
     return f"{mean:.{digits}f}{spread} ({each})"
 
 
-REGIMES = {"updates": "equal updates", "time": "equal time"}
+REGIMES = {"updates": "equal updates", "time": "equal time", "long": "longer training"}
 
 
 def table(runs: Dict[str, List[Run]], metric: str, order: List[str]) -> str:
@@ -168,7 +176,11 @@ def main(argv: Optional[List[str]] = None) -> None:
     order = models or found
     print(table(runs, args.metric, order))
     if args.plot is not None:
-        plot(next(iter(runs.values())), order, args.plot)
+        longest = {}
+        for run in (r for rs in runs.values() for r in rs):
+            if run.updates > getattr(longest.get((run.model, run.seed)), "updates", -1):
+                longest[run.model, run.seed] = run
+        plot(sorted(longest.values(), key=lambda r: r.seed), order, args.plot)
 
 
 if __name__ == "__main__":

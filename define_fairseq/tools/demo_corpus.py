@@ -41,10 +41,9 @@ from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 DEFAULT_LOCALE_DIR = "/usr/share/locale/de/LC_MESSAGES"
 MAX_WORDS = 50
-# Out of HASH_BUCKETS buckets of the SHA-1: the first TEST_BUCKETS are test, the next VALID_BUCKETS valid.
+# Out of HASH_BUCKETS buckets of the SHA-1: the first TEST_BUCKETS are test, as many after them valid.
 HASH_BUCKETS = 10000
 TEST_BUCKETS = 200
-VALID_BUCKETS = 200
 SPLITS = ("train", "valid", "test")
 
 _MO_MAGIC = 0x950412DE
@@ -94,6 +93,11 @@ def _usable(text: str, max_words: int) -> bool:
     return bool(text) and any(c.isalpha() for c in text) and len(text.split(" ")) <= max_words
 
 
+def usable_pair(source: str, target: str, max_words: int = MAX_WORDS) -> bool:
+    """Both sides hold a letter and at most ``max_words`` words, and the translation differs from its source."""
+    return source != target and _usable(source, max_words) and _usable(target, max_words)
+
+
 def catalog_pairs(entries: Iterable[Tuple[bytes, bytes]], max_words: int = MAX_WORDS) -> Iterator[Tuple[str, str]]:
     """The usable (English, German) pairs of a parsed catalog, after the rules of the module docstring."""
     for msgid, msgstr in entries:
@@ -108,7 +112,7 @@ def catalog_pairs(entries: Iterable[Tuple[bytes, bytes]], max_words: int = MAX_W
             target = normalise(msgstr.decode("utf-8"))
         except UnicodeDecodeError:
             continue
-        if source == target or not _usable(source, max_words) or not _usable(target, max_words):
+        if not usable_pair(source, target, max_words):
             continue
         yield source, target
 
@@ -151,21 +155,22 @@ def _digest(source: str) -> bytes:
     return hashlib.sha1(source.encode("utf-8")).digest()
 
 
-def split_of(source: str) -> str:
-    """``train``, ``valid`` or ``test``, from the SHA-1 of the English text alone."""
+def split_of(source: str, held_out: int = TEST_BUCKETS) -> str:
+    """``train``, ``valid`` or ``test``, from the SHA-1 of the English text alone; ``held_out`` of the
+    ``HASH_BUCKETS`` buckets go to each of test and valid."""
     bucket = int.from_bytes(_digest(source)[:8], "big") % HASH_BUCKETS
-    if bucket < TEST_BUCKETS:
+    if bucket < held_out:
         return "test"
-    if bucket < TEST_BUCKETS + VALID_BUCKETS:
+    if bucket < 2 * held_out:
         return "valid"
     return "train"
 
 
-def split_pairs(pairs: Dict[str, str]) -> Dict[str, List[Tuple[str, str]]]:
+def split_pairs(pairs: Dict[str, str], held_out: int = TEST_BUCKETS) -> Dict[str, List[Tuple[str, str]]]:
     """The pairs of each split, ordered by the hash of the English side (then the text), so fixed too."""
     splits: Dict[str, List[Tuple[str, str]]] = {name: [] for name in SPLITS}
     for source in sorted(pairs, key=lambda s: (_digest(s), s)):
-        splits[split_of(source)].append((source, pairs[source]))
+        splits[split_of(source, held_out)].append((source, pairs[source]))
     return splits
 
 
@@ -192,7 +197,13 @@ def build_corpus(outdir: str, locale_dir: str = DEFAULT_LOCALE_DIR, min_pairs: i
         raise CorpusError(f"only {len(pairs)} usable English-German pairs in the {len(files)} catalogs of "
                           f"{locale_dir}, fewer than the {min_pairs} required (--min-pairs); install more "
                           f"packages' German translations or pass --locale-dir with a fuller directory")
-    splits = split_pairs(pairs)
+    return write_splits(outdir, pairs)
+
+
+def write_splits(outdir: str, pairs: Dict[str, str], held_out: int = TEST_BUCKETS) -> Dict[str, int]:
+    """Split English -> German ``pairs`` by the hash of the English side (:func:`split_of`) and write
+    ``outdir/{train,valid,test}.{en,de}`` (each file through a temporary name); returns each split's size."""
+    splits = split_pairs(pairs, held_out)
     os.makedirs(outdir, exist_ok=True)
     for name in SPLITS:
         _write_atomic(os.path.join(outdir, name + ".en"), (en for en, _ in splits[name]))

@@ -53,7 +53,7 @@ for seed in $(seq 1 "$SEEDS"); do
         # shellcheck disable=SC2206
         args=("$OUT/data-bin" --user-dir define_fairseq ${MODEL[$name]} "${family[@]}" "${COMMON[@]}" --seed "$seed")
         echo "==> $name, seed $seed: $MINUTES min"
-        train_run "$dir" "${args[@]}" --validate-interval-updates 100 \
+        train_run "$dir" "${args[@]}" --validate-interval-updates 100 --no-epoch-checkpoints \
             --stop-time-hours "$(python -c "print($MINUTES / 60)")"
         python -m define_fairseq.tools.params "${args[@]}" > "$dir/params.txt" 2> "$dir/params.log"
         case $name in

@@ -60,7 +60,7 @@ for name in mogrifier lstm; do
     dir=$OUT/$name
     # a run counts as done only once it finished (train_run: its log says so); an interrupted one trains again
     grep -qs "done training" "$dir/train.log" || echo "==> training $name for $MINUTES min: ${MODEL[$name]}"
-    train_run "$dir" "${TRAIN_ARGS[@]}" "${model[@]}" "${COMMON[@]}"
+    train_run "$dir" "${TRAIN_ARGS[@]}" "${model[@]}" "${COMMON[@]}" --no-epoch-checkpoints
     params "${TRAIN_ARGS[@]}" "${model[@]}" "${COMMON[@]}" > "$dir/params.txt"
     eval_lm_test "$OUT" "$dir" --task stateful_lm --tokens-per-sample 35 --batch-size 1
 done

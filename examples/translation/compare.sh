@@ -1,34 +1,44 @@
 #!/usr/bin/env bash
-# DeFINE against its baselines on the demo corpus (or yours), on CPU: several seeds, equal updates and equal time.
+# DeFINE against its baselines on the demo corpus (or yours), on CPU: several seeds, equal updates, equal time and
+# longer training, all from one training run per model and seed.
 set -euo pipefail
 usage() {
     cat <<EOF
-Usage: $(basename "$0") [-o OUT] [-s SEEDS] [-u UPDATES] [-m MODELS] [-c CORPUS_DIR] [-T]
+Usage: $(basename "$0") [-o OUT] [-s SEEDS] [-u UPDATES] [-L LONG] [-n LONG_SEEDS] [-i INTERVAL] [-m MODELS]
+                  [-c CORPUS_DIR] [-x "TRAIN ARGS"] [-T]
 
 Trains each model of MODELS (default: "baseline define projective") with each seed 1..SEEDS (default 3) at the
-demo's size and settings (examples/lib.sh), on the demo corpus or on CORPUS_DIR's {train,valid,test}.{en,de}:
-  - equal updates: UPDATES updates (default 2000), validation loss every 200;
-  - equal time (skipped with -T): each model trained again for the baseline's training time of the same seed.
-Each run translates the test split (beam 5) and is scored with sacreBLEU against the raw references. Writes
-OUT/results.md (parameters, BLEU mean, standard deviation and per-seed values, times, updates) and OUT/curves.png
-(validation loss against updates and against time; needs matplotlib). OUT defaults to translation_compare_output.
-A rerun skips what is done. Time figures need a machine doing nothing else.
+demo's size and settings (examples/lib.sh), on the demo corpus or on CORPUS_DIR's {train,valid,test}.{en,de},
+saving a checkpoint (and validating) every INTERVAL updates (default $SAVE_EVERY), and translates from that run
+(OUT/runs/train):
+  - equal updates: the checkpoint after UPDATES updates (default 2000);
+  - equal time (skipped with -T): the last checkpoint within the baseline's time for UPDATES updates (same seed);
+    the other models train $((100 * TIME_MARGIN / 100 - 100))% past UPDATES for it (or to LONG);
+  - longer training (with -L): the checkpoint after LONG updates, for seeds 1..LONG_SEEDS (default 1).
+fairseq's inverse-sqrt schedule and data order do not depend on --max-update, so these are the checkpoints of runs
+stopped there. -x adds fairseq-train arguments to every model alike (e.g. -x "--dropout 0.1"; give each setting
+its own OUT). Each point translates the test split (beam 5), scored with sacreBLEU against the raw references.
+Writes OUT/results.md (parameters, BLEU mean, standard deviation and per-seed values, times, updates) and
+OUT/curves.png (validation loss against updates and against time; needs matplotlib). OUT defaults to
+translation_compare_output. A rerun skips what is done. Time figures need a machine doing nothing else.
 
 Models: baseline (fairseq's transformer_iwslt_de_en, one shared V x 128 table), define (transformer_define:
 DeFINE n=96, k=256, N=3 on a shared V x 96 table, output tied to it), projective (a V x 105 table and one linear
 map 105 -> 128: as many parameters as define), define_untied (a separate V x 128 output layer), define_linear_init
-(nn.Linear's initialisation), define_n64 and projective_n72 (the same pair at n=64), projective_n96 (projective at define's n), lt, glt, hgt, define_concat
-(the paper's ablations, Table 6), delight (the authors' unit).
+(nn.Linear's initialisation), define_n64 and projective_n72 (the same pair at n=64), projective_n96 (projective at
+define's n), lt, glt, hgt, define_concat (the paper's ablations, Table 6), delight (the authors' unit).
 EOF
 }
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source examples/lib.sh
 
+SAVE_EVERY=100 TIME_MARGIN=110
 OUT=translation_compare_output SEEDS=3 UPDATES=2000 MODELS="baseline define projective" CORPUS="" TIMED=1
+LONG=0 LONG_SEEDS=1 EXTRA=""
 compare_option() {
-    case $1 in u) UPDATES=$2 ;; T) TIMED=0 ;; esac
+    case $1 in u) UPDATES=$2 ;; T) TIMED=0 ;; L) LONG=$2 ;; n) LONG_SEEDS=$2 ;; i) SAVE_EVERY=$2 ;; x) EXTRA=$2 ;; esac
 }
-compare_options u:T "$@"
+compare_options u:TL:n:i:x: "$@"
 require_tools python subword-nmt fairseq-preprocess fairseq-generate sacrebleu
 
 # DeFINE at n = 96 has fewer parameters than the baseline's V x 128 table; projective at n = 105 has as many as
@@ -53,46 +63,89 @@ compare_check_models
 if (( TIMED )) && [[ $MODELS != baseline* ]]; then
     echo "error: -m: the first model must be baseline (its training time is the equal time; or -T)" >&2; exit 2
 fi
+for value in "$UPDATES" "$LONG"; do
+    (( value % SAVE_EVERY == 0 )) || { echo "error: -u/-L: $value is not a multiple of -i $SAVE_EVERY" >&2; exit 2; }
+done
+if (( LONG && LONG <= UPDATES )); then
+    echo "error: -L $LONG: the longer training must be longer than -u $UPDATES" >&2; exit 2
+fi
 
 mkdir -p "$OUT"
 demo_corpus "$OUT" "$CORPUS"
 joint_bpe "$OUT"
 binarize_translation "$OUT"
 
-# run REGIME NAME SEED [fairseq-train arguments]: train, translate the test split, score it (OUT/runs/REGIME/...).
-run() {
-    local regime=$1 name=$2 seed=$3; shift 3
+# updates_for NAME SEED: how long NAME's run with SEED trains.
+updates_for() {
+    local updates=$UPDATES
+    (( LONG && $2 <= LONG_SEEDS )) && updates=$LONG
+    if (( TIMED )) && [[ $1 != baseline ]] && (( updates * 100 < UPDATES * TIME_MARGIN )); then
+        updates=$(( (UPDATES * TIME_MARGIN / 100 + SAVE_EVERY - 1) / SAVE_EVERY * SAVE_EVERY ))
+    fi
+    echo "$updates"
+}
+
+# point REGIME NAME SEED QUERY VALUE: translate the test split from the checkpoint of NAME's run with SEED that
+# run_points QUERY VALUE names, and score it (OUT/runs/REGIME/NAME.sSEED: point.json, score, the translations).
+point() {
+    local regime=$1 name=$2 seed=$3 query=$4 value=$5 run=$OUT/runs/train/$2.s$3 found checkpoint updates seconds
     local dir=$OUT/runs/$regime/$name.s$seed
-    # shellcheck disable=SC2206
-    local args=("$OUT/data-bin" --user-dir define_fairseq ${MODEL[$name]} "${DEMO_TRANSFORMER[@]}" --seed "$seed")
     [[ -f $dir/score ]] && return 0
-    echo "==> $regime: $name, seed $seed"
-    train_run "$dir" "${args[@]}" --validate-interval-updates 200 "$@"
-    python -m define_fairseq.tools.params "${args[@]}" > "$dir/params.txt" 2> "$dir/params.log"
+    found=$(python -m define_fairseq.tools.run_points "$run" "$query" "$value")
+    IFS=$'\t' read -r checkpoint updates seconds <<< "${found##*$'\n'}"
+    [[ -f $checkpoint ]] || { echo "error: $checkpoint was deleted once $run's points were scored; remove $run" \
+        "to train it again" >&2; exit 1; }
+    rm -rf "$dir" && mkdir -p "$dir"
+    cp "$run/params.txt" "$dir/"
     # fairseq's own argparse-era checkpoints (the baseline's) need the unrestricted loader; these are ours.
     TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 fairseq-generate "$OUT/data-bin" --user-dir define_fairseq --cpu \
-        --num-workers 0 --path "$dir/checkpoint_last.pt" --gen-subset test --beam 5 --batch-size 128 \
+        --num-workers 0 --path "$checkpoint" --gen-subset test --beam 5 --batch-size 128 \
         --required-batch-size-multiple 1 --remove-bpe > "$dir/generate.txt" 2> "$dir/generate.log" \
         || { tail "$dir/generate.log" >&2; exit 1; }
     grep '^H-' "$dir/generate.txt" | sed 's/^H-//' | sort -n -s -k1,1 | cut -f3 > "$dir/test.hyp"
+    printf '{"run": "../../train/%s.s%s", "updates": %s, "seconds": %s}\n' "$name" "$seed" "$updates" "$seconds" \
+        > "$dir/point.json"
     sacrebleu "$OUT/corpus/test.de" -i "$dir/test.hyp" -m bleu -b -w 2 > "$dir/score.tmp"
     mv "$dir/score.tmp" "$dir/score"
 }
 
+# run NAME SEED: train NAME with SEED once, score its points, then delete the checkpoints no point uses.
+run() {
+    local name=$1 seed=$2 dir=$OUT/runs/train/$1.s$2 target budget keep
+    target=$(updates_for "$name" "$seed")
+    # shellcheck disable=SC2206
+    local args=("$OUT/data-bin" --user-dir define_fairseq ${MODEL[$name]} "${DEMO_TRANSFORMER[@]}" --seed "$seed"
+                $EXTRA)
+    if ! grep -qs "done training" "$dir/train.log"; then
+        echo "==> $name, seed $seed: $target updates"
+        train_run "$dir" "${args[@]}" --max-update "$target" --validate-interval-updates "$SAVE_EVERY" \
+            --save-interval-updates "$SAVE_EVERY"
+        python -m define_fairseq.tools.params "${args[@]}" > "$dir/params.txt" 2> "$dir/params.log"
+        python -m define_fairseq.tools.run_points "$dir" index
+    fi
+    point updates "$name" "$seed" at-updates "$UPDATES"
+    if (( LONG && seed <= LONG_SEEDS )); then
+        point long "$name" "$seed" at-updates "$LONG"
+    fi
+    if (( TIMED )); then
+        budget=$(python -c "import json; print(json.load(open('$OUT/runs/updates/baseline.s$seed/point.json'))['seconds'])")
+        point time "$name" "$seed" within-seconds "$budget"
+    fi
+    keep=$(cat "$OUT"/runs/*/"$name.s$seed"/point.json 2>/dev/null | python -c "
+import json, sys
+points = json.load(open('$dir/points.json'))
+kept = {json.loads(line)['updates'] for line in sys.stdin}
+print(' '.join(name for updates, _, name in points if updates in kept))")
+    for checkpoint in "$dir"/checkpoint*.pt; do
+        [[ " $keep checkpoint_last.pt " == *" $(basename "$checkpoint") "* ]] || rm -f "$checkpoint"
+    done
+}
+
 for seed in $(seq 1 "$SEEDS"); do
     for name in $MODELS; do
-        run updates "$name" "$seed" --max-update "$UPDATES"
+        run "$name" "$seed"
     done
 done
-if (( TIMED )); then
-    for seed in $(seq 1 "$SEEDS"); do
-        budget=$(seconds_of "$OUT/runs/updates/baseline.s$seed")
-        mkdir -p "$OUT/runs/time"
-        ln -sfn "../updates/baseline.s$seed" "$OUT/runs/time/baseline.s$seed"
-        for name in ${MODELS#baseline}; do
-            run time "$name" "$seed" --max-update 1000000 --stop-time-hours "$(python -c "print($budget / 3600)")"
-        done
-    done
-fi
 
-compare_report BLEU
+compare_report BLEU "Every point comes from one run per model and seed (OUT/runs/train), checkpointed every" \
+    "$SAVE_EVERY updates; equal time: the last checkpoint within the baseline's time.${EXTRA:+ Every model with: $EXTRA.}"

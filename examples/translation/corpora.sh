@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The English-German corpora beside the demo's, from Debian packages: the Ding dictionary's example sentences and
+# LibreOffice's help (define_fairseq.tools.package_corpus). Downloaded and unpacked, not installed.
+set -euo pipefail
+usage() {
+    cat <<EOF
+Usage: $(basename "$0") [-o OUT]
+
+Downloads the Debian packages trans-de-en, libreoffice-help-en-us and libreoffice-help-de (apt-get download; run
+'apt-get update' once first), unpacks them under OUT/packages (dpkg-deb -x) and writes OUT/ding and
+OUT/libreoffice-help, each {train,valid,test}.{en,de}, for examples/translation/compare.sh -c. OUT defaults to
+translation_corpora. OUT/packages/versions.txt names the package versions read. A rerun skips what is done.
+EOF
+}
+OUT=translation_corpora
+while getopts "o:h" opt; do
+    case $opt in o) OUT=$OPTARG ;; h) usage; exit 0 ;; *) usage >&2; exit 2 ;; esac
+done
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+OUT=$(realpath -m "$OUT")
+source examples/lib.sh
+require_tools python apt-get dpkg-deb
+
+if [[ ! -d $OUT/packages ]]; then
+    rm -rf "$OUT/packages.tmp" && mkdir -p "$OUT/packages.tmp/debs"
+    (cd "$OUT/packages.tmp/debs" && apt-get download trans-de-en libreoffice-help-en-us libreoffice-help-de) \
+        || { echo "error: apt-get download failed; run 'apt-get update' first (as root)" >&2; exit 1; }
+    for deb in "$OUT"/packages.tmp/debs/*.deb; do
+        dpkg-deb -x "$deb" "$OUT/packages.tmp/root"
+        dpkg-deb -f "$deb" Package Version | paste -sd ' ' >> "$OUT/packages.tmp/versions.txt"
+    done
+    mv "$OUT/packages.tmp" "$OUT/packages"
+fi
+root=$OUT/packages/root
+for source in ding libreoffice-help; do
+    [[ -d $OUT/$source ]] && continue
+    rm -rf "$OUT/$source.tmp"
+    python -m define_fairseq.tools.package_corpus "$source" "$OUT/$source.tmp" \
+        --dictionary "$root/usr/share/trans/de-en" --help-dir "$root/usr/share/libreoffice/help"
+    mv "$OUT/$source.tmp" "$OUT/$source"
+done
+cat "$OUT/packages/versions.txt"
