@@ -50,6 +50,7 @@ def test_a_missing_run_is_named(tmp_path):
         main([str(tmp_path), "at-updates", "100"])
 
 
+@pytest.mark.slow  # two fairseq-train runs: make test-all and CI's second stack run it
 def test_the_checkpoint_after_u_updates_of_a_longer_run_is_the_run_stopped_at_u(translation_data, tmp_path):
     """What makes one run serve every point: the schedule and the data order do not depend on --max-update."""
     def train(save_dir, updates, *flags):
