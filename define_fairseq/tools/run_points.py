@@ -5,8 +5,8 @@
     python -m define_fairseq.tools.run_points RUN_DIR within-seconds T
 
 A run trained with ``--save-interval-updates`` keeps ``checkpoint_E_U.pt`` every so many updates (and, at the
-ends of epochs, where fairseq writes no such file, ``checkpointE.pt``; and ``checkpoint_last.pt``); each records its update count and fairseq's cumulative training time
-(``previous_training_time``: wall-clock seconds since training began, validations and saves included, the
+ends of epochs, where fairseq writes no such file, ``checkpointE.pt``; and ``checkpoint_last.pt``); each records
+its update count and fairseq's cumulative training time (``previous_training_time``: wall-clock seconds since training began, validations and saves included, the
 measure ``--stop-time-hours`` stops on). ``index`` writes ``RUN_DIR/points.json`` (``[[updates, seconds,
 file], ...]``, by updates) once; ``at-updates`` prints the checkpoint file after exactly U updates and
 ``within-seconds`` the last one saved within T seconds, each with its updates and seconds (tab-separated), or

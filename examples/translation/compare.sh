@@ -128,7 +128,8 @@ run() {
         point long "$name" "$seed" at-updates "$LONG"
     fi
     if (( TIMED )); then
-        budget=$(python -c "import json; print(json.load(open('$OUT/runs/updates/baseline.s$seed/point.json'))['seconds'])")
+        budget=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['seconds'])" \
+            "$OUT/runs/updates/baseline.s$seed/point.json")
         point time "$name" "$seed" within-seconds "$budget"
     fi
     keep=$(cat "$OUT"/runs/*/"$name.s$seed"/point.json 2>/dev/null | python -c "
