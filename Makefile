@@ -1,6 +1,8 @@
 # The two commands: `make demo` (train and evaluate transformer_define on the demo corpus) and `make test`.
 # Other stacks (README, "Tested stacks"): `make test-stack STACK=NAME`, `make test-matrix`. A GPU node without a
 # registry: `make wheelhouse PY=3.12` where there is one, then `make install-offline` on the node.
+# bash: recipes use pipefail, which a POSIX sh (dash, on Debian and Ubuntu) lacks
+SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 VENV_PY := $(VENV)/bin/python
@@ -34,7 +36,7 @@ $(STAMP): setup.py requirements.txt Makefile
 	  echo "==> compiling $(FAIRSEQ) (about 3 minutes on 2 cores)"; \
 	  $(PIP) install --no-cache-dir --no-build-isolation --no-deps $(FAIRSEQ); }
 	$(PIP) install -r requirements.txt
-	$(PIP) install --no-build-isolation --no-deps -e .
+	$(PIP) install --no-build-isolation --no-deps --use-pep517 -e .
 	@touch $(STAMP)
 
 test: install
@@ -124,6 +126,8 @@ wheelhouse: install
 # and numpy (without CUDA_HOME: the plugin uses none of fairseq's CUDA kernels, and fairseq falls back without
 # them). Then `make test VENV=<that environment>` runs the suite there without installing anything.
 # `make install-env` does the same from the wheelhouse when it holds fairseq's sdist, else from the registry.
+# The plugin is installed editable through PEP 660 (--use-pep517): setuptools 80 and newer run a legacy `setup.py
+# develop` as a pip call with build isolation, which needs a registry.
 OFFLINE_ENV := env -u PIP_INDEX_URL -u PIP_EXTRA_INDEX_URL -u PIP_FIND_LINKS -u PIP_NO_INDEX -u PIP_CONSTRAINT \
   -u PIP_REQUIREMENT PIP_CONFIG_FILE=/dev/null
 FAIRSEQ_SDIST = $(firstword $(wildcard $(WHEELHOUSE)/fairseq_fixed-*.tar.gz))
@@ -144,7 +148,7 @@ install-env:
 	@$(PYTHON) -m pip show fairseq-fixed >/dev/null 2>&1 || { echo "==> compiling $(FAIRSEQ)"; \
 	  env -u CUDA_HOME $(ENV_PIP) --no-cache-dir --no-build-isolation --no-deps $(or $(FAIRSEQ_SDIST),$(FAIRSEQ)); }
 	$(ENV_PIP) $$(sed -e 's/#.*//' -e 's/[=<>!~;].*//' requirements.txt)
-	$(ENV_PIP) --no-build-isolation --no-deps -e .
+	$(ENV_PIP) --no-build-isolation --no-deps --use-pep517 -e .
 	@prefix=$$($(PYTHON) -c 'import sys; print(sys.prefix)'); touch $$prefix/.installed; \
 	  $(PYTHON) -c 'import torch, numpy, fairseq; print("$@: torch", torch.__version__, "numpy", \
 	  numpy.__version__, "fairseq", fairseq.__version__)'; echo "$@: now \`make test VENV=$$prefix\`"

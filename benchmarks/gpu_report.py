@@ -71,7 +71,8 @@ def main(argv=None) -> int:
     command = " ".join(argv if argv is not None else sys.argv[1:])
     tests = ""
     if args.tests_log:
-        summaries = [line.strip("= \n") for line in open(args.tests_log) if re.search(r"\d+ (passed|failed)", line)]
+        summaries = ([line.strip("= \n") for line in open(args.tests_log) if re.search(r"\d+ (passed|failed)", line)]
+                     if os.path.exists(args.tests_log) else [])
         tests = f"\n- `pytest -m cuda`: {summaries[-1] if summaries else 'no summary line in ' + args.tests_log}"
     text = (f"# Benchmarks on {device}: figures and targets\n\n"
             f"- Command: `.venv/bin/python -m benchmarks.gpu_report {command}`"

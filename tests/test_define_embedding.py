@@ -82,6 +82,16 @@ def test_fold_gives_the_eval_outputs_and_keeps_the_table():
         torch.testing.assert_close(folded(tokens()), emb(tokens()), rtol=0, atol=0)
 
 
+def test_fold_keeps_the_modules_dtype_and_device():
+    """The folded table is made where the module is and in its dtype (a model folded on a GPU, in half precision,
+    looks its rows up there); float64 stands for both on a CPU."""
+    emb = make().double().eval()
+    folded = emb.fold()
+    assert (folded.folded.dtype, folded.folded.device) == (torch.float64, emb.weight.device)
+    with torch.no_grad():
+        torch.testing.assert_close(folded(tokens()), emb(tokens()), rtol=0, atol=0)
+
+
 def test_an_in_place_change_in_eval_mode_reaches_the_next_output():
     emb = make().eval()
     with torch.no_grad():

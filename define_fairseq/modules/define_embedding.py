@@ -130,7 +130,8 @@ class DeFINEEmbedding(nn.Module):
         folded = FoldedDeFINEEmbedding(self.num_embeddings, self.table.embedding_dim, self.embedding_dim,
                                        padding_idx=self.padding_idx)
         folded.table = self.table
-        folded.folded.data.copy_(self.folded_table())
+        with torch.no_grad():  # on this module's device and in its dtype
+            folded.folded = nn.Parameter(self.folded_table())
         return folded
 
 

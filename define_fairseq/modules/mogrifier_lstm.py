@@ -196,9 +196,11 @@ class MogrifierLSTMLayer(nn.Module):
             return torch.stack(outputs), (h, c)
         if self.uses_fused_lstm and state_mask is None:
             zero = torch.zeros_like(self.bias)
+            # With no dropout, the train flag only makes cuDNN keep what its backward reads: needed for gradients in
+            # eval mode too (cuDNN refuses a backward through an eval-mode call).
             y, h, c = torch.lstm(x, (h0.unsqueeze(0), c0.unsqueeze(0)),
                                  [self.weight_ih, self.weight_hh, self.bias, zero],
-                                 True, 1, 0.0, self.training, False, False)
+                                 True, 1, 0.0, self.training or torch.is_grad_enabled(), False, False)
             return y, (h.squeeze(0), c.squeeze(0))
         params = self.round_parameters()
         tensors = [x, h0, c0, self.weight_ih, self.weight_hh, self.bias] + params

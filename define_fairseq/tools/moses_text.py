@@ -1,4 +1,4 @@
-"""Moses text processing (punctuation normalisation, tokenization, detokenization) with sacremoses, and the
+r"""Moses text processing (punctuation normalisation, tokenization, detokenization) with sacremoses, and the
 compound splitting used for WMT En-De BLEU.
 
     python -m define_fairseq.tools.moses_text tokenize   -l LANG [-j WORKERS] [--no-normalize] [INPUT [OUTPUT]]
