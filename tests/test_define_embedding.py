@@ -1,5 +1,6 @@
 import math
 
+import pytest
 import torch
 
 from define_fairseq.modules import DeFINEEmbedding
@@ -72,6 +73,26 @@ def test_dropout_in_the_unit_draws_a_mask_per_position():
     emb = make(dropout=0.5).train()
     out = emb(torch.tensor([[5, 5, 5, 5, 5, 5]]))
     assert not torch.allclose(out[0, 0], out[0, 1])  # same token, different positions, different masks
+
+
+def test_map_dropout_draws_one_mask_per_sentence_and_feature():
+    """``map_dropout`` (the authors' ``delight_emb_dropout``) multiplies the scaled map output by a ``[B, 1, n]``
+    mask, shared by a sentence's positions, before the unit; in eval mode it is off."""
+    emb = make(map_dropout=0.5).train()
+    assert not emb.runs_per_distinct_token
+    torch.manual_seed(3)
+    out = emb(tokens())
+    torch.manual_seed(3)
+    mask = torch.empty(2, 1, 16).bernoulli_(0.5).div_(0.5)
+    torch.testing.assert_close(out, emb.define(emb.table.weight[tokens()] * math.sqrt(16) * mask))
+    torch.testing.assert_close(out[0, 0], out[0, 2])  # token 5 twice in one sentence: one mask
+    with torch.no_grad():
+        torch.testing.assert_close(emb.eval()(tokens()), make().eval()(tokens()), rtol=0, atol=0)
+
+
+def test_map_dropout_must_be_a_probability():
+    with pytest.raises(ValueError, match="map_dropout.*--define-map-dropout"):
+        make(map_dropout=1.0)
 
 
 def test_fold_gives_the_eval_outputs_and_keeps_the_table():

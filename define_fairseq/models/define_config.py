@@ -32,6 +32,9 @@ class DeFINEConfig(FairseqDataclass):
         default=None, metadata={"help": "normalisation after each DeFINE expansion layer (default: group)"}
     )
     define_dropout: float = field(default=0.0, metadata={"help": "dropout after each DeFINE expansion layer"})
+    define_map_dropout: float = field(
+        default=0.0, metadata={"help": "dropout on the scaled V x n map output before the DeFINE unit, one mask per "
+                                       "sentence and feature (the authors' delight_emb_dropout)"})
     define_init: ChoiceEnum(INITS) = field(
         default="unit", metadata={"help": "unit: the DeFINE unit's last layer starts scaled so that its output has "
                                           "unit variance, like the table it replaces; linear: nn.Linear's init "
@@ -55,4 +58,5 @@ def define_embedding_kwargs(cfg, embed_dim: int) -> dict:
         norm=None if cfg.define_norm is None else str(cfg.define_norm),
         dropout=cfg.define_dropout,
         init=str(cfg.define_init),
+        map_dropout=getattr(cfg, "define_map_dropout", 0.0),  # absent from the configs of older checkpoints
     )

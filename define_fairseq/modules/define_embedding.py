@@ -7,6 +7,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .adaptive_input import AdaptiveInput
+from .checks import check_probability
 from .define import DeFINE
 from .define_delight import DelightDeFINE
 from .parameter_cache import ParameterCache
@@ -21,8 +22,8 @@ class DeFINEEmbedding(nn.Module):
     table map, ``weights_for_band(i)`` (fairseq's ``AdaptiveSoftmax`` API) with the adaptive map.
 
     DeFINE depends only on the token. While training, the unit runs once per distinct token of the batch and
-    the results are indexed back to the positions (``unique_tokens``; skipped when the unit has dropout, since
-    each position must draw its own mask). In eval mode without autograd (validation, generation) the whole
+    the results are indexed back to the positions (``unique_tokens``; skipped when the unit or the map has
+    dropout, since each position must draw its own mask). In eval mode without autograd (validation, generation) the whole
     ``V x m`` table is computed once and rows are looked up, exactly as the folded model does, until a parameter
     changes (:class:`ParameterCache`); ``train()`` drops it.
 
@@ -32,6 +33,8 @@ class DeFINEEmbedding(nn.Module):
             builds :class:`DelightDeFINE`. ``activation`` and ``norm`` default to the variant's (``gelu`` and
             ``group``; ``swish`` for ``delight``).
         padding_idx: row of the table kept at zero.
+        map_dropout: dropout on the scaled map output, before the unit, with one mask per sequence (the first
+            dimension of ``tokens``) and feature, shared by its positions: the authors' ``delight_emb_dropout``.
         unique_tokens: run DeFINE on the batch's distinct tokens only.
         adaptive_cutoff, adaptive_factor: make the map an :class:`AdaptiveInput` with these band boundaries.
 
@@ -41,8 +44,10 @@ class DeFINEEmbedding(nn.Module):
     def __init__(self, num_embeddings: int, n: int, k: int, m: int, padding_idx=None, depth: int = 3,
                  max_groups: int = 4, variant: str = "define", activation=None, norm=None,
                  dropout: float = 0.0, unique_tokens: bool = True, adaptive_cutoff=None, adaptive_factor: float = 4,
-                 init: str = "unit"):
+                 init: str = "unit", map_dropout: float = 0.0):
         super().__init__()
+        check_probability(map_dropout, "map_dropout", "set by --define-map-dropout")
+        self.map_dropout = map_dropout
         self.num_embeddings = num_embeddings
         self.padding_idx = padding_idx
         self.embedding_dim = m
@@ -89,8 +94,8 @@ class DeFINEEmbedding(nn.Module):
     @property
     def runs_per_distinct_token(self) -> bool:
         """Whether a forward with autograd runs the unit once per distinct token (``unique_tokens``, unless the
-        unit has dropout while training: each position must then draw its own mask)."""
-        return self.unique_tokens and not (self.training and self.define.dropout > 0)
+        unit or the map has dropout while training: each position must then draw its own mask)."""
+        return self.unique_tokens and not (self.training and (self.define.dropout > 0 or self.map_dropout > 0))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         if not self.training and not torch.is_grad_enabled():
@@ -98,7 +103,11 @@ class DeFINEEmbedding(nn.Module):
         if self.runs_per_distinct_token:
             distinct, index = torch.unique(tokens, return_inverse=True)
             return self.define(self.map(distinct) * self.embed_scale)[index]
-        return self.define(self.map(tokens) * self.embed_scale)
+        mapped = self.map(tokens) * self.embed_scale
+        if self.training and self.map_dropout > 0:
+            shape = tokens.shape[:1] + (1,) * (tokens.dim() - 1) + mapped.shape[-1:]
+            mapped = mapped * mapped.new_empty(shape).bernoulli_(1 - self.map_dropout).div_(1 - self.map_dropout)
+        return self.define(mapped)
 
     def train(self, mode: bool = True):
         if mode:
