@@ -23,9 +23,9 @@ class DeFINEEmbedding(nn.Module):
 
     DeFINE depends only on the token. While training, the unit runs once per distinct token of the batch and
     the results are indexed back to the positions (``unique_tokens``; skipped when the unit or the map has
-    dropout, since each position must draw its own mask). In eval mode without autograd (validation, generation) the whole
-    ``V x m`` table is computed once and rows are looked up, exactly as the folded model does, until a parameter
-    changes (:class:`ParameterCache`); ``train()`` drops it.
+    dropout, since each position must draw its own mask). In eval mode without autograd (validation, generation)
+    the whole ``V x m`` table is computed once and rows are looked up, exactly as the folded model does, until a
+    parameter changes (:class:`ParameterCache`); ``train()`` drops it.
 
     Args:
         num_embeddings: vocabulary size V.

@@ -22,9 +22,9 @@ Then, as for the demo corpus (:mod:`define_fairseq.tools.demo_corpus`): whitespa
 letter or longer than 50 words, and a translation equal to its source, skipped; deduplicated by the English
 side (the first met wins; files and lines are read in sorted order); split by the SHA-1 of the English text
 (about 2% test and 2% valid, 5% each for ``ding``). The packages need not be installed: ``apt-get download``
-and ``dpkg-deb -x`` give the files (``examples/translation/corpora.sh`` does that). Each package carries its own licence (GPL for Ding,
-MPL for LibreOffice's help; ``/usr/share/doc/<package>/copyright``); this tool reads them where they are and
-the project redistributes none of them.
+and ``dpkg-deb -x`` give the files (``examples/translation/corpora.sh`` does that). Each package carries its own
+licence (GPL for Ding, MPL for LibreOffice's help; ``/usr/share/doc/<package>/copyright``); this tool reads
+them where they are and the project redistributes none of them.
 """
 
 import argparse
