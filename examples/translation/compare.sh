@@ -25,8 +25,9 @@ translation_compare_output. A rerun skips what is done. Time figures need a mach
 Models: baseline (fairseq's transformer_iwslt_de_en, one shared V x 128 table), define (transformer_define:
 DeFINE n=96, k=256, N=3 on a shared V x 96 table, output tied to it), projective (a V x 105 table and one linear
 map 105 -> 128: as many parameters as define), define_untied (a separate V x 128 output layer), define_linear_init
-(nn.Linear's initialisation), define_n64 and projective_n72 (the same pair at n=64), projective_n96 (projective at
-define's n), lt, glt, hgt, define_concat (the paper's ablations, Table 6), delight (the authors' unit).
+(nn.Linear's initialisation), define_n64 and projective_n72, define_n128 and projective_n137 (the same pair at
+n=64 and n=128), projective_n96 (projective at define's n), define_k512 (k=512), lt, glt, hgt, define_concat (the
+paper's ablations, Table 6), delight (the authors' unit).
 EOF
 }
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -52,7 +53,10 @@ declare -A MODEL=(
     [define_linear_init]="$DEFINE 96 --define-init linear"
     [define_n64]="$DEFINE 64"
     [projective_n72]="$DEFINE 72 --define-variant projective"
+    [define_n128]="$DEFINE 128"
+    [projective_n137]="$DEFINE 137 --define-variant projective"
     [projective_n96]="$DEFINE 96 --define-variant projective"
+    [define_k512]="$DEFINE 96 --define-k 512"
     [lt]="$DEFINE 96 --define-variant lt"
     [glt]="$DEFINE 96 --define-variant glt"
     [hgt]="$DEFINE 96 --define-variant hgt"
