@@ -115,6 +115,41 @@ def test_shared_input_with_untied_output_trains_and_generates(translation_data, 
     assert len([h for h in generate(translation_data, checkpoint) if h.startswith("H-")]) == 20
 
 
+@pytest.mark.parametrize("variant", ["define", "delight"])
+def test_separate_units_share_only_the_table(translation_data, variant):
+    # --define-separate-units: one V x n table (input of both sides and the tied output), a DeFINE unit per side
+    common = ("--arch", "transformer_define", "--define-variant", variant, "--share-all-embeddings")
+    _, _, shared = parsed_model(translation_data, *common)
+    _, _, model = parsed_model(translation_data, *common, "--define-separate-units")
+    encoder, decoder = model.encoder.embed_tokens, model.decoder.embed_tokens
+    assert encoder is not decoder and encoder.table is decoder.table
+    assert model.decoder.output_projection.weight is encoder.weight
+    encoder_unit = {id(p) for p in encoder.define.parameters()}
+    assert encoder_unit.isdisjoint(id(p) for p in decoder.define.parameters())
+    unit = sum(p.numel() for p in decoder.define.parameters())
+    assert parameter_breakdown(model)["total"] == parameter_breakdown(shared)["total"] + unit
+    tokens = torch.tensor([[4, 5, 6]])
+    assert not torch.allclose(encoder(tokens), decoder(tokens))  # two units, drawn apart at initialisation
+
+
+def test_separate_units_need_shared_embeddings(translation_data):
+    with pytest.raises(ValueError, match="--define-separate-units.*--share-all-embeddings"):
+        parsed_model(translation_data, "--arch", "transformer_define", "--define-separate-units")
+
+
+def test_separate_units_train_generate_and_fold(translation_data, tmp_path):
+    checkpoint = train(translation_data, tmp_path, "--share-all-embeddings", "--define-separate-units", updates=5)
+    original = generate(translation_data, checkpoint)
+    assert len([h for h in original if h.startswith("H-")]) == 20
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)["model"]
+    assert torch.equal(state["encoder.embed_tokens.table.weight"], state["decoder.embed_tokens.table.weight"])
+    assert not torch.equal(state["encoder.embed_tokens.define.layers.0.weight"],
+                           state["decoder.embed_tokens.define.layers.0.weight"])
+    folded = tmp_path / "folded.pt"
+    run_module("define_fairseq.tools.fold_define", checkpoint, folded)
+    assert generate(translation_data, folded) == original
+
+
 @pytest.mark.parametrize("variant,activation", [("define", "gelu"), ("projective", "gelu"), ("delight", "swish")])
 def test_each_variant_builds_with_its_default_activation(translation_data, variant, activation):
     _, _, model = parsed_model(translation_data, "--arch", "transformer_define", "--define-variant", variant,

@@ -4,7 +4,8 @@ Encoder and decoder embed their tokens with :class:`DeFINEEmbedding` (``V x n`` 
 The decoder output is tied to the n-dimensional table (unless ``--define-untie-output``): fairseq's
 ``project_out_dim`` maps d_model -> n, then the tied ``V x n`` output layer (the paper's Fig. 1a; the authors'
 code does the same). ``--share-all-embeddings`` shares the whole embedding (table and DeFINE unit) between
-encoder and decoder; with ``--define-untie-output`` too, the decoder gets its own ``V x d_model`` output layer.
+encoder and decoder; with ``--define-separate-units`` only the table is shared and each side has its own unit (the
+authors' code); with ``--define-untie-output`` the decoder gets its own ``V x d_model`` output layer.
 DeFINE's output is not multiplied by sqrt(d_model) (``--no-scale-embedding`` is implied).
 """
 
@@ -56,6 +57,9 @@ TransformerDefineConfig = dataclasses.make_dataclass(
     [
         ("define_untie_output", bool, dataclasses.field(default=False, metadata={
             "help": "give the decoder its own V x d_model output layer instead of tying it to the V x n table"})),
+        ("define_separate_units", bool, dataclasses.field(default=False, metadata={
+            "help": "with --share-all-embeddings, share only the V x n table: encoder and decoder each get their "
+                    "own DeFINE unit (the authors' code)"})),
         *_flat_fields(TransformerConfig),
     ],
     bases=(DeFINEConfig,),
@@ -81,6 +85,9 @@ class TransformerDefineModel(TransformerModel):
         transformer_define(args)
         args.no_scale_embedding = True  # DeFINE's output already has unit scale: no sqrt(d_model) multiplier
         args.share_decoder_input_output_embed = not args.define_untie_output
+        if args.define_separate_units and not args.share_all_embeddings:
+            raise ValueError("--define-separate-units shares the V x n table between encoder and decoder, which "
+                             "needs --share-all-embeddings; without it each side has its own table and unit already")
         if args.share_decoder_input_output_embed:
             # The tied output layer is the V x n table; the decoder projects d_model -> n before it.
             if args.decoder_output_dim not in (args.decoder_embed_dim, args.define_n):
@@ -88,14 +95,15 @@ class TransformerDefineModel(TransformerModel):
                                  f"transformer_define projects the decoder output to --define-n={args.define_n}; "
                                  f"drop the flag, or untie with --define-untie-output")
             args.decoder_output_dim = args.define_n
-        elif args.share_all_embeddings:
-            return cls.build_shared_input_untied_output(args, task)
+        if args.share_all_embeddings and (args.define_untie_output or args.define_separate_units):
+            return cls.build_shared_embeddings(args, task)
         return super().build_model(args, task)
 
     @classmethod
-    def build_shared_input_untied_output(cls, args, task):
-        """``--share-all-embeddings --define-untie-output``: one embedding for encoder and decoder, and a separate
-        ``V x d_model`` output layer (fairseq's ``--share-all-embeddings`` alone also ties the output)."""
+    def build_shared_embeddings(cls, args, task):
+        """``--share-all-embeddings`` with ``--define-separate-units`` (one table, a unit per side) or
+        ``--define-untie-output`` (one embedding, and a separate ``V x d_model`` output layer), which fairseq's
+        ``--share-all-embeddings`` alone cannot build."""
         src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
         if src_dict != tgt_dict:
             raise ValueError("--share-all-embeddings needs one dictionary for both languages: binarise with "
@@ -108,8 +116,11 @@ class TransformerDefineModel(TransformerModel):
         if getattr(args, "max_target_positions", None) is None:
             args.max_target_positions = DEFAULT_MAX_TARGET_POSITIONS
         cfg = TransformerConfig.from_namespace(args)
-        embed = cls.build_embedding(cfg, src_dict, cfg.encoder.embed_dim)
-        return cls(args, cls.build_encoder(cfg, src_dict, embed), cls.build_decoder(cfg, tgt_dict, embed))
+        embed = decoder_embed = cls.build_embedding(cfg, src_dict, cfg.encoder.embed_dim)
+        if args.define_separate_units:
+            decoder_embed = cls.build_embedding(cfg, tgt_dict, cfg.decoder.embed_dim)
+            decoder_embed.table = embed.table  # one V x n table (and tied output layer), two units
+        return cls(args, cls.build_encoder(cfg, src_dict, embed), cls.build_decoder(cfg, tgt_dict, decoder_embed))
 
     @classmethod
     def build_embedding(cls, cfg, dictionary, embed_dim, path=None):

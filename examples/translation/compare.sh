@@ -27,7 +27,8 @@ DeFINE n=96, k=256, N=3 on a shared V x 96 table, output tied to it), projective
 map 105 -> 128: as many parameters as define), define_untied (a separate V x 128 output layer), define_linear_init
 (nn.Linear's initialisation), define_n64 and projective_n72, define_n128 and projective_n137 (the same pair at
 n=64 and n=128), projective_n96 (projective at define's n), define_k512 (k=512), lt, glt, hgt, define_concat (the
-paper's ablations, Table 6), delight (the authors' unit).
+paper's ablations, Table 6), delight (the authors' unit), define_separate and delight_separate (a unit per side, one
+shared table, as the authors' code shares it).
 EOF
 }
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -62,6 +63,8 @@ declare -A MODEL=(
     [hgt]="$DEFINE 96 --define-variant hgt"
     [define_concat]="$DEFINE 96 --define-variant define_concat"
     [delight]="$DEFINE 96 --define-variant delight"
+    [define_separate]="$DEFINE 96 --define-separate-units"
+    [delight_separate]="$DEFINE 96 --define-variant delight --define-separate-units"
 )
 compare_check_models
 if (( TIMED )) && [[ $MODELS != baseline* ]]; then
