@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# An English language-modelling corpus from the HTML manuals of Debian packages (define_fairseq.tools.doc_corpus):
+# Python's, PostgreSQL's, Git's and the Debian Administrator's Handbook. Downloaded and unpacked, not installed.
+set -euo pipefail
+PACKAGES="python3.11-doc postgresql-doc-15 git-doc debian-handbook"
+usage() {
+    cat <<EOF2
+Usage: $(basename "$0") [-o OUT]
+
+Downloads the Debian packages $PACKAGES (apt-get download; run
+'apt-get update' once first), unpacks them under OUT/packages (dpkg-deb -x) and writes OUT/docs/{train,valid,test}.txt
+(one paragraph a line, tokenised; about 2.7M training tokens) for the language-model comparisons' -c. OUT defaults to
+lm_corpora. OUT/packages/versions.txt names the package versions read. A rerun skips what is done.
+EOF2
+}
+OUT=lm_corpora
+while getopts "o:h" opt; do
+    case $opt in o) OUT=$OPTARG ;; h) usage; exit 0 ;; *) usage >&2; exit 2 ;; esac
+done
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+OUT=$(realpath -m "$OUT")
+source examples/lib.sh
+require_tools python apt-get dpkg-deb
+
+if [[ ! -d $OUT/packages ]]; then
+    rm -rf "$OUT/packages.tmp" && mkdir -p "$OUT/packages.tmp/debs"
+    # shellcheck disable=SC2086
+    (cd "$OUT/packages.tmp/debs" && apt-get download $PACKAGES) \
+        || { echo "error: apt-get download failed; run 'apt-get update' first (as root)" >&2; exit 1; }
+    for deb in "$OUT"/packages.tmp/debs/*.deb; do
+        dpkg-deb -x "$deb" "$OUT/packages.tmp/root"
+        dpkg-deb -f "$deb" Package Version | paste -sd ' ' >> "$OUT/packages.tmp/versions.txt"
+    done
+    mv "$OUT/packages.tmp" "$OUT/packages"
+fi
+if [[ ! -d $OUT/docs ]]; then
+    rm -rf "$OUT/docs.tmp"
+    python -m define_fairseq.tools.doc_corpus "$OUT/packages/root" "$OUT/docs.tmp"
+    mv "$OUT/docs.tmp" "$OUT/docs"
+fi
+cat "$OUT/packages/versions.txt"
