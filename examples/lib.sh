@@ -151,8 +151,8 @@ test_perplexity() {
 }
 
 # ------------------------------------------------------------------------- the comparisons over several seeds
-# examples/translation/compare.sh and examples/language_model/compare.sh: each run of MODEL[name] with seed S
-# lives in OUT/runs/REGIME/NAME.sS, its score (the metric) in its file `score`.
+# The examples' compare.sh scripts: each scored run of MODEL[name] with seed S lives in OUT/runs/REGIME/NAME.sS, its
+# score (the metric) in its file `score`.
 
 # compare_options OPTIONS ARGS...: parse a comparison's command line with getopts. Every comparison takes
 # -o OUT, -s SEEDS, -m MODELS, -c CORPUS (a corpus folder) and -h (its function `usage`, then exit 0); OPTIONS are
@@ -175,6 +175,95 @@ compare_check_models() {
     for name in $MODELS; do
         [[ -n ${MODEL[$name]:-} ]] || { echo "error: -m: unknown model '$name'; see -h" >&2; exit 2; }
     done
+}
+
+# compare_check_points: exit 2, saying why, when -u UPDATES or -L LONG is not a multiple of -i SAVE_EVERY, or LONG
+# is not longer than UPDATES.
+compare_check_points() {
+    local value
+    for value in "$UPDATES" "$LONG"; do
+        (( value % SAVE_EVERY == 0 )) || { echo "error: -u/-L: $value is not a multiple of -i $SAVE_EVERY" >&2; exit 2; }
+    done
+    if (( LONG && LONG <= UPDATES )); then
+        echo "error: -L $LONG: the longer training must be longer than -u $UPDATES" >&2; exit 2
+    fi
+}
+
+# compare_run_all: for each seed 1..SEEDS, compare_run each model of MODELS, in order.
+# compare_run NAME SEED: train NAME with SEED once (OUT/runs/train/NAME.sSEED), checkpointing and validating every
+# SAVE_EVERY updates, score its points, then delete the checkpoints no point uses. Each point lives in
+# OUT/runs/REGIME/NAME.sSEED (point.json, params.txt, score): `updates`, the checkpoint after UPDATES updates;
+# `long` (when LONG > 0 and SEED <= LONG_SEEDS), after LONG; `time` (when TIMED=1), the last checkpoint within the
+# time the first model of MODELS took for UPDATES updates with the same seed, for which the other models train
+# TIME_MARGIN percent of UPDATES. With a learning-rate schedule and data order that do not depend on --max-update
+# (define_fairseq.tools.run_points), each is the checkpoint of a run stopped there. The script defines
+# run_args NAME SEED, which sets the array RUN_ARGS (fairseq-train's arguments, the data folder first), and
+# score_checkpoint CHECKPOINT DIR, which prints the point's score (it may leave its files in DIR).
+compare_run_all() {
+    local seed name
+    for seed in $(seq 1 "$SEEDS"); do
+        for name in $MODELS; do
+            compare_run "$name" "$seed"
+        done
+    done
+}
+
+# compare_updates_for NAME SEED: how many updates NAME's run with SEED trains.
+compare_updates_for() {
+    local updates=$UPDATES
+    (( LONG && $2 <= LONG_SEEDS )) && updates=$LONG
+    if (( TIMED )) && [[ $1 != "${MODELS%% *}" ]] && (( updates * 100 < UPDATES * TIME_MARGIN )); then
+        updates=$(( (UPDATES * TIME_MARGIN / 100 + SAVE_EVERY - 1) / SAVE_EVERY * SAVE_EVERY ))
+    fi
+    echo "$updates"
+}
+
+compare_run() {
+    local name=$1 seed=$2 dir=$OUT/runs/train/$1.s$2 target budget keep checkpoint
+    target=$(compare_updates_for "$name" "$seed")
+    run_args "$name" "$seed"
+    if ! grep -qs "done training" "$dir/train.log"; then
+        echo "==> $name, seed $seed: $target updates"
+        train_run "$dir" "${RUN_ARGS[@]}" --max-update "$target" --validate-interval-updates "$SAVE_EVERY" \
+            --save-interval-updates "$SAVE_EVERY"
+        python -m define_fairseq.tools.params "${RUN_ARGS[@]}" > "$dir/params.txt" 2> "$dir/params.log"
+        python -m define_fairseq.tools.run_points "$dir" index
+    fi
+    compare_point updates "$name" "$seed" at-updates "$UPDATES"
+    if (( LONG && seed <= LONG_SEEDS )); then
+        compare_point long "$name" "$seed" at-updates "$LONG"
+    fi
+    if (( TIMED )); then
+        budget=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['seconds'])" \
+            "$OUT/runs/updates/${MODELS%% *}.s$seed/point.json")
+        compare_point time "$name" "$seed" within-seconds "$budget"
+    fi
+    keep=$(cat "$OUT"/runs/*/"$name.s$seed"/point.json 2>/dev/null | python -c "
+import json, sys
+points = json.load(open(sys.argv[1]))
+kept = {json.loads(line)['updates'] for line in sys.stdin}
+print(' '.join(name for updates, _, name in points if updates in kept))" "$dir/points.json")
+    for checkpoint in "$dir"/checkpoint*.pt; do
+        [[ " $keep checkpoint_last.pt " == *" $(basename "$checkpoint") "* ]] || rm -f "$checkpoint"
+    done
+}
+
+# compare_point REGIME NAME SEED QUERY VALUE: score the checkpoint of NAME's run with SEED that run_points QUERY
+# VALUE names (score_checkpoint), into OUT/runs/REGIME/NAME.sSEED; skipped when scored.
+compare_point() {
+    local regime=$1 name=$2 seed=$3 query=$4 value=$5 run=$OUT/runs/train/$2.s$3 found checkpoint updates seconds
+    local dir=$OUT/runs/$regime/$name.s$seed
+    [[ -f $dir/score ]] && return 0
+    found=$(python -m define_fairseq.tools.run_points "$run" "$query" "$value")
+    IFS=$'\t' read -r checkpoint updates seconds <<< "${found##*$'\n'}"
+    [[ -f $checkpoint ]] || { echo "error: $checkpoint was deleted once $run's points were scored; remove $run" \
+        "to train it again" >&2; exit 1; }
+    rm -rf "$dir" && mkdir -p "$dir"
+    cp "$run/params.txt" "$dir/"
+    printf '{"run": "../../train/%s.s%s", "updates": %s, "seconds": %s}\n' "$name" "$seed" "$updates" "$seconds" \
+        > "$dir/point.json"
+    score_checkpoint "$checkpoint" "$dir" > "$dir/score.tmp"
+    mv "$dir/score.tmp" "$dir/score"
 }
 
 # compare_report METRIC [NOTE...]: OUT/results.md (written through a .tmp name), define_fairseq.tools.compare_runs'

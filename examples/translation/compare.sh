@@ -70,90 +70,31 @@ compare_check_models
 if (( TIMED )) && [[ $MODELS != baseline* ]]; then
     echo "error: -m: the first model must be baseline (its training time is the equal time; or -T)" >&2; exit 2
 fi
-for value in "$UPDATES" "$LONG"; do
-    (( value % SAVE_EVERY == 0 )) || { echo "error: -u/-L: $value is not a multiple of -i $SAVE_EVERY" >&2; exit 2; }
-done
-if (( LONG && LONG <= UPDATES )); then
-    echo "error: -L $LONG: the longer training must be longer than -u $UPDATES" >&2; exit 2
-fi
+compare_check_points
 
 mkdir -p "$OUT"
 demo_corpus "$OUT" "$CORPUS"
 joint_bpe "$OUT"
 binarize_translation "$OUT"
 
-# updates_for NAME SEED: how long NAME's run with SEED trains.
-updates_for() {
-    local updates=$UPDATES
-    (( LONG && $2 <= LONG_SEEDS )) && updates=$LONG
-    if (( TIMED )) && [[ $1 != baseline ]] && (( updates * 100 < UPDATES * TIME_MARGIN )); then
-        updates=$(( (UPDATES * TIME_MARGIN / 100 + SAVE_EVERY - 1) / SAVE_EVERY * SAVE_EVERY ))
-    fi
-    echo "$updates"
+# run_args NAME SEED (compare_run's): the demo's model and training, with NAME's arguments and -x's.
+run_args() {
+    # shellcheck disable=SC2206
+    RUN_ARGS=("$OUT/data-bin" --user-dir define_fairseq ${MODEL[$1]} "${DEMO_TRANSFORMER[@]}" --seed "$2" $EXTRA)
 }
 
-# point REGIME NAME SEED QUERY VALUE: translate the test split from the checkpoint of NAME's run with SEED that
-# run_points QUERY VALUE names, and score it (OUT/runs/REGIME/NAME.sSEED: point.json, score, the translations).
-point() {
-    local regime=$1 name=$2 seed=$3 query=$4 value=$5 run=$OUT/runs/train/$2.s$3 found checkpoint updates seconds
-    local dir=$OUT/runs/$regime/$name.s$seed
-    [[ -f $dir/score ]] && return 0
-    found=$(python -m define_fairseq.tools.run_points "$run" "$query" "$value")
-    IFS=$'\t' read -r checkpoint updates seconds <<< "${found##*$'\n'}"
-    [[ -f $checkpoint ]] || { echo "error: $checkpoint was deleted once $run's points were scored; remove $run" \
-        "to train it again" >&2; exit 1; }
-    rm -rf "$dir" && mkdir -p "$dir"
-    cp "$run/params.txt" "$dir/"
+# score_checkpoint CHECKPOINT DIR (compare_run's): translate the test split (beam 5) into DIR and print its BLEU.
+score_checkpoint() {
+    local checkpoint=$1 dir=$2
     # fairseq's own argparse-era checkpoints (the baseline's) need the unrestricted loader; these are ours.
     TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 fairseq-generate "$OUT/data-bin" --user-dir define_fairseq --cpu \
         --num-workers 0 --path "$checkpoint" --gen-subset test --beam 5 --batch-size 128 \
         --required-batch-size-multiple 1 --remove-bpe > "$dir/generate.txt" 2> "$dir/generate.log" \
         || { tail "$dir/generate.log" >&2; exit 1; }
     grep '^H-' "$dir/generate.txt" | sed 's/^H-//' | sort -n -s -k1,1 | cut -f3 > "$dir/test.hyp"
-    printf '{"run": "../../train/%s.s%s", "updates": %s, "seconds": %s}\n' "$name" "$seed" "$updates" "$seconds" \
-        > "$dir/point.json"
-    sacrebleu "$OUT/corpus/test.de" -i "$dir/test.hyp" -m bleu -b -w 2 > "$dir/score.tmp"
-    mv "$dir/score.tmp" "$dir/score"
+    sacrebleu "$OUT/corpus/test.de" -i "$dir/test.hyp" -m bleu -b -w 2
 }
 
-# run NAME SEED: train NAME with SEED once, score its points, then delete the checkpoints no point uses.
-run() {
-    local name=$1 seed=$2 dir=$OUT/runs/train/$1.s$2 target budget keep
-    target=$(updates_for "$name" "$seed")
-    # shellcheck disable=SC2206
-    local args=("$OUT/data-bin" --user-dir define_fairseq ${MODEL[$name]} "${DEMO_TRANSFORMER[@]}" --seed "$seed"
-                $EXTRA)
-    if ! grep -qs "done training" "$dir/train.log"; then
-        echo "==> $name, seed $seed: $target updates"
-        train_run "$dir" "${args[@]}" --max-update "$target" --validate-interval-updates "$SAVE_EVERY" \
-            --save-interval-updates "$SAVE_EVERY"
-        python -m define_fairseq.tools.params "${args[@]}" > "$dir/params.txt" 2> "$dir/params.log"
-        python -m define_fairseq.tools.run_points "$dir" index
-    fi
-    point updates "$name" "$seed" at-updates "$UPDATES"
-    if (( LONG && seed <= LONG_SEEDS )); then
-        point long "$name" "$seed" at-updates "$LONG"
-    fi
-    if (( TIMED )); then
-        budget=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['seconds'])" \
-            "$OUT/runs/updates/baseline.s$seed/point.json")
-        point time "$name" "$seed" within-seconds "$budget"
-    fi
-    keep=$(cat "$OUT"/runs/*/"$name.s$seed"/point.json 2>/dev/null | python -c "
-import json, sys
-points = json.load(open('$dir/points.json'))
-kept = {json.loads(line)['updates'] for line in sys.stdin}
-print(' '.join(name for updates, _, name in points if updates in kept))")
-    for checkpoint in "$dir"/checkpoint*.pt; do
-        [[ " $keep checkpoint_last.pt " == *" $(basename "$checkpoint") "* ]] || rm -f "$checkpoint"
-    done
-}
-
-for seed in $(seq 1 "$SEEDS"); do
-    for name in $MODELS; do
-        run "$name" "$seed"
-    done
-done
-
+compare_run_all
 compare_report BLEU "Every point comes from one run per model and seed (OUT/runs/train), checkpointed every" \
     "$SAVE_EVERY updates; equal time: the last checkpoint within the baseline's time.${EXTRA:+ Every model with: $EXTRA.}"
