@@ -18,8 +18,10 @@ DEMO_TRANSFORMER=(
     --encoder-normalize-before --decoder-normalize-before --dropout 0.0
     --optimizer adam --adam-betas '(0.9, 0.98)' --lr 3e-3 --lr-scheduler inverse_sqrt --warmup-updates 150
     --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --max-tokens 1024
-    --required-batch-size-multiple 1 --cpu --num-workers 0
+    --required-batch-size-multiple 1 --num-workers 0
 )
+# The device of training and scoring: the CPU unless a comparison's -d/-p say otherwise (compare_options).
+DEVICE_ARGS=(--cpu) EVAL_DEVICE_ARGS=(--cpu)
 DEMO_BPE_MERGES=8000
 DEMO_BPE_THRESHOLD=10
 
@@ -85,8 +87,10 @@ binarize_translation() {
     mv "$out/data-bin.tmp" "$out/data-bin"
 }
 
-# lm_data OUT [DIR]: OUT/text/{train,valid,test}.txt, the English side of the demo corpus (or DIR's
-# {train,valid,test}.en), and OUT/data-bin, word level, words seen fewer than 3 times in train mapped to <unk>.
+# lm_data OUT [DIR]: OUT/text/{train,valid,test}.txt, the English side of the demo corpus or a copy of DIR's files
+# of those names (your text: one paragraph or sentence a line, tokens separated by spaces, e.g.
+# examples/language_model/corpus.sh's), and OUT/data-bin, word level, words seen fewer than 3 times in train mapped
+# to <unk>.
 lm_data() {
     local out=$1 dir=${2:-} split
     if [[ ! -d $out/text ]]; then
@@ -98,8 +102,8 @@ lm_data() {
         else
             mkdir -p "$out/text.tmp"
             for split in train valid test; do
-                [[ -s $dir/$split.en ]] || { echo "error: $dir/$split.en is missing or empty" >&2; exit 1; }
-                cp "$dir/$split.en" "$out/text.tmp/$split.txt"
+                [[ -s $dir/$split.txt ]] || { echo "error: $dir/$split.txt is missing or empty" >&2; exit 1; }
+                cp "$dir/$split.txt" "$out/text.tmp/"
             done
         fi
         mv "$out/text.tmp" "$out/text"
@@ -136,12 +140,13 @@ vocabulary_size() {
     echo $(( $(wc -l < "$1/data-bin/dict.txt") + 4 ))
 }
 
-# eval_lm_test OUT DIR ARGS...: fairseq-eval-lm of DIR/checkpoint_last.pt on the test split of OUT/data-bin, on the
-# CPU (ARGS: the task and its batching), its output in DIR/eval.log; stops with the log's last lines on failure.
+# eval_lm_test OUT DIR ARGS... [--path CHECKPOINT]: fairseq-eval-lm of DIR/checkpoint_last.pt (or CHECKPOINT) on the
+# test split of OUT/data-bin, on the device of EVAL_DEVICE_ARGS (ARGS: the task and its batching), its output in
+# DIR/eval.log; stops with the log's last lines on failure.
 eval_lm_test() {
     local out=$1 dir=$2
     shift 2
-    fairseq-eval-lm "$out/data-bin" --user-dir define_fairseq --path "$dir/checkpoint_last.pt" --cpu \
+    fairseq-eval-lm "$out/data-bin" --user-dir define_fairseq --path "$dir/checkpoint_last.pt" "${EVAL_DEVICE_ARGS[@]}" \
         --gen-subset test "$@" > "$dir/eval.log" 2>&1 || { tail -20 "$dir/eval.log" >&2; exit 1; }
 }
 
@@ -155,18 +160,31 @@ test_perplexity() {
 # score (the metric) in its file `score`.
 
 # compare_options OPTIONS ARGS...: parse a comparison's command line with getopts. Every comparison takes
-# -o OUT, -s SEEDS, -m MODELS, -c CORPUS (a corpus folder) and -h (its function `usage`, then exit 0); OPTIONS are
-# its own letters in getopts' notation, given to its function `compare_option LETTER VALUE`. A bad option prints
-# the usage on stderr and exits 2.
+# -o OUT, -s SEEDS, -m MODELS, -c CORPUS (a corpus folder), -d DEVICE, -p PRECISION and -h (its function `usage`,
+# then exit 0); OPTIONS are its own letters in getopts' notation, given to its function
+# `compare_option LETTER VALUE`. A bad option prints the usage on stderr and exits 2. -d cpu (the default) or cuda
+# (fairseq's default device, the first GPU) and -p fp32 (the default) or bf16 (training in bfloat16 through
+# define_fairseq.tools.train, scoring in float32) set DEVICE_ARGS and EVAL_DEVICE_ARGS.
 compare_options() {
-    local options=$1 opt OPTARG OPTIND=1
+    local options=$1 opt OPTARG OPTIND=1 device=cpu precision=fp32
     shift
-    while getopts "o:s:m:c:h$options" opt; do
+    while getopts "o:s:m:c:d:p:h$options" opt; do
         case $opt in
             o) OUT=$OPTARG ;; s) SEEDS=$OPTARG ;; m) MODELS=$OPTARG ;; c) CORPUS=$OPTARG ;;
+            d) device=$OPTARG ;; p) precision=$OPTARG ;;
             h) usage; exit 0 ;; \?) usage >&2; exit 2 ;; *) compare_option "$opt" "${OPTARG:-}" ;;
         esac
     done
+    case $device in
+        cpu) DEVICE_ARGS=(--cpu) EVAL_DEVICE_ARGS=(--cpu) ;;
+        cuda) DEVICE_ARGS=() EVAL_DEVICE_ARGS=() ;;
+        *) echo "error: -d $device: the device is cpu or cuda" >&2; exit 2 ;;
+    esac
+    case $precision in
+        fp32) ;;
+        bf16) DEVICE_ARGS+=(--bf16) ;;
+        *) echo "error: -p $precision: the precision is fp32 or bf16" >&2; exit 2 ;;
+    esac
 }
 
 # compare_check_models: exit 2, saying which, when a name in MODELS is not a key of the script's MODEL array.

@@ -25,6 +25,8 @@ def run_script(script, *args, check=True):
 def toy_corpus(tmp_path_factory):
     corpus = tmp_path_factory.mktemp("corpus")
     write_tiny_corpus(corpus)
+    for split in ("train", "valid", "test"):  # the language models' text: {split}.txt
+        (corpus / f"{split}.txt").write_text((corpus / f"{split}.en").read_text())
     return corpus
 
 

@@ -28,7 +28,7 @@ mkdir -p "$OUT"
 # with DeFINE n=96, k=256 on the shared V x 96 table (fewer parameters than the baseline's V x 128 table at the
 # same BLEU: examples/translation/README.md). --max-update fixes the amount of training, so runs are reproducible.
 TRAIN_ARGS=("$OUT/data-bin" --user-dir define_fairseq --arch transformer_define_iwslt_de_en --define-n 96 --define-k 256
-            "${DEMO_TRANSFORMER[@]}" --max-update 2000 --seed 1)
+            "${DEMO_TRANSFORMER[@]}" --cpu --max-update 2000 --seed 1)
 
 step_start() { STEP_T0=$SECONDS; echo; echo "==> $*"; }
 step_done() { echo "    done in $((SECONDS - STEP_T0)) s"; }

@@ -5,7 +5,7 @@ usage() {
     cat <<EOF
 Usage: $(basename "$0") [-o OUT] [-s SEEDS] [-t MINUTES] [-m MODELS] [-c CORPUS_DIR]
 
-Text: the English side of the demo corpus (examples/demo/README.md) or of CORPUS_DIR's {train,valid,test}.en, word
+Text: the English side of the demo corpus (examples/demo/README.md) or CORPUS_DIR's {train,valid,test}.txt, word
 level, words seen fewer than 3 times in train mapped to <unk>. Each model of MODELS (default: all four) is trained for MINUTES (default 4) of wall time
 with each seed 1..SEEDS (default 3), validated every 100 updates, then scored on the test split with
 fairseq-eval-lm:

@@ -5,7 +5,7 @@ set -euo pipefail
 usage() {
     cat <<EOF
 Usage: $(basename "$0") [-o OUT] [-s SEEDS] [-u UPDATES] [-L LONG] [-n LONG_SEEDS] [-i INTERVAL] [-m MODELS]
-                  [-c CORPUS_DIR] [-x "TRAIN ARGS"] [-T]
+                  [-c CORPUS_DIR] [-x "TRAIN ARGS"] [-T] [-d cpu|cuda] [-p fp32|bf16]
 
 Trains each model of MODELS (default: "baseline define projective") with each seed 1..SEEDS (default 3) at the
 demo's size and settings (examples/lib.sh), on the demo corpus or on CORPUS_DIR's {train,valid,test}.{en,de},
@@ -80,14 +80,15 @@ binarize_translation "$OUT"
 # run_args NAME SEED (compare_run's): the demo's model and training, with NAME's arguments and -x's.
 run_args() {
     # shellcheck disable=SC2206
-    RUN_ARGS=("$OUT/data-bin" --user-dir define_fairseq ${MODEL[$1]} "${DEMO_TRANSFORMER[@]}" --seed "$2" $EXTRA)
+    RUN_ARGS=("$OUT/data-bin" --user-dir define_fairseq ${MODEL[$1]} "${DEMO_TRANSFORMER[@]}" "${DEVICE_ARGS[@]}"
+              --seed "$2" $EXTRA)
 }
 
 # score_checkpoint CHECKPOINT DIR (compare_run's): translate the test split (beam 5) into DIR and print its BLEU.
 score_checkpoint() {
     local checkpoint=$1 dir=$2
     # fairseq's own argparse-era checkpoints (the baseline's) need the unrestricted loader; these are ours.
-    TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 fairseq-generate "$OUT/data-bin" --user-dir define_fairseq --cpu \
+    TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 fairseq-generate "$OUT/data-bin" --user-dir define_fairseq "${EVAL_DEVICE_ARGS[@]}" \
         --num-workers 0 --path "$checkpoint" --gen-subset test --beam 5 --batch-size 128 \
         --required-batch-size-multiple 1 --remove-bpe > "$dir/generate.txt" 2> "$dir/generate.log" \
         || { tail "$dir/generate.log" >&2; exit 1; }
