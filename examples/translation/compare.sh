@@ -26,7 +26,8 @@ Models: baseline (fairseq's transformer_iwslt_de_en, one shared V x 128 table), 
 DeFINE n=96, k=256, N=3 on a shared V x 96 table, output tied to it), projective (a V x 105 table and one linear
 map 105 -> 128: as many parameters as define), define_untied (a separate V x 128 output layer), define_linear_init
 (nn.Linear's initialisation), define_n64 and projective_n72, define_n128 and projective_n137 (the same pair at
-n=64 and n=128), projective_n96 (projective at define's n), define_k512 (k=512), lt, glt, hgt, define_concat (the
+n=64 and n=128), projective_n96 (projective at define's n), define_k512 (k=512), define_no_norm and
+define_no_activation (the unit without its normalisation or its activation), lt, glt, hgt, define_concat (the
 paper's ablations, Table 6), delight (the authors' unit), define_separate and delight_separate (a unit per side, one
 shared table, as the authors' code shares it).
 EOF
@@ -58,6 +59,8 @@ declare -A MODEL=(
     [projective_n137]="$DEFINE 137 --define-variant projective"
     [projective_n96]="$DEFINE 96 --define-variant projective"
     [define_k512]="$DEFINE 96 --define-k 512"
+    [define_no_norm]="$DEFINE 96 --define-norm none"
+    [define_no_activation]="$DEFINE 96 --define-activation none"
     [lt]="$DEFINE 96 --define-variant lt"
     [glt]="$DEFINE 96 --define-variant glt"
     [hgt]="$DEFINE 96 --define-variant hgt"
