@@ -2,6 +2,7 @@
 
 import json
 import os
+import random
 import re
 import subprocess
 
@@ -74,3 +75,42 @@ def test_language_model_compare_writes_its_table_and_curves(toy_corpus, tmp_path
     number = r"\d+\.\d\d"
     assert all(re.search(rf"\| {number} ± {number} \({number}, {number}\) \|", row) for row in rows), rows
     assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_transformer_xl_compare_puts_the_projective_input_at_defines_count(tmp_path):
+    # 400 words and k = 64: table rows enough for DeFINE's unit to buy the projective input more columns
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    rng = random.Random(0)
+    for split, lines in (("train", 600), ("valid", 20), ("test", 20)):
+        text = "".join(" ".join(f"w{rng.randrange(400)}" for _ in range(12)) + "\n" for _ in range(lines))
+        (corpus / f"{split}.txt").write_text(text)
+    out = tmp_path / "out"
+    run_script("examples/transformer_xl/compare.sh", "-o", out, "-s", 1, "-u", 20, "-i", 10, "-T",
+               "-m", "projective define projective_eq", "-x", "--define-k 64", "-c", corpus)
+    rows = {line.split("`")[1]: line for line in (out / "results.md").read_text().splitlines()
+            if line.startswith("| `")}
+    assert list(rows) == ["projective", "define", "projective_eq"]
+    assert all(re.search(r"\| \d+\.\d\d \(\d+\.\d\d\) \|", row) for row in rows.values()), rows
+    n, projective_eq, define = map(int, (out / "projective_eq").read_text().split("\t"))
+    assert n > 64 and projective_eq <= define  # DeFINE's unit buys the projective input more table columns
+    params = (out / "runs" / "updates" / "projective_eq.s1" / "params.txt").read_text()
+    assert f"{projective_eq / 1e6:.2f}M" in params
+
+
+def test_mogrifier_compare_gives_the_lstm_the_mogrifiers_count(toy_corpus, tmp_path):
+    out = tmp_path / "out"
+    run_script("examples/mogrifier/compare.sh", "-o", out, "-s", 1, "-u", 20, "-i", 10, "-T", "-c", toy_corpus)
+    rows = [line for line in (out / "results.md").read_text().splitlines() if line.startswith("| `")]
+    assert [row.split("`")[1] for row in rows] == ["lstm", "mogrifier"]
+    hidden, lstm, mogrifier = map(int, (out / "lstm_size").read_text().split("\t"))
+    assert hidden > 256 and lstm <= mogrifier  # the rounds' parameters buy the LSTM more hidden units
+    assert "--mogrifier-hidden-size {0} --mogrifier-embed-dim {0}".format(hidden) in (out / "results.md").read_text()
+
+
+def test_gated_conv_compare_writes_its_table(toy_corpus, tmp_path):
+    out = tmp_path / "out"
+    run_script("examples/gated_conv_lm/compare.sh", "-o", out, "-s", 1, "-u", 20, "-i", 10, "-c", toy_corpus)
+    rows = [line for line in (out / "results.md").read_text().splitlines() if line.startswith("| `")]
+    assert [row.split("`")[1] for row in rows] == ["fconv_lm", "gcnn_lm_8"]
+    assert all(len(re.findall(r"\| \d+\.\d\d \(\d+\.\d\d\) \|", row)) == 2 for row in rows), rows  # updates, time

@@ -1,80 +1,91 @@
 #!/usr/bin/env bash
-# Real-text comparison on CPU: the Mogrifier LSTM against the plain LSTM (rounds 0) with the same parameter count,
-# each trained for the same wall time.
-#
-#   bash examples/mogrifier/compare.sh [OUT_DIR] [MINUTES_PER_MODEL]
-#
-# Text: the English side of the demo corpus (English gettext messages installed on this machine, see
-# examples/demo/README.md), word level, words seen fewer than 3 times in train mapped to <unk> (the same text as
-# examples/language_model/compare.sh). Two 2-layer models with tied embeddings, trained with the plugin's
-# truncated-BPTT task for MINUTES_PER_MODEL (default 5) each with --stop-time-hours, then scored on the test split
-# with fairseq-eval-lm (state carried, batch 1), at softmax temperature 1. Results: OUT_DIR/results.md (default
-# mogrifier_compare_output/). Steps whose output exists are skipped.
+# The Mogrifier paper's Table 1 at a small scale: the Mogrifier LSTM against the LSTM with the same parameter count,
+# on any word-level corpus, several seeds, equal updates and equal time.
 set -euo pipefail
+usage() {
+    cat <<EOF
+Usage: $(basename "$0") [-o OUT] [-s SEEDS] [-u UPDATES] [-L LONG] [-n LONG_SEEDS] [-i INTERVAL] [-m MODELS]
+                  [-c CORPUS_DIR] [-x "TRAIN ARGS"] [-T] [-d cpu|cuda] [-p fp32|bf16]
 
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-OUT=${1:-mogrifier_compare_output}
-MINUTES=${2:-5}
-source examples/lib.sh
-require_tools python fairseq-preprocess fairseq-train fairseq-eval-lm
-HOURS=$(python -c "print($MINUTES / 60)")
-mkdir -p "$OUT"
+Text: CORPUS_DIR/{train,valid,test}.txt (one paragraph or sentence a line, tokens separated by spaces;
+examples/language_model/corpus.sh builds one from Debian's manuals), or the English side of the demo corpus; word
+level, words seen fewer than 3 times in train mapped to <unk>.
 
-lm_data "$OUT"  # the English side of the demo corpus, binarised (examples/lib.sh)
-
-# Same regularisation for both; the LSTM's hidden size is the largest whose parameter count does not exceed the
-# Mogrifier's (the paper's protocol: equal budgets, so the Mogrifier's rounds cost it hidden units).
-COMMON=(--task stateful_lm --tokens-per-sample 35 --batch-size 20 --batch-size-valid 10
-        --mogrifier-layers 2 --mogrifier-input-dropout 0.3 --mogrifier-inter-layer-dropout 0.2
-        --mogrifier-state-dropout 0.2 --mogrifier-output-dropout 0.3 --mogrifier-shared-mask-dropout
-        --criterion cross_entropy --optimizer adam --adam-betas '(0, 0.999)' --lr 0.002 --clip-norm 10
-        --seed 1 --cpu --num-workers 0 --stop-time-hours "$HOURS" --max-epoch 1000 --disable-validation)
-declare -A MODEL=(
-    [mogrifier]="--arch mogrifier_lstm_lm_ptb --mogrifier-hidden-size 256 --mogrifier-embed-dim 256 --mogrifier-rounds 5 --mogrifier-rank 32"
-    [lstm]="--arch lstm_lm_ptb --mogrifier-hidden-size HIDDEN --mogrifier-embed-dim HIDDEN --mogrifier-rounds 0"
-)
-
-params() {  # params <args...>: the total parameter count (an integer) of the model those arguments build
-    python - "$@" <<'PY'
-import logging, sys, warnings
-logging.disable(logging.INFO); warnings.filterwarnings("ignore")
-from define_fairseq.tools.params import parameter_breakdown, setup_from_train_args
-_, _, model = setup_from_train_args(sys.argv[1:])
-print(parameter_breakdown(model)["total"])
-PY
+Models (mogrifier_lstm_lm, 2 layers, embeddings as wide as the hidden state and tied to the softmax, the two
+layers' outputs summed, lamb's capped input gate; the paper's protocol: equal parameter counts):
+  lstm        rounds 0, the largest hidden size whose model has no more parameters than the Mogrifier
+  mogrifier   hidden $HIDDEN, r = $ROUNDS rounds of rank k = $RANK
+Both train alike: variational dropout 0.3 on the input, 0.2 between the layers, 0.2 on the state, 0.3 on the output
+(the paper's tuned PTB values, about 0.7 / 0.3 / 0.4 / 0.7, are for 24M parameters on 1M words); Adam (0, 0.999)
+at a constant lr 0.002, the gradient norm clipped at 10 (lamb's setting); --task stateful_lm, $STREAMS streams x BPTT
+$BPTT, the state carried across batches.
+Each model of MODELS (default: "lstm mogrifier") trains once per seed 1..SEEDS (default 3), saving and validating
+every INTERVAL updates (default $SAVE_EVERY), and is scored (test perplexity, the state carried, batch 1,
+temperature 1) at:
+  - equal updates: after UPDATES updates (default $UPDATES);
+  - equal time (skipped with -T): the last checkpoint within the first model's time for UPDATES updates;
+  - longer training (with -L): after LONG updates, for seeds 1..LONG_SEEDS (default 1).
+-x adds fairseq-train arguments to every model alike; -d cuda and -p bf16 train on the GPU, in bfloat16.
+Writes OUT/results.md and OUT/curves.png (validation loss against updates and time). OUT defaults to
+mogrifier_compare_output. A rerun skips what is done. Time figures need a machine doing nothing else.
+EOF
 }
-TRAIN_ARGS=("$OUT/data-bin" --user-dir define_fairseq)
-# shellcheck disable=SC2206
-mog=(${MODEL[mogrifier]})
-budget=$(params "${TRAIN_ARGS[@]}" "${mog[@]}" "${COMMON[@]}")
-hidden=256
-while (( $(params "${TRAIN_ARGS[@]}" ${MODEL[lstm]//HIDDEN/$((hidden + 1))} "${COMMON[@]}") <= budget )); do
-    hidden=$((hidden + 1))
-done
-MODEL[lstm]=${MODEL[lstm]//HIDDEN/$hidden}
-echo "Mogrifier: $budget parameters; LSTM with the same budget: hidden = embedding = $hidden"
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+source examples/lib.sh
 
-for name in mogrifier lstm; do
+HIDDEN=256 ROUNDS=5 RANK=32 STREAMS=20 BPTT=35
+SAVE_EVERY=200 TIME_MARGIN=110
+OUT=mogrifier_compare_output SEEDS=3 UPDATES=4000 MODELS="lstm mogrifier" CORPUS="" TIMED=1
+LONG=0 LONG_SEEDS=1 EXTRA=""
+compare_option() {
+    case $1 in u) UPDATES=$2 ;; T) TIMED=0 ;; L) LONG=$2 ;; n) LONG_SEEDS=$2 ;; i) SAVE_EVERY=$2 ;; x) EXTRA=$2 ;; esac
+}
+compare_options u:TL:n:i:x: "$@"
+require_tools python fairseq-preprocess fairseq-eval-lm
+declare -A MODEL=(
+    [mogrifier]="--mogrifier-rounds $ROUNDS --mogrifier-rank $RANK --mogrifier-hidden-size $HIDDEN --mogrifier-embed-dim $HIDDEN"
+    [lstm]="--mogrifier-rounds 0 --mogrifier-hidden-size {} --mogrifier-embed-dim {}"
+)
+compare_check_models
+compare_check_points
+
+mkdir -p "$OUT"
+lm_data "$OUT" "$CORPUS"
+# shellcheck disable=SC2054
+MOGRIFIER=(--user-dir define_fairseq --task stateful_lm --arch mogrifier_lstm_lm --mogrifier-layers 2
+           --mogrifier-sum-layer-outputs --tokens-per-sample "$BPTT" --batch-size "$STREAMS"
+           --batch-size-valid "$STREAMS" --mogrifier-input-dropout 0.3 --mogrifier-inter-layer-dropout 0.2
+           --mogrifier-state-dropout 0.2 --mogrifier-output-dropout 0.3 --mogrifier-shared-mask-dropout
+           --criterion cross_entropy --optimizer adam --adam-betas '(0, 0.999)' --lr 0.002 --lr-scheduler fixed
+           --clip-norm 10 --num-workers 0 --max-epoch 1000)
+
+# The LSTM's hidden size: the largest within the Mogrifier's count, -x's arguments included
+# (define_fairseq.tools.equal_params), kept in OUT/lstm_size.
+if [[ " $MODELS " == *" lstm "* ]]; then
+    if [[ ! -s $OUT/lstm_size ]]; then
+        python -m define_fairseq.tools.equal_params --budget "${MODEL[mogrifier]} $EXTRA" \
+            --size "${MODEL[lstm]} $EXTRA" --low 1 --high $((HIDDEN * 2)) -- "$OUT/data-bin" "${MOGRIFIER[@]}" --cpu \
+            > "$OUT/lstm_size.tmp"
+        mv "$OUT/lstm_size.tmp" "$OUT/lstm_size"
+    fi
+    hidden=$(cut -f1 "$OUT/lstm_size")
+    MODEL[lstm]=${MODEL[lstm]//\{\}/$hidden}
+fi
+
+# run_args NAME SEED (compare_run's): the common model and training, with NAME's size and -x's arguments.
+run_args() {
     # shellcheck disable=SC2206
-    model=(${MODEL[$name]})
-    dir=$OUT/$name
-    # a run counts as done only once it finished (train_run: its log says so); an interrupted one trains again
-    grep -qs "done training" "$dir/train.log" || echo "==> training $name for $MINUTES min: ${MODEL[$name]}"
-    train_run "$dir" "${TRAIN_ARGS[@]}" "${model[@]}" "${COMMON[@]}" --no-epoch-checkpoints
-    params "${TRAIN_ARGS[@]}" "${model[@]}" "${COMMON[@]}" > "$dir/params.txt"
-    eval_lm_test "$OUT" "$dir" --task stateful_lm --tokens-per-sample 35 --batch-size 1
-done
+    RUN_ARGS=("$OUT/data-bin" "${MOGRIFIER[@]}" ${MODEL[$1]} "${DEVICE_ARGS[@]}" --seed "$2" $EXTRA)
+}
 
-{
-    echo "| model | arguments | parameters | updates in $MINUTES min | test perplexity |"
-    echo "|---|---|---|---|---|"
-    for name in mogrifier lstm; do
-        dir=$OUT/$name
-        updates=$(grep -o 'num_updates[^0-9]*[0-9]*' "$dir/train.log" | tail -1 | grep -o '[0-9]*$' || echo "?")
-        ppl=$(test_perplexity "$dir")
-        echo "| $name | \`${MODEL[$name]}\` | $(cat "$dir/params.txt") | $updates | $ppl |"
-    done
-    echo
-    echo "Vocabulary: $(vocabulary_size "$OUT") symbols."
-} > "$OUT/results.md"
-cat "$OUT/results.md"
+# score_checkpoint CHECKPOINT DIR (compare_run's): test perplexity, the state carried across the test stream.
+score_checkpoint() {
+    eval_lm_test "$OUT" "$2" --task stateful_lm --tokens-per-sample "$BPTT" --batch-size 1 --path "$1"
+    test_perplexity "$2"
+}
+
+compare_run_all
+compare_report "test perplexity" "Vocabulary: $(vocabulary_size "$OUT") symbols (words seen at least 3 times in" \
+    "train, plus fairseq's specials). lstm: ${MODEL[lstm]:-not run}. Every point comes from one run per model and" \
+    "seed (OUT/runs/train), checkpointed every $SAVE_EVERY updates; equal time: the last checkpoint within the first" \
+    "model's time.${EXTRA:+ Every model with: $EXTRA.}"

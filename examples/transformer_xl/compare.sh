@@ -63,30 +63,20 @@ TXL=(--user-dir define_fairseq --task stateful_lm --arch transformer_xl_lm --dec
      --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" --warmup-init-lr 1e-7 --clip-norm 0.25
      --ddp-backend legacy_ddp --num-workers 0 --max-epoch 1000)
 
-# projective_eq_n: the largest n at which the projective input has no more parameters than DeFINE, kept in
-# OUT/projective_eq_n (the projective model's count is linear in n: two counts give the slope).
+# projective_eq_n: the largest n < d at which the projective input has no more parameters than DeFINE, -x's
+# arguments included (define_fairseq.tools.equal_params), kept in OUT/projective_eq.
 projective_eq_n() {
-    if [[ ! -s $OUT/projective_eq_n ]]; then
-        # shellcheck disable=SC2086
-        python - "$OUT/data-bin" "${TXL[@]}" --cpu "${MODEL[define]}" "$N" > "$OUT/projective_eq_n.tmp" <<'PY'
-import logging, shlex, sys, warnings
-logging.disable(logging.INFO); warnings.filterwarnings("ignore")
-from define_fairseq.tools.params import parameter_breakdown, setup_from_train_args
-common, define, n = sys.argv[1:-2], sys.argv[-2], int(sys.argv[-1])
-count = lambda extra: parameter_breakdown(setup_from_train_args(common + shlex.split(extra))[2])["total"]
-projective = lambda n: count(f"--txl-input projective --define-n {n}")
-budget = count(define)
-n += (budget - projective(n)) // (projective(n + 1) - projective(n))
-while projective(n) > budget:
-    n -= 1
-print(n)
-PY
-        mv "$OUT/projective_eq_n.tmp" "$OUT/projective_eq_n"
+    if [[ ! -s $OUT/projective_eq ]]; then
+        python -m define_fairseq.tools.equal_params --budget "${MODEL[define]} $EXTRA" --low "$N" --high $((D - 1)) \
+            --size "--txl-input projective --define-n {} $EXTRA" -- "$OUT/data-bin" "${TXL[@]}" --cpu \
+            > "$OUT/projective_eq.tmp"
+        mv "$OUT/projective_eq.tmp" "$OUT/projective_eq"
     fi
-    cat "$OUT/projective_eq_n"
+    cut -f1 "$OUT/projective_eq"
 }
 if [[ " $MODELS " == *" projective_eq "* ]]; then
-    MODEL[projective_eq]=${MODEL[projective_eq]//PROJECTIVE_EQ_N/$(projective_eq_n)}
+    n=$(projective_eq_n)
+    MODEL[projective_eq]=${MODEL[projective_eq]//PROJECTIVE_EQ_N/$n}
 fi
 
 # run_args NAME SEED (compare_run's): the common model and training, with NAME's input layer and -x's arguments.
