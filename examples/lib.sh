@@ -212,13 +212,23 @@ compare_check_points() {
 # SAVE_EVERY updates, score its points, then delete the checkpoints no point uses. Each point lives in
 # OUT/runs/REGIME/NAME.sSEED (point.json, params.txt, score): `updates`, the checkpoint after UPDATES updates;
 # `long` (when LONG > 0 and SEED <= LONG_SEEDS), after LONG; `time` (when TIMED=1), the last checkpoint within the
-# time the first model of MODELS took for UPDATES updates with the same seed, for which the other models train
-# TIME_MARGIN percent of UPDATES. With a learning-rate schedule and data order that do not depend on --max-update
+# time NAME's reference took for UPDATES updates with the same seed, for which the other models train TIME_MARGIN
+# percent of UPDATES. The reference is the first model of MODELS, or what the script's function time_reference
+# NAME prints (a comparison of several families: each against its own baseline). With a learning-rate schedule and data order that do not depend on --max-update
 # (define_fairseq.tools.run_points), each is the checkpoint of a run stopped there. The script defines
 # run_args NAME SEED, which sets the array RUN_ARGS (fairseq-train's arguments, the data folder first), and
 # score_checkpoint CHECKPOINT DIR, which prints the point's score (it may leave its files in DIR).
 compare_run_all() {
-    local seed name
+    local seed name reference seen=" "
+    for name in $MODELS; do
+        reference=$(compare_reference "$name")
+        if (( TIMED )) && [[ $reference != "$name" && $seen != *" $reference "* ]]; then
+            echo "error: -m: $name's equal time is $reference's, which must come before it in -m (or -T: no equal" \
+                "time)" >&2
+            exit 2
+        fi
+        seen+="$name "
+    done
     for seed in $(seq 1 "$SEEDS"); do
         for name in $MODELS; do
             compare_run "$name" "$seed"
@@ -226,18 +236,23 @@ compare_run_all() {
     done
 }
 
+# compare_reference NAME: the model whose time for UPDATES updates is NAME's equal time.
+compare_reference() {
+    if declare -F time_reference > /dev/null; then time_reference "$1"; else echo "${MODELS%% *}"; fi
+}
+
 # compare_updates_for NAME SEED: how many updates NAME's run with SEED trains.
 compare_updates_for() {
     local updates=$UPDATES
     (( LONG && $2 <= LONG_SEEDS )) && updates=$LONG
-    if (( TIMED )) && [[ $1 != "${MODELS%% *}" ]] && (( updates * 100 < UPDATES * TIME_MARGIN )); then
+    if (( TIMED )) && [[ $1 != "$(compare_reference "$1")" ]] && (( updates * 100 < UPDATES * TIME_MARGIN )); then
         updates=$(( (UPDATES * TIME_MARGIN / 100 + SAVE_EVERY - 1) / SAVE_EVERY * SAVE_EVERY ))
     fi
     echo "$updates"
 }
 
 compare_run() {
-    local name=$1 seed=$2 dir=$OUT/runs/train/$1.s$2 target budget keep checkpoint
+    local name=$1 seed=$2 dir=$OUT/runs/train/$1.s$2 target budget keep checkpoint reference
     target=$(compare_updates_for "$name" "$seed")
     run_args "$name" "$seed"
     if ! grep -qs "done training" "$dir/train.log"; then
@@ -252,8 +267,9 @@ compare_run() {
         compare_point long "$name" "$seed" at-updates "$LONG"
     fi
     if (( TIMED )); then
+        reference=$(compare_reference "$name")
         budget=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['seconds'])" \
-            "$OUT/runs/updates/${MODELS%% *}.s$seed/point.json")
+            "$OUT/runs/updates/$reference.s$seed/point.json")
         compare_point time "$name" "$seed" within-seconds "$budget"
     fi
     keep=$(cat "$OUT"/runs/*/"$name.s$seed"/point.json 2>/dev/null | python -c "

@@ -68,12 +68,16 @@ def test_translation_compare_refuses_an_unknown_model_and_a_missing_corpus_file(
 
 def test_language_model_compare_writes_its_table_and_curves(toy_corpus, tmp_path):
     out = tmp_path / "out"
-    run_script("examples/language_model/compare.sh", "-o", out, "-s", 2, "-t", 0.05,
-               "-m", "transformer_lm transformer_lm_define", "-c", toy_corpus)
+    run_script("examples/language_model/compare.sh", "-o", out, "-s", 2, "-u", 20, "-i", 10,
+               "-m", "transformer_lm transformer_lm_define lstm_adaptive", "-c", toy_corpus)
     rows = [line for line in (out / "results.md").read_text().splitlines() if line.startswith("| `")]
-    assert [row.split("`")[1] for row in rows] == ["transformer_lm", "transformer_lm_define"]
+    assert [row.split("`")[1] for row in rows] == ["transformer_lm", "transformer_lm_define", "lstm_adaptive"]
     number = r"\d+\.\d\d"
-    assert all(re.search(rf"\| {number} ± {number} \({number}, {number}\) \|", row) for row in rows), rows
+    for row in rows:  # test perplexity mean ± spread (two seeds) at equal updates and at equal time
+        assert len(re.findall(rf"\| {number} ± {number} \({number}, {number}\) \|", row)) == 2, row
+    # each family's equal time is its own baseline's: the baselines' two points are one checkpoint
+    lstm = [json.loads((out / "runs" / r / "lstm_adaptive.s1" / "point.json").read_text()) for r in ("updates", "time")]
+    assert lstm[0]["updates"] == lstm[1]["updates"] == 20
     assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
 
 

@@ -1,71 +1,112 @@
 #!/usr/bin/env bash
-# Real-text comparison on CPU: DeFINE language models against their baselines, several seeds, equal wall time.
+# The DeFINE paper's Table 1a at a small scale (the adaptive-input LSTM with and without DeFINE, R2 against R3), and
+# transformer_lm_define against transformer_lm, on any word-level corpus, several seeds, equal updates and time.
 set -euo pipefail
 usage() {
     cat <<EOF
-Usage: $(basename "$0") [-o OUT] [-s SEEDS] [-t MINUTES] [-m MODELS] [-c CORPUS_DIR]
+Usage: $(basename "$0") [-o OUT] [-s SEEDS] [-u UPDATES] [-L LONG] [-n LONG_SEEDS] [-i INTERVAL] [-m MODELS]
+                  [-c CORPUS_DIR] [-x "TRAIN ARGS"] [-T] [-d cpu|cuda] [-p fp32|bf16]
 
-Text: the English side of the demo corpus (examples/demo/README.md) or CORPUS_DIR's {train,valid,test}.txt, word
-level, words seen fewer than 3 times in train mapped to <unk>. Each model of MODELS (default: all four) is trained for MINUTES (default 4) of wall time
-with each seed 1..SEEDS (default 3), validated every 100 updates, then scored on the test split with
-fairseq-eval-lm:
-  transformer_lm        vs transformer_lm_define   (language_modeling, 64-token blocks, context window 32)
-  lstm_adaptive         vs lstm_adaptive_define    (stateful_lm: state carried, BPTT 35, batch 20)
-Writes OUT/results.md (parameters, test perplexity mean, standard deviation and per-seed values, updates) and
-OUT/curves.png (validation loss against updates and time; needs matplotlib). OUT defaults to
+Text: CORPUS_DIR/{train,valid,test}.txt (one paragraph or sentence a line, tokens separated by spaces;
+examples/language_model/corpus.sh builds one from Debian's manuals), or the English side of the demo corpus; word
+level, words seen fewer than 3 times in train mapped to <unk>.
+
+Models (Adam at a constant lr 0.001, dropout 0.1, the gradient norm clipped at 0.25, for all):
+  lstm_adaptive           Table 1a R2 at a small size: 2 LSTM layers (512, 256), adaptive input and softmax of
+                          width 256, tied, clusters at a quarter and three quarters of the vocabulary
+                          (--task stateful_lm, 20 streams x BPTT 35, scored with the state carried, batch 1)
+  lstm_adaptive_define    R3: the same with DeFINE (N = 3, k = 1024, n = m = 256) on the adaptive input
+  transformer_lm          2 layers, d 256, FFN 1024, 4 heads, softmax tied to the V x 256 table (64-token
+                          blocks, scored with 32 tokens of context)
+  transformer_lm_define   the same with a V x 64 table and DeFINE (N = 3, k = 512) to 256, softmax tied to it
+  transformer_lm_define_eq  DeFINE at the largest n whose model has no more parameters than transformer_lm
+Each model of MODELS (default: all five) trains once per seed 1..SEEDS (default 3), saving and validating every
+INTERVAL updates (default $SAVE_EVERY), and is scored (test perplexity) at:
+  - equal updates: after UPDATES updates (default $UPDATES);
+  - equal time (skipped with -T): the last checkpoint within its family's baseline's time (lstm_adaptive's or
+    transformer_lm's) for UPDATES updates;
+  - longer training (with -L): after LONG updates, for seeds 1..LONG_SEEDS (default 1).
+-x adds fairseq-train arguments to every model alike; -d cuda and -p bf16 train on the GPU, in bfloat16.
+Writes OUT/results.md and OUT/curves.png (validation loss against updates and time). OUT defaults to
 lm_compare_output. A rerun skips what is done. Time figures need a machine doing nothing else.
 EOF
 }
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source examples/lib.sh
 
-OUT=lm_compare_output SEEDS=3 MINUTES=4 MODELS="transformer_lm transformer_lm_define lstm_adaptive lstm_adaptive_define"
-CORPUS=""
-compare_option() { [[ $1 == t ]] && MINUTES=$2; }
-compare_options t: "$@"
+SAVE_EVERY=200 TIME_MARGIN=110
+OUT=lm_compare_output SEEDS=3 UPDATES=3000 CORPUS="" TIMED=1 LONG=0 LONG_SEEDS=1 EXTRA=""
+MODELS="lstm_adaptive lstm_adaptive_define transformer_lm transformer_lm_define transformer_lm_define_eq"
+compare_option() {
+    case $1 in u) UPDATES=$2 ;; T) TIMED=0 ;; L) LONG=$2 ;; n) LONG_SEEDS=$2 ;; i) SAVE_EVERY=$2 ;; x) EXTRA=$2 ;; esac
+}
+compare_options u:TL:n:i:x: "$@"
 require_tools python fairseq-preprocess fairseq-eval-lm
+declare -A MODEL=(
+    [lstm_adaptive]="--arch lstm_lm_adaptive_wt103"
+    [lstm_adaptive_define]="--arch lstm_lm_define_wt103_n3 --define-k 1024"
+    [transformer_lm]="--arch transformer_lm --share-decoder-input-output-embed"
+    [transformer_lm_define]="--arch transformer_lm_define --define-n 64 --define-k 512"
+    [transformer_lm_define_eq]="--arch transformer_lm_define --define-n {} --define-k 512"
+)
+compare_check_models
+compare_check_points
 
+mkdir -p "$OUT"
+lm_data "$OUT" "$CORPUS"
+V=$(vocabulary_size "$OUT")
 # --required-batch-size-multiple 1: fairseq's default 8 drops a split's last batch when it is smaller (examples/lib.sh)
-COMMON=(--optimizer adam --adam-betas '(0.9, 0.98)' --lr 0.001 --clip-norm 0.25 --dropout 0.1
-        --required-batch-size-multiple 1 --cpu --num-workers 0 --max-epoch 1000 --ddp-backend legacy_ddp)
+COMMON=(--user-dir define_fairseq --optimizer adam --adam-betas '(0.9, 0.98)' --lr 0.001 --clip-norm 0.25
+        --dropout 0.1 --required-batch-size-multiple 1 --num-workers 0 --max-epoch 1000 --ddp-backend legacy_ddp)
 TRANSFORMER=(--task language_modeling --tokens-per-sample 64 --sample-break-mode none --max-tokens 2048
              --decoder-layers 2 --decoder-embed-dim 256 --decoder-ffn-embed-dim 1024 --decoder-attention-heads 4
              --criterion cross_entropy)
 LSTM=(--task stateful_lm --tokens-per-sample 35 --batch-size 20 --batch-size-valid 10
       --decoder-embed-dim 256 --define-n 256 --decoder-hidden-size 512 --decoder-layers 2
-      --adaptive-input-cutoff 2000,6000 --adaptive-softmax-cutoff 2000,6000 --criterion adaptive_loss)
-declare -A MODEL=(
-    [transformer_lm]="--arch transformer_lm --share-decoder-input-output-embed"
-    [transformer_lm_define]="--arch transformer_lm_define --define-n 64 --define-k 512"
-    [lstm_adaptive]="--arch lstm_lm_adaptive_wt103"
-    [lstm_adaptive_define]="--arch lstm_lm_define_wt103_n3 --define-k 1024"
-)
-compare_check_models
+      --adaptive-input-cutoff "$((V / 4)),$((V * 3 / 4))" --adaptive-softmax-cutoff "$((V / 4)),$((V * 3 / 4))"
+      --criterion adaptive_loss)
 
-mkdir -p "$OUT"
-lm_data "$OUT" "$CORPUS"
+family() {  # family NAME: the arguments of NAME's family
+    case $1 in transformer*) FAMILY=("${TRANSFORMER[@]}") ;; *) FAMILY=("${LSTM[@]}") ;; esac
+}
 
-for seed in $(seq 1 "$SEEDS"); do
-    for name in $MODELS; do
-        dir=$OUT/runs/time/$name.s$seed
-        [[ -f $dir/score ]] && continue
-        case $name in transformer*) family=("${TRANSFORMER[@]}");; *) family=("${LSTM[@]}");; esac
-        # shellcheck disable=SC2206
-        args=("$OUT/data-bin" --user-dir define_fairseq ${MODEL[$name]} "${family[@]}" "${COMMON[@]}" --seed "$seed")
-        echo "==> $name, seed $seed: $MINUTES min"
-        train_run "$dir" "${args[@]}" --validate-interval-updates 100 --no-epoch-checkpoints \
-            --stop-time-hours "$(python -c "print($MINUTES / 60)")"
-        python -m define_fairseq.tools.params "${args[@]}" > "$dir/params.txt" 2> "$dir/params.log"
-        case $name in
-            transformer*) eval_args=(--task language_modeling --tokens-per-sample 64 --context-window 32
-                                     --max-tokens 2048);;
-            *) eval_args=(--task stateful_lm --tokens-per-sample 35 --batch-size 1);;
-        esac
-        eval_lm_test "$OUT" "$dir" "${eval_args[@]}"
-        test_perplexity "$dir" > "$dir/score.tmp"
-        mv "$dir/score.tmp" "$dir/score"
-    done
-done
+# transformer_lm_define_eq's n: the largest within transformer_lm's count, -x's arguments included
+# (define_fairseq.tools.equal_params), kept in OUT/define_eq.
+if [[ " $MODELS " == *" transformer_lm_define_eq "* ]]; then
+    if [[ ! -s $OUT/define_eq ]]; then
+        python -m define_fairseq.tools.equal_params --budget "${MODEL[transformer_lm]} $EXTRA" \
+            --size "${MODEL[transformer_lm_define_eq]} $EXTRA" --low 1 --high 1024 -- "$OUT/data-bin" \
+            "${COMMON[@]}" "${TRANSFORMER[@]}" --cpu > "$OUT/define_eq.tmp"
+        mv "$OUT/define_eq.tmp" "$OUT/define_eq"
+    fi
+    n=$(cut -f1 "$OUT/define_eq")
+    MODEL[transformer_lm_define_eq]=${MODEL[transformer_lm_define_eq]//\{\}/$n}
+fi
 
-compare_report "test perplexity" "Vocabulary: $(vocabulary_size "$OUT") symbols (words seen at least 3 times in train," \
-    "plus fairseq's specials); $MINUTES minutes of training per run."
+# time_reference NAME (compare_run's): each family's equal time is its baseline's.
+time_reference() {
+    case $1 in transformer*) echo transformer_lm ;; *) echo lstm_adaptive ;; esac
+}
+
+# run_args NAME SEED (compare_run's): NAME's family and model, with -x's arguments.
+run_args() {
+    family "$1"
+    # shellcheck disable=SC2206
+    RUN_ARGS=("$OUT/data-bin" "${COMMON[@]}" "${FAMILY[@]}" ${MODEL[$1]} "${DEVICE_ARGS[@]}" --seed "$2" $EXTRA)
+}
+
+# score_checkpoint CHECKPOINT DIR (compare_run's): test perplexity.
+score_checkpoint() {
+    local dir=$2
+    case $(basename "$dir") in
+        transformer*) eval_lm_test "$OUT" "$dir" --task language_modeling --tokens-per-sample 64 \
+                            --context-window 32 --max-tokens 2048 --path "$1" ;;
+        *) eval_lm_test "$OUT" "$dir" --task stateful_lm --tokens-per-sample 35 --batch-size 1 --path "$1" ;;
+    esac
+    test_perplexity "$dir"
+}
+
+compare_run_all
+compare_report "test perplexity" "Vocabulary: $V symbols (words seen at least 3 times in train, plus fairseq's" \
+    "specials). Every point comes from one run per model and seed (OUT/runs/train), checkpointed every $SAVE_EVERY" \
+    "updates; equal time: the last checkpoint within the family's baseline's time.${EXTRA:+ Every model with: $EXTRA.}"
