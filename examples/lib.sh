@@ -146,8 +146,9 @@ vocabulary_size() {
 eval_lm_test() {
     local out=$1 dir=$2
     shift 2
-    fairseq-eval-lm "$out/data-bin" --user-dir define_fairseq --path "$dir/checkpoint_last.pt" "${EVAL_DEVICE_ARGS[@]}" \
-        --gen-subset test "$@" > "$dir/eval.log" 2>&1 || { tail -20 "$dir/eval.log" >&2; exit 1; }
+    fairseq-eval-lm "$out/data-bin" --user-dir define_fairseq --path "$dir/checkpoint_last.pt" \
+        "${EVAL_DEVICE_ARGS[@]}" --gen-subset test "$@" > "$dir/eval.log" 2>&1 \
+        || { tail -20 "$dir/eval.log" >&2; exit 1; }
 }
 
 # test_perplexity DIR: the perplexity in DIR/eval.log (eval_lm_test's).
@@ -195,16 +196,26 @@ compare_check_models() {
     done
 }
 
-# compare_check_points: exit 2, saying why, when -u UPDATES or -L LONG is not a multiple of -i SAVE_EVERY, or LONG
-# is not longer than UPDATES.
+# compare_check_points: exit 2, saying why, when -u UPDATES or -L LONG is not a multiple of -i SAVE_EVERY, when LONG
+# is not longer than UPDATES, or when a model's equal-time reference (compare_reference) does not come before it.
 compare_check_points() {
-    local value
+    local value name reference seen=" "
     for value in "$UPDATES" "$LONG"; do
-        (( value % SAVE_EVERY == 0 )) || { echo "error: -u/-L: $value is not a multiple of -i $SAVE_EVERY" >&2; exit 2; }
+        (( value % SAVE_EVERY == 0 )) \
+            || { echo "error: -u/-L: $value is not a multiple of -i $SAVE_EVERY" >&2; exit 2; }
     done
     if (( LONG && LONG <= UPDATES )); then
         echo "error: -L $LONG: the longer training must be longer than -u $UPDATES" >&2; exit 2
     fi
+    for name in $MODELS; do
+        reference=$(compare_reference "$name")
+        if (( TIMED )) && [[ $reference != "$name" && $seen != *" $reference "* ]]; then
+            echo "error: -m: $name's equal time is $reference's, which must come before it in -m (or -T: no" \
+                "equal time)" >&2
+            exit 2
+        fi
+        seen+="$name "
+    done
 }
 
 # compare_run_all: for each seed 1..SEEDS, compare_run each model of MODELS, in order.
@@ -213,22 +224,15 @@ compare_check_points() {
 # OUT/runs/REGIME/NAME.sSEED (point.json, params.txt, score): `updates`, the checkpoint after UPDATES updates;
 # `long` (when LONG > 0 and SEED <= LONG_SEEDS), after LONG; `time` (when TIMED=1), the last checkpoint within the
 # time NAME's reference took for UPDATES updates with the same seed, for which the other models train TIME_MARGIN
-# percent of UPDATES. The reference is the first model of MODELS, or what the script's function time_reference
-# NAME prints (a comparison of several families: each against its own baseline). With a learning-rate schedule and data order that do not depend on --max-update
+# percent of UPDATES (set TIME_MARGIN above the fastest model's speed-up: a model that reaches the end of its run
+# before the reference's time gets its last checkpoint, with a warning). The reference is the first model of
+# MODELS, or what the script's function time_reference NAME prints (several families, each against its own
+# baseline). With a learning-rate schedule and data order that do not depend on --max-update
 # (define_fairseq.tools.run_points), each is the checkpoint of a run stopped there. The script defines
 # run_args NAME SEED, which sets the array RUN_ARGS (fairseq-train's arguments, the data folder first), and
 # score_checkpoint CHECKPOINT DIR, which prints the point's score (it may leave its files in DIR).
 compare_run_all() {
-    local seed name reference seen=" "
-    for name in $MODELS; do
-        reference=$(compare_reference "$name")
-        if (( TIMED )) && [[ $reference != "$name" && $seen != *" $reference "* ]]; then
-            echo "error: -m: $name's equal time is $reference's, which must come before it in -m (or -T: no equal" \
-                "time)" >&2
-            exit 2
-        fi
-        seen+="$name "
-    done
+    local seed name
     for seed in $(seq 1 "$SEEDS"); do
         for name in $MODELS; do
             compare_run "$name" "$seed"
@@ -289,6 +293,7 @@ compare_point() {
     local dir=$OUT/runs/$regime/$name.s$seed
     [[ -f $dir/score ]] && return 0
     found=$(python -m define_fairseq.tools.run_points "$run" "$query" "$value")
+    [[ $found != *$'\n'* ]] || echo "${found%$'\n'*}" >&2  # its warnings: the last line is the point
     IFS=$'\t' read -r checkpoint updates seconds <<< "${found##*$'\n'}"
     [[ -f $checkpoint ]] || { echo "error: $checkpoint was deleted once $run's points were scored; remove $run" \
         "to train it again" >&2; exit 1; }
@@ -298,6 +303,26 @@ compare_point() {
         > "$dir/point.json"
     score_checkpoint "$checkpoint" "$dir" > "$dir/score.tmp"
     mv "$dir/score.tmp" "$dir/score"
+}
+
+# equal_size FILE BUDGET SIZE LOW HIGH STEP ARGS...: set EQUAL_SIZE to the largest multiple of STEP in [LOW, HIGH]
+# at which fairseq-train's ARGS then SIZE (its {} replaced by the size) build a model with no more parameters than
+# ARGS then BUDGET (define_fairseq.tools.equal_params). FILE keeps the answer and the arguments it answers; a rerun
+# with other arguments into the same OUT stops with an error.
+equal_size() {
+    local file=$1 budget=$2 size=$3 low=$4 high=$5 step=$6 key
+    shift 6
+    key=$(printf '%s' "$* | $budget | $size | $low $high $step" | tr -s '[:space:]' ' ')
+    if [[ ! -s $file ]]; then
+        python -m define_fairseq.tools.equal_params --budget "$budget" --size "$size" --low "$low" --high "$high" \
+            --step "$step" -- "$@" > "$file.tmp"
+        echo "$key" >> "$file.tmp"
+        mv "$file.tmp" "$file"
+    elif [[ $(sed -n 2p "$file") != "$key" ]]; then
+        echo "error: $file answers other arguments (another -x?); give each setting its own OUT (-o)" >&2
+        exit 2
+    fi
+    EQUAL_SIZE=$(head -1 "$file" | cut -f1)
 }
 
 # compare_report METRIC [NOTE...]: OUT/results.md (written through a .tmp name), define_fairseq.tools.compare_runs'

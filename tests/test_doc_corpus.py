@@ -29,9 +29,10 @@ def test_paragraphs_are_p_and_div_para_outside_code(tmp_path):
                                           "Unclosed one", "and the next"]
 
 
-def test_a_paragraph_left_open_at_the_end_of_a_page_is_kept(tmp_path):
+@pytest.mark.parametrize("html", ["<p>last words", '<div class="para"><div>last words', "<div><p>last <b>words"])
+def test_a_paragraph_left_open_at_the_end_of_a_page_is_kept(tmp_path, html):
     page = tmp_path / "a.html"
-    write(page, "<p>last words")
+    write(page, html)
     assert page_paragraphs(str(page)) == ["last words"]
 
 

@@ -12,6 +12,8 @@ def test_largest_within_is_the_last_size_inside_the_budget():
     assert largest_within(50, lambda s: s * s, 1, 100) == (7, 49)
     assert largest_within(49, lambda s: s * s, 1, 100) == (7, 49)
     assert largest_within(48, lambda s: s * s, 1, 100) == (6, 36)
+    assert largest_within(50, lambda s: s * s, 1, 100, step=4) == (4, 16)  # multiples of 4 only
+    assert largest_within(80, lambda s: s * s, 3, 100, step=4) == (8, 64)
 
 
 @pytest.mark.parametrize("low,high,flag", [(8, 100, "--low"), (1, 7, "--high")])

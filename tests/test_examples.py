@@ -76,8 +76,10 @@ def test_language_model_compare_writes_its_table_and_curves(toy_corpus, tmp_path
     for row in rows:  # test perplexity mean ± spread (two seeds) at equal updates and at equal time
         assert len(re.findall(rf"\| {number} ± {number} \({number}, {number}\) \|", row)) == 2, row
     # each family's equal time is its own baseline's: the baselines' two points are one checkpoint
-    lstm = [json.loads((out / "runs" / r / "lstm_adaptive.s1" / "point.json").read_text()) for r in ("updates", "time")]
-    assert lstm[0]["updates"] == lstm[1]["updates"] == 20
+    def point(regime, name):
+        return json.loads((out / "runs" / regime / f"{name}.s1" / "point.json").read_text())
+    assert point("updates", "lstm_adaptive")["updates"] == point("time", "lstm_adaptive")["updates"] == 20
+    assert point("time", "transformer_lm_define")["seconds"] <= point("updates", "transformer_lm")["seconds"]
     assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -96,10 +98,10 @@ def test_transformer_xl_compare_puts_the_projective_input_at_defines_count(tmp_p
             if line.startswith("| `")}
     assert list(rows) == ["projective", "define", "projective_eq"]
     assert all(re.search(r"\| \d+\.\d\d \(\d+\.\d\d\) \|", row) for row in rows.values()), rows
-    n, projective_eq, define = map(int, (out / "projective_eq").read_text().split("\t"))
+    n, projective_eq, define = map(int, (out / "projective_eq").read_text().splitlines()[0].split("\t"))
     assert n > 64 and projective_eq <= define  # DeFINE's unit buys the projective input more table columns
-    params = (out / "runs" / "updates" / "projective_eq.s1" / "params.txt").read_text()
-    assert f"{projective_eq / 1e6:.2f}M" in params
+    log = (out / "runs" / "train" / "projective_eq.s1" / "train.log").read_text()
+    assert f"'define_n': {n}," in log and f"num. shared model params: {projective_eq:,} " in log  # the model trained
 
 
 def test_mogrifier_compare_gives_the_lstm_the_mogrifiers_count(toy_corpus, tmp_path):
@@ -107,7 +109,7 @@ def test_mogrifier_compare_gives_the_lstm_the_mogrifiers_count(toy_corpus, tmp_p
     run_script("examples/mogrifier/compare.sh", "-o", out, "-s", 1, "-u", 20, "-i", 10, "-T", "-c", toy_corpus)
     rows = [line for line in (out / "results.md").read_text().splitlines() if line.startswith("| `")]
     assert [row.split("`")[1] for row in rows] == ["lstm", "mogrifier"]
-    hidden, lstm, mogrifier = map(int, (out / "lstm_size").read_text().split("\t"))
+    hidden, lstm, mogrifier = map(int, (out / "lstm_size").read_text().splitlines()[0].split("\t"))
     assert hidden > 256 and lstm <= mogrifier  # the rounds' parameters buy the LSTM more hidden units
     assert "--mogrifier-hidden-size {0} --mogrifier-embed-dim {0}".format(hidden) in (out / "results.md").read_text()
 

@@ -96,7 +96,7 @@ class _Page(html.parser.HTMLParser):
 
     def close(self):
         super().close()
-        if self._open:  # elements left open close with the page
+        while self._open:  # elements left open close with the page
             self.handle_endtag(self._open[0][0])
 
 

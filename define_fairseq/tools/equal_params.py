@@ -3,10 +3,10 @@
     python -m define_fairseq.tools.equal_params --budget "--txl-input define --define-n 64" \\
         --size "--txl-input projective --define-n {}" -- data-bin --user-dir define_fairseq --arch ...
 
-prints the largest integer that, put for ``{}`` in ``--size``'s arguments, builds a model (with the fairseq-train
-arguments after ``--``) whose parameter count does not exceed that of the model built with ``--budget``'s
-arguments; then, tab-separated, the two counts. The count must grow with the size (a width, a hidden size), which
-a binary search between ``--low`` and ``--high`` relies on.
+prints the largest integer (a multiple of ``--step``) that, put for ``{}`` in ``--size``'s arguments, builds a
+model (with the fairseq-train arguments after ``--``) whose parameter count does not exceed that of the model built
+with ``--budget``'s arguments; then, tab-separated, the two counts. The count must grow with the size (a width, a
+hidden size), which a binary search between ``--low`` and ``--high`` relies on.
 """
 
 import argparse
@@ -23,19 +23,21 @@ def count(argv: List[str]) -> int:
     return parameter_breakdown(setup_from_train_args(argv)[2])["total"]
 
 
-def largest_within(budget: int, count_at: Callable[[int], int], low: int, high: int) -> Tuple[int, int]:
-    """``(size, count)``: the largest size in ``[low, high]`` with ``count_at(size) <= budget`` (a count that grows
-    with the size). Raises ``ValueError`` when even ``low`` exceeds the budget or ``high`` does not reach it."""
-    if count_at(low) > budget:
-        raise ValueError(f"at --low {low} the model already has {count_at(low)} parameters, more than the budget "
-                         f"{budget}: lower --low")
-    if count_at(high) <= budget:
-        raise ValueError(f"at --high {high} the model has {count_at(high)} parameters, within the budget {budget}: "
-                         f"raise --high")
-    while high - low > 1:  # count_at(low) <= budget < count_at(high)
-        middle = (low + high) // 2
-        low, high = (middle, high) if count_at(middle) <= budget else (low, middle)
-    return low, count_at(low)
+def largest_within(budget: int, count_at: Callable[[int], int], low: int, high: int,
+                   step: int = 1) -> Tuple[int, int]:
+    """``(size, count)``: the largest multiple of ``step`` in ``[low, high]`` with ``count_at(size) <= budget`` (a
+    count that grows with the size). Raises ``ValueError`` naming ``--low`` or ``--high`` when the range misses it."""
+    lo, hi = -(-low // step), high // step  # the multiples of step within [low, high]
+    if lo > hi or count_at(lo * step) > budget:
+        raise ValueError(f"at --low {lo * step} the model already has more parameters than the budget {budget}: "
+                         f"lower --low")
+    if count_at(hi * step) <= budget:
+        raise ValueError(f"at --high {hi * step} the model has {count_at(hi * step)} parameters, within the budget "
+                         f"{budget}: raise --high")
+    while hi - lo > 1:  # count_at(lo * step) <= budget < count_at(hi * step)
+        middle = (lo + hi) // 2
+        lo, hi = (middle, hi) if count_at(middle * step) <= budget else (lo, middle)
+    return lo * step, count_at(lo * step)
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -45,6 +47,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--size", required=True, help="the arguments of the other model, with {} for the size")
     parser.add_argument("--low", type=int, default=1, help="the smallest size tried (default: 1)")
     parser.add_argument("--high", type=int, default=4096, help="a size above the answer (default: 4096)")
+    parser.add_argument("--step", type=int, default=1,
+                        help="try multiples of this only, e.g. DeFINE's groups g_max for --define-n (default: 1)")
     parser.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then fairseq-train's arguments")
     args = parser.parse_args(argv)
     common = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
@@ -55,13 +59,16 @@ def main(argv: Optional[List[str]] = None) -> None:
     budget = count(common + shlex.split(args.budget))
     cache = {}
 
+    if args.step < 1:
+        parser.error(f"--step {args.step} must be at least 1")
+
     def count_at(size: int) -> int:
         if size not in cache:
             cache[size] = count(common + shlex.split(args.size.replace("{}", str(size))))
         return cache[size]
 
     try:
-        size, total = largest_within(budget, count_at, args.low, args.high)
+        size, total = largest_within(budget, count_at, args.low, args.high, args.step)
     except ValueError as error:
         raise SystemExit(f"error: {error}") from None
     print(f"{size}\t{total}\t{budget}")

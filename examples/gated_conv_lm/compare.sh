@@ -20,17 +20,19 @@ The paper's optimiser for both: Nesterov momentum 0.99, lr 1, gradient norm clip
 3), saving and validating every INTERVAL updates (default $SAVE_EVERY), and is scored (test perplexity, every token
 after 32 tokens of context, more than the receptive field) at:
   - equal updates: after UPDATES updates (default $UPDATES);
-  - equal time (skipped with -T): the last checkpoint within the first model's time for UPDATES updates;
+  - equal time (skipped with -T): the last checkpoint within the first model's time for UPDATES updates (the
+    others train $((TIME_MARGIN - 100))% past UPDATES for it);
   - longer training (with -L): after LONG updates, for seeds 1..LONG_SEEDS (default 1).
 -x adds fairseq-train arguments to every model alike; -d cuda and -p bf16 train on the GPU, in bfloat16.
 Writes OUT/results.md and OUT/curves.png (validation loss against updates and time). OUT defaults to
-gcnn_compare_output. A rerun skips what is done. Time figures need a machine doing nothing else.
+gcnn_compare_output. A rerun skips what is done; give each setting (-x) its own
+OUT. Time figures need a machine doing nothing else.
 EOF
 }
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source examples/lib.sh
 
-SAVE_EVERY=100 TIME_MARGIN=110
+SAVE_EVERY=100 TIME_MARGIN=120
 OUT=gcnn_compare_output SEEDS=3 UPDATES=1000 MODELS="fconv_lm gcnn_lm_8" CORPUS="" TIMED=1
 LONG=0 LONG_SEEDS=1 EXTRA=""
 compare_option() {
@@ -55,6 +57,8 @@ COMMON=(--user-dir define_fairseq --task language_modeling --tokens-per-sample 1
 
 # run_args NAME SEED (compare_run's): the common training, with NAME's model and -x's arguments.
 run_args() {
+    local -
+    set -f  # the layer specs ([(256,4)]*8) are words, not file patterns
     # shellcheck disable=SC2206
     RUN_ARGS=("$OUT/data-bin" "${COMMON[@]}" ${MODEL[$1]} "${DEVICE_ARGS[@]}" --seed "$2" $EXTRA)
 }

@@ -24,17 +24,18 @@ Each model of MODELS (default: all five) trains once per seed 1..SEEDS (default 
 INTERVAL updates (default $SAVE_EVERY), and is scored (test perplexity) at:
   - equal updates: after UPDATES updates (default $UPDATES);
   - equal time (skipped with -T): the last checkpoint within its family's baseline's time (lstm_adaptive's or
-    transformer_lm's) for UPDATES updates;
+    transformer_lm's) for UPDATES updates (the others train $((TIME_MARGIN - 100))% past UPDATES for it);
   - longer training (with -L): after LONG updates, for seeds 1..LONG_SEEDS (default 1).
 -x adds fairseq-train arguments to every model alike; -d cuda and -p bf16 train on the GPU, in bfloat16.
 Writes OUT/results.md and OUT/curves.png (validation loss against updates and time). OUT defaults to
-lm_compare_output. A rerun skips what is done. Time figures need a machine doing nothing else.
+lm_compare_output. A rerun skips what is done; give each setting (-x) its own OUT. Time figures need a
+machine doing nothing else.
 EOF
 }
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source examples/lib.sh
 
-SAVE_EVERY=200 TIME_MARGIN=110
+SAVE_EVERY=200 TIME_MARGIN=200
 OUT=lm_compare_output SEEDS=3 UPDATES=3000 CORPUS="" TIMED=1 LONG=0 LONG_SEEDS=1 EXTRA=""
 MODELS="lstm_adaptive lstm_adaptive_define transformer_lm transformer_lm_define transformer_lm_define_eq"
 compare_option() {
@@ -49,6 +50,11 @@ declare -A MODEL=(
     [transformer_lm_define]="--arch transformer_lm_define --define-n 64 --define-k 512"
     [transformer_lm_define_eq]="--arch transformer_lm_define --define-n {} --define-k 512"
 )
+# time_reference NAME (compare_run's): each family's equal time is its baseline's.
+time_reference() {
+    case $1 in transformer*) echo transformer_lm ;; *) echo lstm_adaptive ;; esac
+}
+
 compare_check_models
 compare_check_points
 
@@ -58,9 +64,11 @@ V=$(vocabulary_size "$OUT")
 # --required-batch-size-multiple 1: fairseq's default 8 drops a split's last batch when it is smaller (examples/lib.sh)
 COMMON=(--user-dir define_fairseq --optimizer adam --adam-betas '(0.9, 0.98)' --lr 0.001 --clip-norm 0.25
         --dropout 0.1 --required-batch-size-multiple 1 --num-workers 0 --max-epoch 1000 --ddp-backend legacy_ddp)
+# --decoder-input-dim / --decoder-output-dim: without them fairseq's transformer_lm keeps their default of 512 and
+# builds a V x 512 table with projections to and from d 256.
 TRANSFORMER=(--task language_modeling --tokens-per-sample 64 --sample-break-mode none --max-tokens 2048
-             --decoder-layers 2 --decoder-embed-dim 256 --decoder-ffn-embed-dim 1024 --decoder-attention-heads 4
-             --criterion cross_entropy)
+             --decoder-layers 2 --decoder-embed-dim 256 --decoder-input-dim 256 --decoder-output-dim 256
+             --decoder-ffn-embed-dim 1024 --decoder-attention-heads 4 --criterion cross_entropy)
 LSTM=(--task stateful_lm --tokens-per-sample 35 --batch-size 20 --batch-size-valid 10
       --decoder-embed-dim 256 --define-n 256 --decoder-hidden-size 512 --decoder-layers 2
       --adaptive-input-cutoff "$((V / 4)),$((V * 3 / 4))" --adaptive-softmax-cutoff "$((V / 4)),$((V * 3 / 4))"
@@ -70,23 +78,13 @@ family() {  # family NAME: the arguments of NAME's family
     case $1 in transformer*) FAMILY=("${TRANSFORMER[@]}") ;; *) FAMILY=("${LSTM[@]}") ;; esac
 }
 
-# transformer_lm_define_eq's n: the largest within transformer_lm's count, -x's arguments included
-# (define_fairseq.tools.equal_params), kept in OUT/define_eq.
+# transformer_lm_define_eq's n: the largest multiple of the unit's 4 groups (up to k) within transformer_lm's count,
+# -x's arguments included, kept in OUT/define_eq (lib.sh's equal_size).
 if [[ " $MODELS " == *" transformer_lm_define_eq "* ]]; then
-    if [[ ! -s $OUT/define_eq ]]; then
-        python -m define_fairseq.tools.equal_params --budget "${MODEL[transformer_lm]} $EXTRA" \
-            --size "${MODEL[transformer_lm_define_eq]} $EXTRA" --low 1 --high 1024 -- "$OUT/data-bin" \
-            "${COMMON[@]}" "${TRANSFORMER[@]}" --cpu > "$OUT/define_eq.tmp"
-        mv "$OUT/define_eq.tmp" "$OUT/define_eq"
-    fi
-    n=$(cut -f1 "$OUT/define_eq")
-    MODEL[transformer_lm_define_eq]=${MODEL[transformer_lm_define_eq]//\{\}/$n}
+    equal_size "$OUT/define_eq" "${MODEL[transformer_lm]} $EXTRA" "${MODEL[transformer_lm_define_eq]} $EXTRA" \
+        4 512 4 "$OUT/data-bin" "${COMMON[@]}" "${TRANSFORMER[@]}" --cpu
+    MODEL[transformer_lm_define_eq]=${MODEL[transformer_lm_define_eq]//\{\}/$EQUAL_SIZE}
 fi
-
-# time_reference NAME (compare_run's): each family's equal time is its baseline's.
-time_reference() {
-    case $1 in transformer*) echo transformer_lm ;; *) echo lstm_adaptive ;; esac
-}
 
 # run_args NAME SEED (compare_run's): NAME's family and model, with -x's arguments.
 run_args() {

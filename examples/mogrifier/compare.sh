@@ -23,11 +23,13 @@ Each model of MODELS (default: "lstm mogrifier") trains once per seed 1..SEEDS (
 every INTERVAL updates (default $SAVE_EVERY), and is scored (test perplexity, the state carried, batch 1,
 temperature 1) at:
   - equal updates: after UPDATES updates (default $UPDATES);
-  - equal time (skipped with -T): the last checkpoint within the first model's time for UPDATES updates;
+  - equal time (skipped with -T): the last checkpoint within the first model's time for UPDATES updates (the
+    others train $((TIME_MARGIN - 100))% past UPDATES for it);
   - longer training (with -L): after LONG updates, for seeds 1..LONG_SEEDS (default 1).
 -x adds fairseq-train arguments to every model alike; -d cuda and -p bf16 train on the GPU, in bfloat16.
 Writes OUT/results.md and OUT/curves.png (validation loss against updates and time). OUT defaults to
-mogrifier_compare_output. A rerun skips what is done. Time figures need a machine doing nothing else.
+mogrifier_compare_output. A rerun skips what is done; give each setting (-x) its own
+OUT. Time figures need a machine doing nothing else.
 EOF
 }
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -43,7 +45,8 @@ compare_option() {
 compare_options u:TL:n:i:x: "$@"
 require_tools python fairseq-preprocess fairseq-eval-lm
 declare -A MODEL=(
-    [mogrifier]="--mogrifier-rounds $ROUNDS --mogrifier-rank $RANK --mogrifier-hidden-size $HIDDEN --mogrifier-embed-dim $HIDDEN"
+    [mogrifier]="--mogrifier-rounds $ROUNDS --mogrifier-rank $RANK --mogrifier-hidden-size $HIDDEN
+                 --mogrifier-embed-dim $HIDDEN"
     [lstm]="--mogrifier-rounds 0 --mogrifier-hidden-size {} --mogrifier-embed-dim {}"
 )
 compare_check_models
@@ -59,17 +62,12 @@ MOGRIFIER=(--user-dir define_fairseq --task stateful_lm --arch mogrifier_lstm_lm
            --criterion cross_entropy --optimizer adam --adam-betas '(0, 0.999)' --lr 0.002 --lr-scheduler fixed
            --clip-norm 10 --num-workers 0 --max-epoch 1000)
 
-# The LSTM's hidden size: the largest within the Mogrifier's count, -x's arguments included
-# (define_fairseq.tools.equal_params), kept in OUT/lstm_size.
+# The LSTM's hidden size: the largest within the Mogrifier's count, -x's arguments included, kept in OUT/lstm_size
+# (lib.sh's equal_size).
 if [[ " $MODELS " == *" lstm "* ]]; then
-    if [[ ! -s $OUT/lstm_size ]]; then
-        python -m define_fairseq.tools.equal_params --budget "${MODEL[mogrifier]} $EXTRA" \
-            --size "${MODEL[lstm]} $EXTRA" --low 1 --high $((HIDDEN * 2)) -- "$OUT/data-bin" "${MOGRIFIER[@]}" --cpu \
-            > "$OUT/lstm_size.tmp"
-        mv "$OUT/lstm_size.tmp" "$OUT/lstm_size"
-    fi
-    hidden=$(cut -f1 "$OUT/lstm_size")
-    MODEL[lstm]=${MODEL[lstm]//\{\}/$hidden}
+    equal_size "$OUT/lstm_size" "${MODEL[mogrifier]} $EXTRA" "${MODEL[lstm]} $EXTRA" 1 $((HIDDEN * 2)) 1 \
+        "$OUT/data-bin" "${MOGRIFIER[@]}" --cpu
+    MODEL[lstm]=${MODEL[lstm]//\{\}/$EQUAL_SIZE}
 fi
 
 # run_args NAME SEED (compare_run's): the common model and training, with NAME's size and -x's arguments.
@@ -85,7 +83,9 @@ score_checkpoint() {
 }
 
 compare_run_all
+lstm_note=""
+[[ " $MODELS " != *" lstm "* ]] || lstm_note=" lstm: ${MODEL[lstm]}."
 compare_report "test perplexity" "Vocabulary: $(vocabulary_size "$OUT") symbols (words seen at least 3 times in" \
-    "train, plus fairseq's specials). lstm: ${MODEL[lstm]:-not run}. Every point comes from one run per model and" \
-    "seed (OUT/runs/train), checkpointed every $SAVE_EVERY updates; equal time: the last checkpoint within the first" \
+    "train, plus fairseq's specials).$lstm_note Every point comes from one run per model and seed" \
+    "(OUT/runs/train), checkpointed every $SAVE_EVERY updates; equal time: the last checkpoint within the first" \
     "model's time.${EXTRA:+ Every model with: $EXTRA.}"

@@ -11,30 +11,33 @@ Text: CORPUS_DIR/{train,valid,test}.txt (one paragraph or sentence a line, token
 examples/language_model/corpus.sh builds one from Debian's manuals), or the English side of the demo corpus; word
 level, words seen fewer than 3 times in train mapped to <unk>.
 
-Model, the same for all but the input layer: transformer_xl_lm, $LAYERS layers, d $D, $HEADS heads, FFN $FFN, segments of
-$SEGMENT tokens with a memory of $SEGMENT, dropout 0.1; Transformer-XL's projected adaptive softmax with clusters at 10% and
-30% of the vocabulary, tied to the V x n table. Adam, lr $LR, $WARMUP warm-up updates then inverse square root,
-gradient norm clipped at 0.25, $BATCH streams a batch.
+Model, the same for all but the input layer: transformer_xl_lm, $LAYERS layers, d $D, $HEADS heads, FFN $FFN,
+segments of $SEGMENT tokens with a memory of $SEGMENT, dropout 0.1; Transformer-XL's projected adaptive softmax with
+clusters at 10% and 30% of the vocabulary, tied to the V x n table. Adam, lr $LR, $WARMUP warm-up updates then
+inverse square root, gradient norm clipped at 0.25, $BATCH streams a batch.
   standard        a V x $D table (n = d)
   projective      a V x $N table and an n -> d projection (Transformer-XL's adaptive input with div_val 1)
   define          a V x $N table and DeFINE (N = 3, k = $K) to d
-  projective_eq   the projective input at DeFINE's parameter count (the largest such n)
+  projective_eq   the projective input at DeFINE's parameter count (the largest such n below d; the vocabulary
+                  must be large enough for the unit's parameters to fit in d - $N - 1 more table columns)
 Each model of MODELS (default: "projective define standard projective_eq") trains once per seed 1..SEEDS (default
 3), saving and validating every INTERVAL updates (default $SAVE_EVERY), and is scored (test perplexity with the memory
 carried, evaluated with a memory of $EVAL_MEMORY as Transformer-XL evaluates with a longer one) at:
   - equal updates: after UPDATES updates (default $UPDATES);
-  - equal time (skipped with -T): the last checkpoint within the first model's time for UPDATES updates;
+  - equal time (skipped with -T): the last checkpoint within the first model's time for UPDATES updates (the
+    others train $((TIME_MARGIN - 100))% past UPDATES for it);
   - longer training (with -L): after LONG updates, for seeds 1..LONG_SEEDS (default 1).
 -x adds fairseq-train arguments to every model alike; -d cuda and -p bf16 train on the GPU, in bfloat16.
 Writes OUT/results.md and OUT/curves.png (validation loss against updates and time). OUT defaults to
-txl_compare_output. A rerun skips what is done. Time figures need a machine doing nothing else.
+txl_compare_output. A rerun skips what is done; give each setting (-x) its own
+OUT. Time figures need a machine doing nothing else.
 EOF
 }
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source examples/lib.sh
 
 LAYERS=4 D=128 HEADS=4 FFN=512 SEGMENT=64 EVAL_MEMORY=256 N=64 K=1024 LR=1e-3 WARMUP=400 BATCH=16
-SAVE_EVERY=200 TIME_MARGIN=110
+SAVE_EVERY=200 TIME_MARGIN=130
 OUT=txl_compare_output SEEDS=3 UPDATES=4000 MODELS="projective define standard projective_eq" CORPUS="" TIMED=1
 LONG=0 LONG_SEEDS=1 EXTRA=""
 compare_option() {
@@ -63,20 +66,12 @@ TXL=(--user-dir define_fairseq --task stateful_lm --arch transformer_xl_lm --dec
      --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" --warmup-init-lr 1e-7 --clip-norm 0.25
      --ddp-backend legacy_ddp --num-workers 0 --max-epoch 1000)
 
-# projective_eq_n: the largest n < d at which the projective input has no more parameters than DeFINE, -x's
-# arguments included (define_fairseq.tools.equal_params), kept in OUT/projective_eq.
-projective_eq_n() {
-    if [[ ! -s $OUT/projective_eq ]]; then
-        python -m define_fairseq.tools.equal_params --budget "${MODEL[define]} $EXTRA" --low "$N" --high $((D - 1)) \
-            --size "--txl-input projective --define-n {} $EXTRA" -- "$OUT/data-bin" "${TXL[@]}" --cpu \
-            > "$OUT/projective_eq.tmp"
-        mv "$OUT/projective_eq.tmp" "$OUT/projective_eq"
-    fi
-    cut -f1 "$OUT/projective_eq"
-}
+# projective_eq's n: the largest n < d at which the projective input has no more parameters than DeFINE, -x's
+# arguments included, kept in OUT/projective_eq (lib.sh's equal_size).
 if [[ " $MODELS " == *" projective_eq "* ]]; then
-    n=$(projective_eq_n)
-    MODEL[projective_eq]=${MODEL[projective_eq]//PROJECTIVE_EQ_N/$n}
+    equal_size "$OUT/projective_eq" "${MODEL[define]} $EXTRA" "--txl-input projective --define-n {} $EXTRA" \
+        "$N" $((D - 1)) 1 "$OUT/data-bin" "${TXL[@]}" --cpu
+    MODEL[projective_eq]=${MODEL[projective_eq]//PROJECTIVE_EQ_N/$EQUAL_SIZE}
 fi
 
 # run_args NAME SEED (compare_run's): the common model and training, with NAME's input layer and -x's arguments.

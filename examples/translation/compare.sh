@@ -91,8 +91,8 @@ run_args() {
 score_checkpoint() {
     local checkpoint=$1 dir=$2
     # fairseq's own argparse-era checkpoints (the baseline's) need the unrestricted loader; these are ours.
-    TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 fairseq-generate "$OUT/data-bin" --user-dir define_fairseq "${EVAL_DEVICE_ARGS[@]}" \
-        --num-workers 0 --path "$checkpoint" --gen-subset test --beam 5 --batch-size 128 \
+    TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 fairseq-generate "$OUT/data-bin" --user-dir define_fairseq \
+        "${EVAL_DEVICE_ARGS[@]}" --num-workers 0 --path "$checkpoint" --gen-subset test --beam 5 --batch-size 128 \
         --required-batch-size-multiple 1 --remove-bpe > "$dir/generate.txt" 2> "$dir/generate.log" \
         || { tail "$dir/generate.log" >&2; exit 1; }
     grep '^H-' "$dir/generate.txt" | sed 's/^H-//' | sort -n -s -k1,1 | cut -f3 > "$dir/test.hyp"
@@ -101,4 +101,5 @@ score_checkpoint() {
 
 compare_run_all
 compare_report BLEU "Every point comes from one run per model and seed (OUT/runs/train), checkpointed every" \
-    "$SAVE_EVERY updates; equal time: the last checkpoint within the baseline's time.${EXTRA:+ Every model with: $EXTRA.}"
+    "$SAVE_EVERY updates; equal time: the last checkpoint within the baseline's time." \
+    "${EXTRA:+Every model with: $EXTRA.}"
