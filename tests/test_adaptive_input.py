@@ -1,6 +1,7 @@
 """AdaptiveInput: per-band lookup and projection, the paper's parameter counts, tying with fairseq's
 AdaptiveSoftmax, and the DeFINE embedding over an adaptive map."""
 
+import re
 import pytest
 import torch
 
@@ -41,7 +42,7 @@ def test_forward_equals_per_token_recomputation():
 
 @pytest.mark.parametrize("d, expected", [(256, 9.25), (384, 13.90), (512, 18.55)])
 def test_paper_adaptive_io_counts(d, expected):
-    """define.md section 5: adaptive input + tied adaptive softmax = 9.25M / 13.90M / 18.55M at V=267,735."""
+    """The DeFINE paper's Table 1a: adaptive input + tied adaptive softmax = 9.25M / 13.90M / 18.55M at V=267,735."""
     from fairseq.modules import AdaptiveSoftmax
 
     emb = AdaptiveInput(WT103_VOCAB, 1, d, WT103_CUTOFF, factor=4)
@@ -66,10 +67,15 @@ def test_tied_adaptive_softmax_is_a_distribution():
 
 @pytest.mark.parametrize("cutoff, message", [([10, 5], "increasing"), ([10, 60], "below the vocabulary"),
                                              ([0, 10], "positive")])
-def test_bad_cutoffs_name_the_flag(cutoff, message):
+def test_bad_cutoffs_name_the_argument(cutoff, message):
     with pytest.raises(ValueError, match=message) as err:
         AdaptiveInput(50, 1, 16, cutoff)
-    assert "--adaptive-input-cutoff" in str(err.value)
+    assert str(err.value).startswith("cutoff ")
+
+
+def test_a_band_without_dimensions_names_the_factor():
+    with pytest.raises(ValueError, match=re.escape("factor=4: band 2 would have 8 // 4**2 = 0 dimensions")):
+        AdaptiveInput(50, 1, 8, [10, 20], factor=4)
 
 
 def test_define_embedding_over_adaptive_map():

@@ -1,4 +1,4 @@
-"""The parameter report reproduces the DeFINE paper's Table 1a counts (define.md section 5) at V = 267,735."""
+"""The parameter report reproduces the DeFINE paper's Table 1a counts at V = 267,735."""
 
 import pytest
 

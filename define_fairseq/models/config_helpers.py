@@ -74,7 +74,7 @@ def flag_names(**flags: str) -> Iterator[None]:
     except ParameterError as error:
         if error.name not in flags:
             raise
-        raise ParameterError(flags[error.name], error.value, error.requirement, sep=error.sep) from error
+        raise error.renamed(flags) from error
 
 
 def parse_cutoff(value, flag: str) -> Optional[List[int]]:

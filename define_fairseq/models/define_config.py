@@ -5,7 +5,15 @@ from typing import Optional
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
+from define_fairseq.models.config_helpers import flag_names
 from define_fairseq.modules.define import ACTIVATIONS, INITS, NORMS, VARIANTS
+from define_fairseq.modules.define_embedding import DeFINEEmbedding
+
+# DeFINEEmbedding's arguments (and its adaptive map's factor) -> the flags that set them
+DEFINE_FLAGS = dict(n="--define-n", k="--define-k", depth="--define-depth", max_groups="--define-max-groups",
+                    variant="--define-variant", activation="--define-activation", norm="--define-norm",
+                    dropout="--define-dropout", init="--define-init", map_dropout="--define-map-dropout",
+                    factor="--adaptive-input-factor")
 
 
 @dataclass
@@ -60,3 +68,11 @@ def define_embedding_kwargs(cfg, embed_dim: int) -> dict:
         init=str(cfg.define_init),
         map_dropout=getattr(cfg, "define_map_dropout", 0.0),  # absent from the configs of older checkpoints
     )
+
+
+def build_define_embedding(cfg, vocab_size: int, padding_idx: int, m: int, m_flag: str, **options) -> DeFINEEmbedding:
+    """``DeFINEEmbedding(vocab_size, ...)`` of width ``m`` from a config with define_* fields; the unit's errors
+    name the flags (``m_flag``: the flag that sets ``m``). ``options``: more keyword arguments (the adaptive map).
+    """
+    with flag_names(m=m_flag, **DEFINE_FLAGS):
+        return DeFINEEmbedding(vocab_size, padding_idx=padding_idx, **define_embedding_kwargs(cfg, m), **options)

@@ -12,9 +12,8 @@ convolution reads the lookup table directly (no input projection), residuals are
 default (the paper mentions none). Where a block changes the width the skip is a weight-normalised 1×1
 projection, as in fairseq (the paper does not say).
 
-The archs follow Table 1 of the paper as reconstructed in the project's notes; widths, kernels and the
-embedding sizes of Table 1 are not in the verified text of the paper and are recalled or taken from fairseq and
-theanolm (see ``examples/gated_conv_lm/README.md``). Adaptive softmax cutoffs are fairseq's:
+The archs follow Table 1 of the paper as fairseq (``fconv_lm_dauphin_*``) and theanolm give it; its widths,
+kernels and embedding sizes are not checked against the paper's table (``examples/gated_conv_lm/README.md``). Adaptive softmax cutoffs are fairseq's:
 
 ==============  =======  ===========================================================  ======  ==========
 arch            dataset  blocks, (width, kernel)                                      e       receptive
@@ -46,10 +45,9 @@ from torch import Tensor
 
 from define_fairseq.models.config_helpers import (
     MAX_POSITIONS, check_rate, check_tail_widths, config_namespace, flag_names, parse_cutoff)
-from define_fairseq.models.define_config import DeFINEConfig, define_embedding_kwargs
+from define_fairseq.models.define_config import DeFINEConfig, build_define_embedding
 from define_fairseq.modules.checks import check_cutoff, check_probability
-from define_fairseq.modules.define_embedding import DeFINEEmbedding
-from define_fairseq.modules.gated_conv import ACTIVATIONS, GatedConvStack
+from define_fairseq.modules.gated_conv import ACTIVATIONS, GatedConvStack, parse_layer_spec
 
 
 GCNN_8 = "[(800, 4)] * 8"
@@ -184,15 +182,16 @@ def build_gated_conv_decoder(cfg, dictionary) -> GatedConvLMDecoder:
     if cfg.gcnn_define_input:
         if cfg.define_depth < 1:
             raise ValueError(f"--gcnn-define-input needs --define-depth >= 1 (got {cfg.define_depth})")
-        embed = DeFINEEmbedding(vocab, padding_idx=pad, **define_embedding_kwargs(cfg, e))
+        embed = build_define_embedding(cfg, vocab, pad, e, "--decoder-embed-dim")
     else:
         embed = nn.Embedding(vocab, e, padding_idx=pad)
         nn.init.normal_(embed.weight, mean=0.0, std=0.1)
         with torch.no_grad():
             embed.weight[pad].zero_()
 
+    blocks = parse_layer_spec(cfg.gcnn_layers, "--gcnn-layers")
     with flag_names(dropout="--dropout"):
-        convolutions = GatedConvStack(e, cfg.gcnn_layers, activation=str(cfg.gcnn_activation),
+        convolutions = GatedConvStack(e, blocks, activation=str(cfg.gcnn_activation),
                                       weight_norm=not cfg.gcnn_no_weight_norm, dropout=cfg.dropout,
                                       residual_scale=cfg.gcnn_residual_scale)
     d = convolutions.output_dim
@@ -233,7 +232,7 @@ def _defaults(args, embed_dim: int, layers: str, cutoff: str):
 @register_model_architecture("gcnn_lm", "gcnn_lm_8")
 def gcnn_lm_8(args):
     """GCNN-8 (WikiText-103): 8 layers of 800 units, kernel 4 (the width from the paper's text; Table 1 as
-    recalled says 900), lookup 280."""
+    remembered says 900, not verified), lookup 280."""
     _defaults(args, 280, GCNN_8, WT103_CUTOFF)
 
 

@@ -58,10 +58,10 @@ from fairseq.utils import safe_getattr
 from torch import Tensor
 
 from define_fairseq.models.config_helpers import config_namespace, flag_names
-from define_fairseq.models.define_config import DeFINEConfig, define_embedding_kwargs
+from define_fairseq.models.define_config import DeFINEConfig, build_define_embedding
 from define_fairseq.models.recurrent_decoder import RecurrentDecoder
 from define_fairseq.modules.checks import check_probability
-from define_fairseq.modules.define_embedding import DeFINEEmbedding, FoldedDeFINEEmbedding
+from define_fairseq.modules.define_embedding import FoldedDeFINEEmbedding
 from define_fairseq.modules.mogrifier_lstm import MogrifierLSTM
 from define_fairseq.modules.tied_output import TiedOutput  # noqa: F401 (imported from here too)
 from define_fairseq.modules.variance_scaling import variance_scaling_
@@ -242,7 +242,7 @@ def build_mogrifier_decoder(cfg, dictionary) -> MogrifierLMDecoder:
     else:
         if cfg.define_n < 1:
             raise ValueError(f"--define-n={cfg.define_n} must be at least 1")
-        embed = DeFINEEmbedding(vocab, padding_idx=pad, **define_embedding_kwargs(cfg, embed_dim))
+        embed = build_define_embedding(cfg, vocab, pad, embed_dim, "--mogrifier-embed-dim")
 
     dropouts = ("input_dropout", "inter_layer_dropout", "state_dropout", "output_dropout")
     with flag_names(**{name: f"--mogrifier-{name.replace('_', '-')}" for name in dropouts}):

@@ -11,11 +11,11 @@ from torch import Tensor
 
 from define_fairseq.models.config_helpers import (check_rate, check_tail_widths, check_tied_bands, flag_names,
                                                   parse_cutoff)
-from define_fairseq.models.define_config import define_embedding_kwargs
+from define_fairseq.models.define_config import build_define_embedding
 from define_fairseq.models.recurrent_decoder import RecurrentDecoder
 from define_fairseq.modules.adaptive_input import AdaptiveInput
 from define_fairseq.modules.checks import check_cutoff, check_probability
-from define_fairseq.modules.define_embedding import DeFINEEmbedding, FoldedDeFINEEmbedding
+from define_fairseq.modules.define_embedding import FoldedDeFINEEmbedding
 from define_fairseq.modules.locked_dropout import locked_dropout
 from define_fairseq.modules.lstm_stack import LSTMStack
 from define_fairseq.modules.weight_drop import embedding_dropout
@@ -157,9 +157,8 @@ def build_recurrent_input(cfg: Namespace, dictionary, adaptive: bool) -> Tuple[n
             raise ValueError("--define-folded is not supported with --adaptive-input (the DeFINE embedding already "
                              "computes its V x m table once in eval mode)")
         return FoldedDeFINEEmbedding(vocab, n, m, padding_idx=pad), None
-    return DeFINEEmbedding(vocab, padding_idx=pad, adaptive_cutoff=input_cutoff,
-                           adaptive_factor=cfg.adaptive_input_factor if use_adaptive_input else 4,
-                           **define_embedding_kwargs(cfg, m)), input_cutoff
+    return build_define_embedding(cfg, vocab, pad, m, "--decoder-embed-dim", adaptive_cutoff=input_cutoff,
+                                  adaptive_factor=cfg.adaptive_input_factor if use_adaptive_input else 4), input_cutoff
 
 
 def build_recurrent_output(cfg: Namespace, dictionary, embed: nn.Module, input_cutoff: Optional[list], last: int,

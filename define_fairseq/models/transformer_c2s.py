@@ -27,9 +27,8 @@ from fairseq.models.transformer.transformer_legacy import (
 )
 
 from define_fairseq.models.config_helpers import config_namespace, flag_names
-from define_fairseq.models.define_config import DeFINEConfig, define_embedding_kwargs
+from define_fairseq.models.define_config import DeFINEConfig, build_define_embedding
 from define_fairseq.models.transformer_define import _flat_fields
-from define_fairseq.modules import DeFINEEmbedding
 from define_fairseq.modules.char2subword import Char2SubwordEmbedding
 
 C2S_FIELDS = [
@@ -113,8 +112,8 @@ class TransformerC2SModel(TransformerModel):
             args.no_scale_embedding = True
             args.share_decoder_input_output_embed = True
             args.decoder_output_dim = args.define_n
-            decoder_embed = DeFINEEmbedding(len(tgt_dict), padding_idx=tgt_dict.pad(),
-                                            **define_embedding_kwargs(args, args.decoder_embed_dim))
+            decoder_embed = build_define_embedding(args, len(tgt_dict), tgt_dict.pad(), args.decoder_embed_dim,
+                                                   "--decoder-embed-dim")
         elif args.c2s_decoder:
             if args.share_decoder_input_output_embed:
                 raise ValueError("--share-decoder-input-output-embed needs a decoder table; with --c2s-decoder the "

@@ -26,8 +26,8 @@ from fairseq.models.transformer.transformer_legacy import (
 )
 
 from define_fairseq.models.config_helpers import config_namespace
-from define_fairseq.models.define_config import DeFINEConfig, define_embedding_kwargs
-from define_fairseq.modules import DeFINEEmbedding, FoldedDeFINEEmbedding
+from define_fairseq.models.define_config import DeFINEConfig, build_define_embedding
+from define_fairseq.modules import FoldedDeFINEEmbedding
 
 
 def _flat_fields(config_cls, prefix: str = "") -> List[Tuple[str, Any, dataclasses.Field]]:
@@ -129,8 +129,8 @@ class TransformerDefineModel(TransformerModel):
                              f"--decoder-embed-path ({path}) cannot be used with it")
         if cfg.define_folded:
             return FoldedDeFINEEmbedding(len(dictionary), cfg.define_n, embed_dim, padding_idx=dictionary.pad())
-        return DeFINEEmbedding(len(dictionary), padding_idx=dictionary.pad(),
-                               **define_embedding_kwargs(cfg, embed_dim))
+        return build_define_embedding(cfg, len(dictionary), dictionary.pad(), embed_dim,
+                                      "--encoder-embed-dim / --decoder-embed-dim")
 
 
 def _set_default(args, name, value):

@@ -29,8 +29,7 @@ from fairseq.models.transformer_lm import (
 )
 
 from define_fairseq.models.config_helpers import check_tied_bands, config_namespace, parse_cutoff
-from define_fairseq.models.define_config import DeFINEConfig, define_embedding_kwargs
-from define_fairseq.modules import DeFINEEmbedding
+from define_fairseq.models.define_config import DeFINEConfig, build_define_embedding
 
 TransformerLMDefineConfig = dataclasses.make_dataclass(
     "TransformerLMDefineConfig",
@@ -102,9 +101,9 @@ class TransformerLMDefine(TransformerLanguageModel):
                 raise ValueError(f"--decoder-output-dim={args.decoder_output_dim}: a tied output works in "
                                  f"--define-n={n} dimensions; drop the flag")
             args.decoder_output_dim = n
-        embed_tokens = DeFINEEmbedding(
-            len(task.source_dictionary), padding_idx=task.source_dictionary.pad(), adaptive_cutoff=input_cutoff,
-            adaptive_factor=args.adaptive_input_factor, **define_embedding_kwargs(args, args.decoder_input_dim))
+        embed_tokens = build_define_embedding(
+            args, len(task.source_dictionary), task.source_dictionary.pad(), args.decoder_input_dim,
+            "--decoder-input-dim", adaptive_cutoff=input_cutoff, adaptive_factor=args.adaptive_input_factor)
         return cls(DeFINELMDecoder(args, task.target_dictionary, embed_tokens))
 
 

@@ -15,7 +15,7 @@ The model, from tokens to the vocabulary::
        d -> n projection per cluster
 
 Projections (d -> n, one per cluster, none when n = d), so that a model with n != d has the paper's input/output
-count V·n + V + 4·n·d (define.md §5): the projective model ties the head cluster's projection to its input
+count V·n + V + 4·n·d (Table 2's input/output column): the projective model ties the head cluster's projection to its input
 projection and gives each tail cluster its own; the DeFINE model has no input projection (DeFINE reduces to d
 itself) and four output projections. Transformer-XL's own code ties the tail clusters' projections to the input
 projection instead, which gives two distinct matrices; the paper's counts need four.
@@ -44,9 +44,9 @@ from torch import Tensor
 
 from define_fairseq.models.carried_state import CarriedState
 from define_fairseq.models.config_helpers import MAX_POSITIONS, config_namespace, flag_names, parse_cutoff
-from define_fairseq.models.define_config import DeFINEConfig, define_embedding_kwargs
+from define_fairseq.models.define_config import DeFINEConfig, build_define_embedding
 from define_fairseq.modules.checks import check_cutoff
-from define_fairseq.modules.define_embedding import DeFINEEmbedding, FoldedDeFINEEmbedding
+from define_fairseq.modules.define_embedding import FoldedDeFINEEmbedding
 from define_fairseq.modules.projected_adaptive_softmax import ProjectedAdaptiveSoftmax
 from define_fairseq.modules.projective_embedding import ProjectiveEmbedding
 from define_fairseq.modules.transformer_xl import TransformerXLStack
@@ -205,7 +205,7 @@ def build_transformer_xl_decoder(cfg, dictionary) -> TransformerXLDecoder:
         if cfg.define_folded:
             embed = FoldedDeFINEEmbedding(vocab, n, d, padding_idx=pad)
         else:
-            embed = DeFINEEmbedding(vocab, padding_idx=pad, **define_embedding_kwargs(cfg, d))
+            embed = build_define_embedding(cfg, vocab, pad, d, "--decoder-embed-dim")
         table_dim = n
 
     cutoff = []

@@ -5,7 +5,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-from .checks import check_cutoff
+from .checks import ParameterError, check_cutoff
 
 
 class AdaptiveInput(nn.Module):
@@ -26,7 +26,7 @@ class AdaptiveInput(nn.Module):
                  factor: float = 4, output_dim: Optional[int] = None):
         super().__init__()
         output_dim = dim if output_dim is None else output_dim
-        self.cutoff = check_cutoff(cutoff, num_embeddings, note="set by --adaptive-input-cutoff")
+        self.cutoff = check_cutoff(cutoff, num_embeddings)
         self.num_embeddings = num_embeddings
         self.padding_idx = padding_idx
         self.embedding_dim = output_dim
@@ -37,8 +37,8 @@ class AdaptiveInput(nn.Module):
         for band, end in enumerate(self.cutoff):
             band_dim = int(dim // (factor ** band))
             if band_dim < 1:
-                raise ValueError(f"adaptive input: band {band} would have {dim} // {factor}**{band} = 0 dimensions; "
-                                 f"use fewer cutoffs or a smaller --adaptive-input-factor")
+                raise ParameterError("factor", factor, f"band {band} would have {dim} // {factor}**{band} = 0 "
+                                                       f"dimensions; use fewer cutoffs or a smaller factor")
             pad = padding_idx if band == 0 and padding_idx is not None and padding_idx < end else None
             table = nn.Embedding(end - start, band_dim, padding_idx=pad)
             nn.init.normal_(table.weight, mean=0.0, std=band_dim ** -0.5)

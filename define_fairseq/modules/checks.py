@@ -4,18 +4,30 @@ A model maps the name to its command-line flag with
 :func:`define_fairseq.models.config_helpers.flag_names`, so that each value is checked once, where it is used.
 """
 
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 
 class ParameterError(ValueError):
     """A bad value for the parameter ``name``; ``requirement`` says what a good one is.
 
     The message is ``"{name}{sep}{value}: {requirement}"`` followed by ``(note)`` when a note is given.
+    ``requirement`` may name other parameters as ``{other}``, given in ``related`` (name -> value): each shows
+    as ``other=value``, so that :meth:`renamed` can name their flags too.
     """
 
-    def __init__(self, name: str, value, requirement: str, note: Optional[str] = None, sep: str = "="):
-        self.name, self.value, self.requirement, self.sep = name, value, requirement, sep
-        super().__init__(f"{name}{sep}{value}: {requirement}" + (f" ({note})" if note else ""))
+    def __init__(self, name: str, value, requirement: str, note: Optional[str] = None, sep: str = "=",
+                 related: Optional[Dict[str, object]] = None, labels: Optional[Dict[str, str]] = None):
+        self.name, self.value, self.requirement, self.note, self.sep = name, value, requirement, note, sep
+        self.related = dict(related or {})
+        labels = labels or {}
+        shown = requirement.format_map({other: f"{labels.get(other, other)}={value}"
+                                        for other, value in self.related.items()}) if related else requirement
+        super().__init__(f"{labels.get(name, name)}{sep}{value}: {shown}" + (f" ({note})" if note else ""))
+
+    def renamed(self, labels: Dict[str, str]) -> "ParameterError":
+        """The same error with the parameters of ``labels`` (name -> label, e.g. a command-line flag) shown
+        under their labels."""
+        return ParameterError(self.name, self.value, self.requirement, self.note, self.sep, self.related, labels)
 
 
 def check_probability(value: float, name: str, note: Optional[str] = None) -> float:

@@ -1,6 +1,6 @@
 """The DeFINE unit (Mehta et al., ICLR 2020): hierarchical group transform with the split-and-mix skip.
 
-Choices where the paper is silent (the README section "DeFINE: choices" gives the reasons):
+Choices where the paper is silent:
 
 * ``depth`` (N) counts every transformation layer, and the last one is the reduce to ``m``: layers
   1..N-1 expand from ``n`` to ``k``, layer N reduces to ``m``. This is what Figs. 3, 5 and 8-11 show
@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .checks import check_probability
+from .checks import ParameterError, check_probability
 from .group_linear import GroupLinear
 
 VARIANTS = ("define", "define_concat", "hgt", "glt", "lt", "projective")
@@ -82,26 +82,26 @@ def split_and_mix(e: torch.Tensor, h: torch.Tensor, groups: int) -> torch.Tensor
 def define_layer_sizes(n: int, k: int, m: int, depth: int, max_groups: int, variant: str = "define"):
     """Return ``[(in_features, out_features, groups), ...]`` for the ``depth`` layers of a DeFINE unit.
 
-    Raises ``ValueError`` naming the flag when the dimensions cannot work.
+    Raises a :class:`ParameterError` naming the argument when the dimensions cannot work.
     """
     if variant not in VARIANTS:
-        raise ValueError(f"--define-variant: unknown variant {variant!r}; choose one of {', '.join(VARIANTS)}")
+        raise ParameterError("variant", repr(variant), f"unknown; choose one of {', '.join(VARIANTS)}")
     if variant == "projective":
-        for flag, value in (("--define-n", n), ("--define-m", m)):
+        for name, value in (("n", n), ("m", m)):
             if value < 1:
-                raise ValueError(f"{flag}={value} must be positive")
+                raise ParameterError(name, value, "must be positive")
         return [(n, m, 1)]
     if depth < 2:
-        raise ValueError(
-            f"--define-depth={depth}: DeFINE needs at least 2 layers (N-1 expansion layers to k, then the reduce to m)"
-        )
+        raise ParameterError("depth", depth, "DeFINE needs at least 2 layers (N-1 expansion layers to k, then the "
+                                             "reduce to m)")
     if not _is_power_of_two(max_groups):
-        raise ValueError(f"--define-max-groups={max_groups} must be a power of two (1, 2, 4, 8, ...)")
-    for flag, value in (("--define-n", n), ("--define-k", k), ("--define-m", m)):
+        raise ParameterError("max_groups", max_groups, "must be a power of two (1, 2, 4, 8, ...)")
+    for name, value in (("n", n), ("k", k), ("m", m)):
         if value < 1:
-            raise ValueError(f"{flag}={value} must be positive")
+            raise ParameterError(name, value, "must be positive")
     if n > k:
-        raise ValueError(f"--define-n={n} is larger than --define-k={k}; DeFINE expands n up to k (n <= k)")
+        raise ParameterError("n", n, "is larger than the expansion width {k}; DeFINE expands n up to k",
+                             related=dict(k=k))
 
     if variant == "lt":
         groups = [1] * depth
@@ -112,14 +112,15 @@ def define_layer_sizes(n: int, k: int, m: int, depth: int, max_groups: int, vari
     skip = variant in ("define", "define_concat")
 
     if n % groups[0] != 0:
-        raise ValueError(f"--define-n={n} is not divisible by the {groups[0]} groups of the first layer "
-                         f"(--define-max-groups={max_groups})")
+        raise ParameterError("n", n, f"is not divisible by the {groups[0]} groups of the first layer "
+                                     f"({{max_groups}}); use a multiple of {groups[0]}",
+                             related=dict(max_groups=max_groups))
     if k % groups[depth - 2] != 0:
-        raise ValueError(f"--define-k={k} is not divisible by the {groups[depth - 2]} groups of the layer that "
-                         f"produces it; use a multiple of {groups[depth - 2]}")
+        raise ParameterError("k", k, f"is not divisible by the {groups[depth - 2]} groups of the layer that "
+                                     f"produces it; use a multiple of {groups[depth - 2]}")
     if m % groups[-1] != 0:
-        raise ValueError(f"--define-m={m} is not divisible by the {groups[-1]} groups of the reduce layer; "
-                         f"use a multiple of {groups[-1]}")
+        raise ParameterError("m", m, f"is not divisible by the {groups[-1]} groups of the reduce layer; "
+                                     f"use a multiple of {groups[-1]}")
 
     widths = []
     for layer in range(1, depth):
@@ -173,12 +174,12 @@ class DeFINE(nn.Module):
     ):
         super().__init__()
         if activation not in ACTIVATIONS:
-            raise ValueError(f"--define-activation: unknown {activation!r}; choose one of {', '.join(ACTIVATIONS)}")
+            raise ParameterError("activation", repr(activation), f"unknown; choose one of {', '.join(ACTIVATIONS)}")
         if norm not in NORMS:
-            raise ValueError(f"--define-norm: unknown {norm!r}; choose one of {', '.join(NORMS)}")
-        check_probability(dropout, "dropout", "set by --define-dropout")
+            raise ParameterError("norm", repr(norm), f"unknown; choose one of {', '.join(NORMS)}")
+        check_probability(dropout, "dropout")
         if init not in INITS:
-            raise ValueError(f"--define-init: unknown {init!r}; choose one of {', '.join(INITS)}")
+            raise ParameterError("init", repr(init), f"unknown; choose one of {', '.join(INITS)}")
         self.sizes = define_layer_sizes(n, k, m, depth, max_groups, variant)
         self.n, self.k, self.m = n, k, m
         self.variant = variant

@@ -1,4 +1,4 @@
-"""The DeFINE unit as the authors' code builds it (``DExTraUnit`` with ``--define-iclr``, sacmehta/delight).
+"""The DeFINE unit as the authors' code builds it (``DExTraUnit`` in the paper's configuration, sacmehta/delight).
 
 It keeps the paper's group transforms and split-and-mix (:func:`split_and_mix`) and adds, around them, what the
 paper's text does not describe (README, "DeFINE: the paper, the authors' code and this project")::
@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .checks import check_probability
+from .checks import ParameterError, check_probability
 from .define import ACTIVATIONS, split_and_mix
 from .group_linear import GroupLinear
 
@@ -44,21 +44,21 @@ def delight_groups(depth: int, max_groups: int):
 
 def delight_layer_sizes(n: int, k: int, m: int, depth: int, max_groups: int):
     """``[(in_features, out_features, groups), ...]`` of the ``depth`` group layers (the input and output dense
-    layers not included). Raises ``ValueError`` naming the flag when the sizes cannot work."""
+    layers not included). Raises a :class:`ParameterError` naming the argument when the sizes cannot work."""
     if depth < 2:
-        raise ValueError(f"--define-depth={depth}: the authors' unit needs at least 2 layers")
+        raise ParameterError("depth", depth, "the authors' unit needs at least 2 layers")
     if m % 2 or m < 2:
-        raise ValueError(f"--define-variant delight projects the table to m/2: the model width {m} must be even")
+        raise ParameterError("m", m, "the authors' unit projects the table to m/2: the width m must be even")
     if max_groups < 1 or max_groups & (max_groups - 1):
-        raise ValueError(f"--define-max-groups={max_groups} must be a power of two (1, 2, 4, 8, ...)")
+        raise ParameterError("max_groups", max_groups, "must be a power of two (1, 2, 4, 8, ...)")
     half = m // 2
     groups = delight_groups(depth, max_groups)
-    for flag, value in (("--define-n", n), ("--define-k", k)):
+    for name, value in (("n", n), ("k", k)):
         if value < 1:
-            raise ValueError(f"{flag}={value} must be positive")
+            raise ParameterError(name, value, "must be positive")
     if half % max(groups) != 0:
-        raise ValueError(f"--define-variant delight: m/2 = {half} is not divisible by the {max(groups)} groups "
-                         f"of its layers; use a model width that is a multiple of {2 * max(groups)}")
+        raise ParameterError("m", m, f"the authors' unit works at m/2 = {half}, which is not divisible by the "
+                                     f"{max(groups)} groups of its layers; use a multiple of {2 * max(groups)}")
     grid = np.linspace(half, k, depth).astype(np.int64).tolist()[1:]
     sizes, width_in = [], half
     for layer in range(depth):
@@ -113,11 +113,11 @@ class DelightDeFINE(nn.Module):
                  norm: str = "group", dropout: float = 0.0):
         super().__init__()
         if activation not in ACTIVATIONS:
-            raise ValueError(f"--define-activation: unknown {activation!r}; choose one of {', '.join(ACTIVATIONS)}")
+            raise ParameterError("activation", repr(activation), f"unknown; choose one of {', '.join(ACTIVATIONS)}")
         if norm not in ("group", "none"):
-            raise ValueError(f"--define-norm={norm}: the authors' unit normalises per group ('group') or not at "
-                             f"all ('none')")
-        check_probability(dropout, "dropout", "set by --define-dropout")
+            raise ParameterError("norm", repr(norm), "the authors' unit normalises per group ('group') or not at "
+                                                     "all ('none')")
+        check_probability(dropout, "dropout")
         self.sizes = delight_layer_sizes(n, k, m, depth, max_groups)
         self.n, self.k, self.m = n, k, m
         self.activation = activation

@@ -46,7 +46,7 @@ class DeFINEEmbedding(nn.Module):
                  dropout: float = 0.0, unique_tokens: bool = True, adaptive_cutoff=None, adaptive_factor: float = 4,
                  init: str = "unit", map_dropout: float = 0.0):
         super().__init__()
-        check_probability(map_dropout, "map_dropout", "set by --define-map-dropout")
+        check_probability(map_dropout, "map_dropout")
         self.map_dropout = map_dropout
         self.num_embeddings = num_embeddings
         self.padding_idx = padding_idx

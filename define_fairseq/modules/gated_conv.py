@@ -41,56 +41,56 @@ Block = List[Tuple[int, int]]  # [(width, kernel), ...]: the layers of one resid
 
 # -- the layer specification --------------------------------------------------------------------------------
 
-def _literal(node: ast.AST, text: str, flag: str):
+def _literal(node: ast.AST, text: str, name: str):
     """Evaluate a Python literal of ints, tuples and lists with ``+`` and ``*`` (and nothing else)."""
     if isinstance(node, ast.Expression):
-        return _literal(node.body, text, flag)
+        return _literal(node.body, text, name)
     if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
         return node.value
     if isinstance(node, ast.Tuple):
-        return tuple(_literal(e, text, flag) for e in node.elts)
+        return tuple(_literal(e, text, name) for e in node.elts)
     if isinstance(node, ast.List):
-        return [_literal(e, text, flag) for e in node.elts]
+        return [_literal(e, text, name) for e in node.elts]
     if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
-        left, right = _literal(node.left, text, flag), _literal(node.right, text, flag)
+        left, right = _literal(node.left, text, name), _literal(node.right, text, name)
         try:
             return left + right if isinstance(node.op, ast.Add) else left * right
         except TypeError:
             pass
-    raise ValueError(f"{flag} {text!r}: only integers, (width, kernel) tuples, lists, + and * are allowed, e.g. "
+    raise ValueError(f"{name} {text!r}: only integers, (width, kernel) tuples, lists, + and * are allowed, e.g. "
                      f"\"[(850, 6)] * 3 + [[(128, 1), (128, 5), (512, 1)]]\"")
 
 
-def parse_layer_spec(spec: Union[str, Sequence], flag: str = "--gcnn-layers") -> List[Block]:
+def parse_layer_spec(spec: Union[str, Sequence], name: str = "blocks") -> List[Block]:
     """The residual blocks described by ``spec``, checked.
 
     ``spec`` is a list (or its Python text, ``+`` and ``*`` allowed) whose elements are either a ``(width,
     kernel)`` tuple, a block of one layer, or a list of such tuples, a bottleneck block with one residual
-    around it. The order (width, kernel) is that of fairseq's ``--decoder-layers``.
+    around it. The order (width, kernel) is that of fairseq's ``fconv_lm`` layer specs.
 
-    Raises ``ValueError`` naming ``flag`` for a malformed spec, a width or kernel below 1, or a bottleneck whose
+    Raises ``ValueError`` naming ``name`` for a malformed spec, a width or kernel below 1, or a bottleneck whose
     inner layers are wider than the block's output.
     """
     text = spec if isinstance(spec, str) else repr(spec)
     if isinstance(spec, str):
         try:
-            spec = _literal(ast.parse(spec.strip(), mode="eval"), text, flag)
+            spec = _literal(ast.parse(spec.strip(), mode="eval"), text, name)
         except SyntaxError:
-            raise ValueError(f"{flag} {text!r} is not a Python list of (width, kernel) tuples, e.g. "
+            raise ValueError(f"{name} {text!r} is not a Python list of (width, kernel) tuples, e.g. "
                              f"\"[(850, 6)] * 3 + [(1024, 4)]\"") from None
     if not isinstance(spec, (list, tuple)) or len(spec) == 0:
-        raise ValueError(f"{flag} {text!r}: give a non-empty list of blocks")
+        raise ValueError(f"{name} {text!r}: give a non-empty list of blocks")
     if isinstance(spec, tuple) and len(spec) == 2 and all(isinstance(v, int) for v in spec):
         spec = [spec]  # a single (width, kernel) layer
 
     def layer(item, where: str) -> Tuple[int, int]:
         if not (isinstance(item, tuple) and len(item) == 2 and all(isinstance(v, int) for v in item)):
-            raise ValueError(f"{flag} {text!r}: {where} is {item!r}; a layer is a (width, kernel) tuple of integers")
+            raise ValueError(f"{name} {text!r}: {where} is {item!r}; a layer is a (width, kernel) tuple of integers")
         width, kernel = item
         if width < 1:
-            raise ValueError(f"{flag} {text!r}: {where} has width {width}; a layer needs at least 1 channel")
+            raise ValueError(f"{name} {text!r}: {where} has width {width}; a layer needs at least 1 channel")
         if kernel < 1:
-            raise ValueError(f"{flag} {text!r}: {where} has kernel width {kernel}; a causal convolution needs a "
+            raise ValueError(f"{name} {text!r}: {where} has kernel width {kernel}; a causal convolution needs a "
                              f"kernel of at least 1 (1 = a position-wise layer)")
         return width, kernel
 
@@ -98,13 +98,13 @@ def parse_layer_spec(spec: Union[str, Sequence], flag: str = "--gcnn-layers") ->
     for b, item in enumerate(spec):
         if isinstance(item, list):
             if not item:
-                raise ValueError(f"{flag} {text!r}: block {b} is empty")
+                raise ValueError(f"{name} {text!r}: block {b} is empty")
             block = [layer(sub, f"layer {i} of block {b}") for i, sub in enumerate(item)]
             out = block[-1][0]
             for i, (width, _) in enumerate(block[:-1]):
                 if width > out:
                     raise ValueError(
-                        f"{flag} {text!r}: bottleneck block {b} widens to {width} channels inside (layer {i}) but "
+                        f"{name} {text!r}: bottleneck block {b} widens to {width} channels inside (layer {i}) but "
                         f"ends with {out}; the inner layers of a bottleneck must not be wider than its output")
         else:
             block = [layer(item, f"block {b}")]

@@ -39,7 +39,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .checks import check_probability
+from .checks import ParameterError, check_probability
 from .mogrifier_recurrence import LayerRecurrence, MogrifierLayerFunction, Workspace
 from .variance_scaling import variance_scaling_
 
@@ -252,19 +252,15 @@ class MogrifierLSTM(nn.Module):
                  sum_layer_outputs: bool = False, shared_mask_dropout: bool = False,
                  state_dropout_per_step: bool = False):
         super().__init__()
-        for name, flag, value, least in (
-                ("input_size", "--mogrifier-embed-dim (or the DeFINE output size)", input_size, 1),
-                ("hidden_size", "--mogrifier-hidden-size", hidden_size, 1),
-                ("num_layers", "--mogrifier-layers", num_layers, 1),
-                ("rounds", "--mogrifier-rounds; 0 = plain LSTM", rounds, 0),
-                ("rank", "--mogrifier-rank; 0 = full rank", rank, 0)):
+        for name, value, least, note in (("input_size", input_size, 1, None), ("hidden_size", hidden_size, 1, None),
+                                         ("num_layers", num_layers, 1, None), ("rounds", rounds, 0, "0: a plain LSTM"),
+                                         ("rank", rank, 0, "0: full rank")):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ValueError(f"MogrifierLSTM: {name} must be an integer >= {least} (set by {flag}), "
-                                 f"got {value!r}")
+                raise ParameterError(name, repr(value), f"must be an integer >= {least}", note)
         smallest = min(input_size, hidden_size)
         if rounds > 0 and rank >= smallest:
-            raise ValueError(f"MogrifierLSTM: rank must be 0 (full rank) or below min(input_size, hidden_size) = "
-                             f"{smallest} (set by --mogrifier-rank), got {rank}")
+            raise ParameterError("rank", rank, f"give 0 (full rank) or a rank below min(input_size, hidden_size) = "
+                                               f"{smallest}")
         self.input_size = input_size
         self.hidden_size = hidden_size
         self.num_layers = num_layers
@@ -274,7 +270,7 @@ class MogrifierLSTM(nn.Module):
         self.forget_bias = float(forget_bias)
         for name, p in (("input_dropout", input_dropout), ("inter_layer_dropout", inter_layer_dropout),
                         ("state_dropout", state_dropout), ("output_dropout", output_dropout)):
-            setattr(self, name, check_probability(p, name, f"set by --mogrifier-{name.replace('_', '-')}"))
+            setattr(self, name, check_probability(p, name))
         self.sum_layer_outputs = bool(sum_layer_outputs)
         self.shared_mask_dropout = bool(shared_mask_dropout)
         self.state_dropout_per_step = bool(state_dropout_per_step)
