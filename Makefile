@@ -22,7 +22,7 @@ TESTS ?= tests
 # it stays under 10 minutes on 2 cores); `make test-all` runs them too.
 MARKS ?= not slow
 
-.PHONY: install test test-all test-stack test-matrix wheelhouse install-offline install-env gpu-check demo bench clean
+.PHONY: install lint format test test-all test-stack test-matrix wheelhouse install-offline install-env gpu-check demo bench clean
 
 install: $(STAMP)
 
@@ -44,6 +44,15 @@ test: install
 
 test-all:
 	$(MAKE) test MARKS=
+
+# ruff (ruff.toml): pyflakes, pycodestyle and isort's order, and black's layout; `make format` rewrites the files.
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install
+	$(VENV)/bin/ruff check --fix --select I .
+	$(VENV)/bin/ruff format .
 
 # ---- Other stacks: each in its own .venv-NAME, made and tested like .venv (`make test` is torch 2.13 CPU with
 # numpy 1.26). torch==2.13.0 resolves to the local CPU wheel where pip's find-links has it (2.13.0+cpu sorts

@@ -59,16 +59,23 @@ else
 fi
 
 # 4. Train. Checkpoints go to checkpoints.partial (fairseq saves each one atomically and resumes from
-# checkpoint_last.pt there), renamed to checkpoints when --max-update is reached. fairseq logs to stdout,
-# copied to the log file; its tqdm progress bars go to stderr, left on the terminal (fairseq falls back to
-# plain log lines when stderr is not a terminal).
+# checkpoint_last.pt there), renamed to checkpoints when --max-update is reached. fairseq's whole log goes to the
+# log file; the terminal gets one line per 100 updates and each validation (progress_lines).
+progress_lines() {
+    sed -unE 's/.*\| train_inner \|.*"loss": "([0-9.]+)".*"num_updates": "([0-9]+)".*"wall": "([0-9]+)".*/    update \2: training loss \1 (base 2, label-smoothed), \3 s/p
+              s/.*\| valid \|.*"valid_loss": "([0-9.]+)".*"valid_num_updates": "([0-9]+)".*/    update \2: validation loss \1/p
+              s/.*(Traceback|Error).*/    &/p'
+}
 if [[ -d $OUT/checkpoints ]]; then
     skip "4/6 training" "$OUT/checkpoints"
 else
-    step_start "4/6 fairseq-train transformer_define (CPU, $OMP_NUM_THREADS threads) -> $OUT/checkpoints"
+    step_start "4/6 fairseq-train transformer_define (CPU, $OMP_NUM_THREADS threads, 2,000 updates) -> $OUT/checkpoints"
+    echo "    fairseq's log: $OUT/train.log.partial"
     PYTHONUNBUFFERED=1 fairseq-train "${TRAIN_ARGS[@]}" --save-dir "$OUT/checkpoints.partial" \
-        --no-epoch-checkpoints --log-format tqdm --log-interval 10 | tee -a "$OUT/train.log.partial"
-    grep -q "done training" "$OUT/train.log.partial" || { echo "error: training did not finish" >&2; exit 1; }
+        --no-epoch-checkpoints --log-format json --log-interval 100 2>&1 | tee -a "$OUT/train.log.partial" \
+        | progress_lines
+    grep -q "done training" "$OUT/train.log.partial" \
+        || { tail -n 20 "$OUT/train.log.partial" >&2; echo "error: training did not finish; the log: $OUT/train.log.partial" >&2; exit 1; }
     mv "$OUT/train.log.partial" "$OUT/checkpoints.partial/train.log"
     mv "$OUT/checkpoints.partial" "$OUT/checkpoints"
     step_done
