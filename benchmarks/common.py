@@ -36,19 +36,27 @@ def options(doc: str, rounds: int, warmup: int = 1) -> argparse.ArgumentParser:
     """The options every benchmark takes; the benchmark adds its own."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--dtype", choices=tuple(DTYPES), help="default fp32 on cpu, bf16 on cuda: autocast around "
-                   "forward and loss of whole models, parameters and inputs in that dtype for single modules")
+    p.add_argument(
+        "--dtype",
+        choices=tuple(DTYPES),
+        help="default fp32 on cpu, bf16 on cuda: autocast around "
+        "forward and loss of whole models, parameters and inputs in that dtype for single modules",
+    )
     p.add_argument("--threads", type=int, help="torch CPU threads (default 2 on cpu; torch's default on cuda)")
     p.add_argument("--rounds", type=int, default=rounds, help="timed interleaved rounds (median reported)")
     p.add_argument("--warmup", type=int, default=warmup, help="untimed rounds first")
-    p.add_argument("--quick", action="store_true", help="tiny sizes, one round: checks that the benchmark runs; "
-                                                        "prints its tables, writes no file")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes, one round: checks that the benchmark runs; prints its tables, writes no file",
+    )
     p.add_argument("--out", help="results file ('-': none; default benchmarks/results/<name>[-tcmalloc|-<gpu>].md)")
     return p
 
 
 class Check(NamedTuple):
     """A target: ``value`` (a ratio) against ``target``, at least (or, ``at_most``, at most)."""
+
     what: str
     value: float
     target: float
@@ -60,8 +68,9 @@ class Check(NamedTuple):
 
     def line(self) -> str:
         verdict = "n/a" if self.value != self.value else "PASS" if self.met else "FAIL"
-        return f"- {verdict}: {self.what}: {ratio(self.value)} (target {'<=' if self.at_most else '>='} " \
-               f"{self.target:g}x)"
+        return (
+            f"- {verdict}: {self.what}: {ratio(self.value)} (target {'<=' if self.at_most else '>='} {self.target:g}x)"
+        )
 
 
 class Result(NamedTuple):
@@ -151,6 +160,7 @@ class Bench:
         """A callable running one training step of ``model`` (``zero_grad``, forward and loss under autocast,
         backward, gradient norm clipped to ``clip`` if given, ``optimizer.step()``) or, without ``optimizer``, one
         scoring pass without autograd."""
+
         def run():
             if optimizer is None:
                 with torch.no_grad(), self.autocast():
@@ -162,14 +172,22 @@ class Bench:
             if clip:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             optimizer.step()
+
         return run
 
     def sync(self) -> None:
         if self.cuda:
             torch.cuda.synchronize()
 
-    def time(self, fns: Dict[str, Callable[[], object]], rounds: Optional[int] = None, warmup: Optional[int] = None,
-             before: Optional[Callable[[str], None]] = None, repeat: int = 1, log: bool = True) -> Timings:
+    def time(
+        self,
+        fns: Dict[str, Callable[[], object]],
+        rounds: Optional[int] = None,
+        warmup: Optional[int] = None,
+        before: Optional[Callable[[str], None]] = None,
+        repeat: int = 1,
+        log: bool = True,
+    ) -> Timings:
         """Time each callable of ``fns`` once per round (``repeat`` calls in a row per timing, for calls too short
         to time one by one), rounds interleaved, order rotated; ``before(name)`` runs untimed before each timing.
         A callable that raises is reported (traceback on stderr), dropped and recorded in ``errors``."""
@@ -195,8 +213,11 @@ class Bench:
                     t.times[name].append((time.perf_counter() - start) / repeat)
                     t.faults[name].append((minor_faults() - faults) / repeat)
             if log and r >= warmup:
-                print(f"  round {r - warmup + 1}/{rounds}: " + ", ".join(f"{n} {t.ms(n)} ms" for n in live),
-                      file=sys.stderr, flush=True)
+                print(
+                    f"  round {r - warmup + 1}/{rounds}: " + ", ".join(f"{n} {t.ms(n)} ms" for n in live),
+                    file=sys.stderr,
+                    flush=True,
+                )
         return t
 
     def error(self, error: Exception) -> str:
@@ -219,7 +240,7 @@ class Bench:
             torch.mm(a, b, out=out)
             self.sync()
             samples.append(time.perf_counter() - start)
-        return 2 * size ** 3 / min(samples[1:])
+        return 2 * size**3 / min(samples[1:])
 
     def header(self, title: str, notes: Sequence[str] = ()) -> str:
         """The results file's heading: command, versions, precision, device, load, notes."""
@@ -230,26 +251,39 @@ class Bench:
             fairseq_version = fairseq.__version__
         except ImportError:
             fairseq_version = "not installed"
-        precision = "float32" if self.dtype == torch.float32 else (
-            f"{self.args.dtype} (`--dtype`: autocast around forward and loss of whole models; single modules hold "
-            f"parameters and inputs in it)")
+        precision = (
+            "float32"
+            if self.dtype == torch.float32
+            else (
+                f"{self.args.dtype} (`--dtype`: autocast around forward and loss of whole models; single modules hold "
+                f"parameters and inputs in it)"
+            )
+        )
         host = f"{os.cpu_count()}-core CPU, {cpu_name()}, {platform.system()} {platform.machine()}"
         if self.cuda:
             p = torch.cuda.get_device_properties(self.device)
-            device = (f"- GPU: {torch.cuda.get_device_name(self.device)} ({p.total_memory / 2 ** 30:.0f} GiB, CUDA "
-                      f"{torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}); host: {host}; "
-                      f"torch.cuda.synchronize() before and after every timed call")
+            device = (
+                f"- GPU: {torch.cuda.get_device_name(self.device)} ({p.total_memory / 2**30:.0f} GiB, CUDA "
+                f"{torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}); host: {host}; "
+                f"torch.cuda.synchronize() before and after every timed call"
+            )
         else:
-            device = (f"- Machine: {host}; threads: {torch.get_num_threads()} (torch.set_num_threads), "
-                      f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}; allocator: {allocator()} "
-                      f"(see benchmarks/README.md)")
-        lines = [f"# {title}", "", f"- Command: `.venv/bin/python -m {self.module}{' ' + argv if argv else ''}`",
-                 f"- torch {torch.__version__}, fairseq {fairseq_version}, Python {platform.python_version()}, "
-                 f"{precision}", device,
-                 f"- Load average (1/5/15 min) at the start of the run: {self.start[1]}, at the end: {_loadavg()}; "
-                 f"variants are timed interleaved (one call of each per round, order rotated), figures are medians "
-                 f"over {self.args.rounds} rounds after {self.args.warmup} warm-up round(s) unless said otherwise",
-                 f"- Run: {self.start[0]} to {time.strftime('%H:%M')}"]
+            device = (
+                f"- Machine: {host}; threads: {torch.get_num_threads()} (torch.set_num_threads), "
+                f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}; allocator: {allocator()} "
+                f"(see benchmarks/README.md)"
+            )
+        lines = [
+            f"# {title}",
+            "",
+            f"- Command: `.venv/bin/python -m {self.module}{' ' + argv if argv else ''}`",
+            f"- torch {torch.__version__}, fairseq {fairseq_version}, Python {platform.python_version()}, {precision}",
+            device,
+            f"- Load average (1/5/15 min) at the start of the run: {self.start[1]}, at the end: {_loadavg()}; "
+            f"variants are timed interleaved (one call of each per round, order rotated), figures are medians "
+            f"over {self.args.rounds} rounds after {self.args.warmup} warm-up round(s) unless said otherwise",
+            f"- Run: {self.start[0]} to {time.strftime('%H:%M')}",
+        ]
         if self.args.quick:
             lines.append("- **--quick: tiny sizes, one round; checks that the code runs, measures nothing**")
         return "\n".join(lines + [f"- {note}" for note in notes]) + "\n"
@@ -295,7 +329,7 @@ def write_result(path: str, text: str) -> None:
         with open(path, encoding="utf-8") as f:
             old = f.read()
         if KEEP_MARK in old:
-            kept = "\n" + old[old.index(KEEP_MARK):]
+            kept = "\n" + old[old.index(KEEP_MARK) :]
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         f.write(text + kept)
@@ -314,8 +348,11 @@ def allocator() -> str:
     except OSError:
         maps = ""
     name = next((lib for lib in ("tcmalloc", "jemalloc", "mimalloc") if lib in maps), "glibc malloc")
-    settings = [f"`{k}={v}`" for k, v in sorted(os.environ.items())
-                if k == "LD_PRELOAD" or k.startswith("TCMALLOC_") or (k.startswith("MALLOC_") and k.endswith("_"))]
+    settings = [
+        f"`{k}={v}`"
+        for k, v in sorted(os.environ.items())
+        if k == "LD_PRELOAD" or k.startswith("TCMALLOC_") or (k.startswith("MALLOC_") and k.endswith("_"))
+    ]
     return name + (f" ({', '.join(settings)})" if settings else " (its defaults)")
 
 
@@ -343,6 +380,7 @@ def count_params(module: torch.nn.Module) -> int:
 
 # -- models and batches: the registered fairseq archs, built as fairseq-train builds them, without data files ---
 
+
 def build_model(arch: str, vocab: int, task_args: Sequence[str], extra: Sequence[str] = (), langs=()):
     """``(cfg, task, model, criterion)`` of ``--arch arch`` on made-up dictionaries of ``vocab`` symbols
     (``dict.txt``, and ``dict.<lang>.txt`` for each of ``langs``)."""
@@ -353,22 +391,28 @@ def build_model(arch: str, vocab: int, task_args: Sequence[str], extra: Sequence
 
     with tempfile.TemporaryDirectory() as data:
         write_dictionaries(data, vocab, langs)
-        cfg, task, model = setup_from_train_args([data, "--user-dir", "define_fairseq", "--arch", arch,
-                                                  *task_args, *extra, "--cpu"])
+        cfg, task, model = setup_from_train_args(
+            [data, "--user-dir", "define_fairseq", "--arch", arch, *task_args, *extra, "--cpu"]
+        )
     return cfg, task, model, task.build_criterion(cfg.criterion)
 
 
 def zipf_tokens(generator: torch.Generator, shape, vocab: int, nspecial: int = 4, exponent: float = 1.0):
     """Token ids drawn Zipf-like over the ``vocab - nspecial`` ordinary symbols: P(rank r) ~ 1 / r**exponent."""
     probs = torch.arange(1, vocab - nspecial + 1, dtype=torch.float64).pow(-exponent)
-    flat = torch.multinomial(probs / probs.sum(), int(torch.tensor(shape).prod()), replacement=True,
-                             generator=generator)
+    flat = torch.multinomial(
+        probs / probs.sum(), int(torch.tensor(shape).prod()), replacement=True, generator=generator
+    )
     return (flat + nspecial).view(*shape)
 
 
 def lm_sample(vocab: int, batch: int, length: int, seed: int = 0) -> dict:
     """A language-modelling batch of Zipf-distributed tokens: ``src_tokens [batch, length]``, targets shifted."""
     stream = zipf_tokens(torch.Generator().manual_seed(seed), (batch, length + 1), vocab)
-    return {"id": torch.arange(batch), "nsentences": batch, "ntokens": batch * length,
-            "net_input": {"src_tokens": stream[:, :-1].contiguous(), "src_lengths": torch.full((batch,), length)},
-            "target": stream[:, 1:].contiguous()}
+    return {
+        "id": torch.arange(batch),
+        "nsentences": batch,
+        "ntokens": batch * length,
+        "net_input": {"src_tokens": stream[:, :-1].contiguous(), "src_lengths": torch.full((batch,), length)},
+        "target": stream[:, 1:].contiguous(),
+    }

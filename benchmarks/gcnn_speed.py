@@ -17,14 +17,31 @@
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import Bench, Check, build_model, lm_sample, millions, ms, options, ratio, run_main, table
-from benchmarks.common import zipf_tokens
+from benchmarks.common import (
+    Bench,
+    Check,
+    build_model,
+    lm_sample,
+    millions,
+    ms,
+    options,
+    ratio,
+    run_main,
+    table,
+    zipf_tokens,
+)
 
 PARTS = ("layers", "train", "generate", "responsiveness")
 OURS, FAIRSEQ = "gcnn_lm_14", "fconv_lm_dauphin_wikitext103"
 # GCNN-14's convolutions: (input channels, output channels before the GLU halves them, kernel, layers of the kind)
-LAYER_SHAPES = [(850, 1700, 6, 3), (850, 1700, 5, 4), (850, 1700, 4, 3), (850, 1700, 1, 2), (850, 2048, 4, 1),
-                (1024, 4096, 4, 1)]
+LAYER_SHAPES = [
+    (850, 1700, 6, 3),
+    (850, 1700, 5, 4),
+    (850, 1700, 4, 3),
+    (850, 1700, 1, 2),
+    (850, 2048, 4, 1),
+    (1024, 4096, 4, 1),
+]
 CONVS = ("F.conv1d [B, C, T]", "torch.conv_tbc [T, B, C] (fairseq)", "CausalConv1d [B, T, C] (ours)")
 
 
@@ -40,13 +57,20 @@ def conv_calls(bench: Bench, cin: int, cout: int, k: int, tokens: int):
         conv.weight.copy_(w.permute(0, 2, 1).reshape(cout, k * cin))
     conv = conv.to(bench.device, bench.dtype)
     # [B, C, T] for F.conv1d; [T, B, C] and weight [k, in, out] for conv_tbc; [B, T, C] for ours
-    leaves = [[v.contiguous().to(bench.device, bench.dtype).requires_grad_() for v in vs] for vs in (
-        (x.transpose(1, 2), w, torch.zeros(cout)), (x.transpose(0, 1), w.permute(2, 1, 0), torch.zeros(cout)),
-        (x, *conv.parameters()))]
+    leaves = [
+        [v.contiguous().to(bench.device, bench.dtype).requires_grad_() for v in vs]
+        for vs in (
+            (x.transpose(1, 2), w, torch.zeros(cout)),
+            (x.transpose(0, 1), w.permute(2, 1, 0), torch.zeros(cout)),
+            (x, *conv.parameters()),
+        )
+    ]
     grads = [v.contiguous().to(bench.device, bench.dtype) for v in (grad.transpose(1, 2), grad.transpose(0, 1), grad)]
-    forwards = (lambda x, w, b: F.conv1d(F.pad(x, (k - 1, 0)), w, b),
-                lambda x, w, b: torch.conv_tbc(x, w, b, k - 1)[:tokens],  # fairseq pads both sides, drops k - 1
-                lambda x, *_: conv(x))
+    forwards = (
+        lambda x, w, b: F.conv1d(F.pad(x, (k - 1, 0)), w, b),
+        lambda x, w, b: torch.conv_tbc(x, w, b, k - 1)[:tokens],  # fairseq pads both sides, drops k - 1
+        lambda x, *_: conv(x),
+    )
     with torch.no_grad():
         outputs = [f(*v).float() for f, v in zip(forwards, leaves)]
         tolerance = 1e-4 if bench.dtype == torch.float32 else 5e-2
@@ -58,6 +82,7 @@ def conv_calls(bench: Bench, cin: int, cout: int, k: int, tokens: int):
             for v in leaves:
                 v.grad = None
             forward(*leaves).backward(grad)
+
         return run
 
     return {name: call(*a) for name, a in zip(CONVS, zip(forwards, grads, leaves))}
@@ -69,15 +94,45 @@ def part_layers(bench: Bench, s: dict):
         t = bench.time(conv_calls(bench, cin, cout, k, tokens), rounds=bench.args.rounds + 2)
         for v in CONVS:
             totals[v] += count * t.median(v)
-            rows.append([f"{cin} -> {cout} (= 2 x {cout // 2}), k={k}" if v == CONVS[0] else "", f"`{v}`", t.ms(v),
-                         t.min_ms(v), f"{6 * tokens * k * cin * cout / t.median(v) / 1e9:.0f}",
-                         ratio(t.speedup(CONVS[1], v)), ratio(t.paired(CONVS[1], v))])
-    rows += [["**GCNN-14's 14 layers** (sum of medians x layers)" if v == CONVS[0] else "", f"`{v}`", ms(totals[v]),
-              "", "", ratio(totals[CONVS[1]] / totals[v]), ""] for v in CONVS]
-    return (f"## 1. Causal convolution layers of GCNN-14, forward + backward, 1 x {tokens} tokens\n\nInput and weights "
-            f"require gradients; plain weights; GFLOP/s counts 3 x 2 x T x k x in x out.\n\n"
-            + table(["layer (in -> out channels)", "implementation", "ms (median)", "ms (min)", "GFLOP/s",
-                     "speed vs conv_tbc (ratio of medians)", "(median of per-round ratios)"], rows)), []
+            rows.append(
+                [
+                    f"{cin} -> {cout} (= 2 x {cout // 2}), k={k}" if v == CONVS[0] else "",
+                    f"`{v}`",
+                    t.ms(v),
+                    t.min_ms(v),
+                    f"{6 * tokens * k * cin * cout / t.median(v) / 1e9:.0f}",
+                    ratio(t.speedup(CONVS[1], v)),
+                    ratio(t.paired(CONVS[1], v)),
+                ]
+            )
+    rows += [
+        [
+            "**GCNN-14's 14 layers** (sum of medians x layers)" if v == CONVS[0] else "",
+            f"`{v}`",
+            ms(totals[v]),
+            "",
+            "",
+            ratio(totals[CONVS[1]] / totals[v]),
+            "",
+        ]
+        for v in CONVS
+    ]
+    return (
+        f"## 1. Causal convolution layers of GCNN-14, forward + backward, 1 x {tokens} tokens\n\nInput and weights "
+        f"require gradients; plain weights; GFLOP/s counts 3 x 2 x T x k x in x out.\n\n"
+        + table(
+            [
+                "layer (in -> out channels)",
+                "implementation",
+                "ms (median)",
+                "ms (min)",
+                "GFLOP/s",
+                "speed vs conv_tbc (ratio of medians)",
+                "(median of per-round ratios)",
+            ],
+            rows,
+        )
+    ), []
 
 
 def wt103_args(s: dict):
@@ -98,8 +153,18 @@ def build(bench: Bench, s: dict, archs):
 def part_train(bench: Bench, s: dict):
     from fairseq import optim
 
-    flags = wt103_args(s) + ["--optimizer", "nag", "--lr", "1.0", "--momentum", "0.99", "--weight-decay", "5e-06",
-                             "--clip-norm", "0.1"]
+    flags = wt103_args(s) + [
+        "--optimizer",
+        "nag",
+        "--lr",
+        "1.0",
+        "--momentum",
+        "0.99",
+        "--weight-decay",
+        "5e-06",
+        "--clip-norm",
+        "0.1",
+    ]
     built = build(bench, s, {FAIRSEQ: (FAIRSEQ, flags), OURS: (OURS, flags)})
     sample = bench.to(lm_sample(s["vocab"], 1, s["train_tokens"]))
     losses = {name: [] for name in built}
@@ -117,23 +182,47 @@ def part_train(bench: Bench, s: dict):
             opt.clip_grad_norm(cfg.optimization.clip_norm)
             opt.step()
             losses[name].append(loss.detach() / sample_size)
+
         return run
 
     warmup = 1 if s["small"] else 3
     t = bench.time({name: step(name) for name in built}, rounds=2 * bench.args.rounds, warmup=warmup)
     ntok = s["train_tokens"]
-    rows = [[f"`{n}`", millions(sum(p.numel() for p in built[n][2].parameters())), t.ms(n), t.min_ms(n),
-             t.page_faults(n), f"{ntok / t.median(n):.0f}", ratio(t.speedup(FAIRSEQ, n)), ratio(t.paired(FAIRSEQ, n))]
-            for n in (FAIRSEQ, OURS)]
+    rows = [
+        [
+            f"`{n}`",
+            millions(sum(p.numel() for p in built[n][2].parameters())),
+            t.ms(n),
+            t.min_ms(n),
+            t.page_faults(n),
+            f"{ntok / t.median(n):.0f}",
+            ratio(t.speedup(FAIRSEQ, n)),
+            ratio(t.paired(FAIRSEQ, n)),
+        ]
+        for n in (FAIRSEQ, OURS)
+    ]
     loss = {n: [f"{v.item():.1f}" for v in (losses[n][0], losses[n][-1])] if losses[n] else ["", ""] for n in built}
-    text = (f"## 2. Training: `{OURS}` vs fairseq's `{FAIRSEQ}` (V = {s['vocab']:,}, 1 x {ntok} tokens)\n\n"
-            f"Adaptive softmax {s['cutoff']}, `--dropout 0`, weight-normalised convolutions; step as fairseq-train "
-            f"(criterion, backward, gradients / sample size, clip 0.1, NAG lr 1, momentum 0.99, weight decay 5e-6); "
-            f"the same Zipf-distributed batch every step; {2 * bench.args.rounds} rounds after {warmup} warm-up rounds "
-            f"(the heap grows in the first steps). Loss per token at the first warm-up step and the last step "
-            f"(nats): fairseq {' -> '.join(loss[FAIRSEQ])}, ours {' -> '.join(loss[OURS])}.\n\n"
-            + table(["model", "parameters", "step ms (median)", "step ms (min)", "page faults per step (median)",
-                     "tokens/s", "vs fairseq (ratio of medians)", "(median of per-round ratios)"], rows))
+    text = (
+        f"## 2. Training: `{OURS}` vs fairseq's `{FAIRSEQ}` (V = {s['vocab']:,}, 1 x {ntok} tokens)\n\n"
+        f"Adaptive softmax {s['cutoff']}, `--dropout 0`, weight-normalised convolutions; step as fairseq-train "
+        f"(criterion, backward, gradients / sample size, clip 0.1, NAG lr 1, momentum 0.99, weight decay 5e-6); "
+        f"the same Zipf-distributed batch every step; {2 * bench.args.rounds} rounds after {warmup} warm-up rounds "
+        f"(the heap grows in the first steps). Loss per token at the first warm-up step and the last step "
+        f"(nats): fairseq {' -> '.join(loss[FAIRSEQ])}, ours {' -> '.join(loss[OURS])}.\n\n"
+        + table(
+            [
+                "model",
+                "parameters",
+                "step ms (median)",
+                "step ms (min)",
+                "page faults per step (median)",
+                "tokens/s",
+                "vs fairseq (ratio of medians)",
+                "(median of per-round ratios)",
+            ],
+            rows,
+        )
+    )
     return text, [Check(f"{OURS} vs {FAIRSEQ}, training tokens/s", t.speedup(FAIRSEQ, OURS), 1.0)]
 
 
@@ -148,35 +237,74 @@ def part_generate(bench: Bench, s: dict):
     rows, checks = [], []
     for batch, beam in s["generate"]:
         src = zipf_tokens(torch.Generator().manual_seed(batch * 100 + beam), (batch, prefix), s["vocab"])
-        sample = bench.to({"id": torch.arange(batch), "nsentences": batch, "target": None,
-                           "net_input": {"src_tokens": src, "src_lengths": torch.full((batch,), prefix)}})
+        sample = bench.to(
+            {
+                "id": torch.arange(batch),
+                "nsentences": batch,
+                "target": None,
+                "net_input": {"src_tokens": src, "src_lengths": torch.full((batch,), prefix)},
+            }
+        )
         outputs = {}
 
         def gen(name):
             _, task, model, _ = built[name]
-            generator = SequenceGenerator([model], task.target_dictionary, beam_size=beam, max_len_a=0,
-                                          max_len_b=prefix + new, min_len=prefix + new)
+            generator = SequenceGenerator(
+                [model],
+                task.target_dictionary,
+                beam_size=beam,
+                max_len_a=0,
+                max_len_b=prefix + new,
+                min_len=prefix + new,
+            )
 
             def run():
                 with bench.autocast():
                     outputs[name] = task.inference_step(generator, [model], sample)
+
             return run
 
         t = bench.time({name: gen(name) for name in built})
         for name, hypos in outputs.items():
-            assert all(len(h[0]["tokens"]) == prefix + new + 1 and torch.equal(h[0]["tokens"][:prefix].cpu(), src[i])
-                       for i, h in enumerate(hypos)), f"{name}: hypotheses do not continue the prefix to its length"
-        rows += [[f"batch {batch}, beam {beam}" if n == FAIRSEQ else "", f"`{n}`", t.ms(n), t.min_ms(n),
-                  f"{batch * new / t.median(n):.0f}", ratio(t.speedup(FAIRSEQ, n)), ratio(t.paired(FAIRSEQ, n))]
-                 for n in (FAIRSEQ, OURS)]
-        checks.append(Check(f"{OURS} vs {FAIRSEQ}, generation tokens/s, batch {batch}, beam {beam}",
-                            t.speedup(FAIRSEQ, OURS), 1.0))
-    return (f"## 3. Generation: fairseq's SequenceGenerator, `{OURS}` vs `{FAIRSEQ}`\n\n"
-            f"`LanguageModelingTask.inference_step` on random {prefix}-token prefixes (fed one token at a time), then "
-            f"{new} new tokens and EOS (forced: `min_len = max_len_b`); eval mode after `prepare_for_inference_`; "
-            f"new tokens/s = batch x {new} / time.\n\n"
-            + table(["batch, beam", "model", "ms per batch (median)", "ms (min)", "new tokens/s",
-                     "vs fairseq (ratio of medians)", "(median of per-round ratios)"], rows)), checks
+            assert all(
+                len(h[0]["tokens"]) == prefix + new + 1 and torch.equal(h[0]["tokens"][:prefix].cpu(), src[i])
+                for i, h in enumerate(hypos)
+            ), f"{name}: hypotheses do not continue the prefix to its length"
+        rows += [
+            [
+                f"batch {batch}, beam {beam}" if n == FAIRSEQ else "",
+                f"`{n}`",
+                t.ms(n),
+                t.min_ms(n),
+                f"{batch * new / t.median(n):.0f}",
+                ratio(t.speedup(FAIRSEQ, n)),
+                ratio(t.paired(FAIRSEQ, n)),
+            ]
+            for n in (FAIRSEQ, OURS)
+        ]
+        checks.append(
+            Check(
+                f"{OURS} vs {FAIRSEQ}, generation tokens/s, batch {batch}, beam {beam}", t.speedup(FAIRSEQ, OURS), 1.0
+            )
+        )
+    return (
+        f"## 3. Generation: fairseq's SequenceGenerator, `{OURS}` vs `{FAIRSEQ}`\n\n"
+        f"`LanguageModelingTask.inference_step` on random {prefix}-token prefixes (fed one token at a time), then "
+        f"{new} new tokens and EOS (forced: `min_len = max_len_b`); eval mode after `prepare_for_inference_`; "
+        f"new tokens/s = batch x {new} / time.\n\n"
+        + table(
+            [
+                "batch, beam",
+                "model",
+                "ms per batch (median)",
+                "ms (min)",
+                "new tokens/s",
+                "vs fairseq (ratio of medians)",
+                "(median of per-round ratios)",
+            ],
+            rows,
+        )
+    ), checks
 
 
 def part_responsiveness(bench: Bench, s: dict):
@@ -185,8 +313,13 @@ def part_responsiveness(bench: Bench, s: dict):
     lstm = "lstm_lm_adaptive_wt103"
     archs = {"gcnn_lm_8": ("gcnn_lm_8", ["--dropout", "0", "--adaptive-softmax-cutoff", s["cutoff"]])}
     for hidden, why in ((s["lstm_hidden"], "total matched"), (s["lstm_hidden_body"], "body matched")):
-        archs[f"{lstm}, hidden {hidden} ({why})"] = (lstm, ["--decoder-hidden-size", str(hidden)] + (
-            ["--adaptive-input-cutoff", s["cutoff"], "--adaptive-softmax-cutoff", s["cutoff"]] if s["small"] else []))
+        archs[f"{lstm}, hidden {hidden} ({why})"] = (
+            lstm,
+            ["--decoder-hidden-size", str(hidden)]
+            + (
+                ["--adaptive-input-cutoff", s["cutoff"], "--adaptive-softmax-cutoff", s["cutoff"]] if s["small"] else []
+            ),
+        )
     built = build(bench, s, archs)
     for cfg, _, model, _ in built.values():
         model.prepare_for_inference_(cfg)  # as fairseq-eval-lm
@@ -198,15 +331,36 @@ def part_responsiveness(bench: Bench, s: dict):
     rows = []
     for n in built:
         counts = parameter_breakdown(built[n][2])
-        rows.append([f"`{n}`", millions(counts["context"]), millions(counts["total"]), short.ms(n),
-                     f"{20 / short.median(n):.0f}", longer.ms(n), f"{s['long_tokens'] / longer.median(n):.0f}",
-                     ratio(longer.speedup(n, "gcnn_lm_8"))])
-    return (f"## 4. Responsiveness (the paper's Table 4): one sequence at batch 1, `gcnn_lm_8` vs the LSTM LM\n\n"
-            f"Scoring = forward + fairseq's `adaptive_loss`, eval mode, no autograd, after `prepare_for_inference_`. "
-            f"The long sequence has {s['long_tokens']:,} tokens (the paper's 15,000 with `--long-tokens 15000`).\n\n"
-            + table(["model", "body (context)", "total", "one 20-token sentence: ms (median)", "tokens/s (sentence)",
-                     f"one {s['long_tokens']:,}-token sequence: ms (median)", "tokens/s (sequence)",
-                     "gcnn_lm_8's speed over this model's (sequence)"], rows)), []
+        rows.append(
+            [
+                f"`{n}`",
+                millions(counts["context"]),
+                millions(counts["total"]),
+                short.ms(n),
+                f"{20 / short.median(n):.0f}",
+                longer.ms(n),
+                f"{s['long_tokens'] / longer.median(n):.0f}",
+                ratio(longer.speedup(n, "gcnn_lm_8")),
+            ]
+        )
+    return (
+        f"## 4. Responsiveness (the paper's Table 4): one sequence at batch 1, `gcnn_lm_8` vs the LSTM LM\n\n"
+        f"Scoring = forward + fairseq's `adaptive_loss`, eval mode, no autograd, after `prepare_for_inference_`. "
+        f"The long sequence has {s['long_tokens']:,} tokens (the paper's 15,000 with `--long-tokens 15000`).\n\n"
+        + table(
+            [
+                "model",
+                "body (context)",
+                "total",
+                "one 20-token sentence: ms (median)",
+                "tokens/s (sentence)",
+                f"one {s['long_tokens']:,}-token sequence: ms (median)",
+                "tokens/s (sequence)",
+                "gcnn_lm_8's speed over this model's (sequence)",
+            ],
+            rows,
+        )
+    ), []
 
 
 def main(argv=None):
@@ -223,15 +377,40 @@ def main(argv=None):
         generate = [tuple(int(v) for v in c.split("/")) for c in args.generate.split(",")]
     except ValueError:
         parser.error(f"--generate {args.generate}: give batch/beam pairs, e.g. 8/1,8/5")
-    s = {"vocab": 267735, "cutoff": "10000,20000,200000", "small": False, "layer_tokens": 1024, "train_tokens": 1024,
-         "generate": generate, "prefix": 8, "new_tokens": 32, "long_tokens": args.long_tokens, "lstm_hidden": 2434,
-         "lstm_hidden_body": 1324}
+    s = {
+        "vocab": 267735,
+        "cutoff": "10000,20000,200000",
+        "small": False,
+        "layer_tokens": 1024,
+        "train_tokens": 1024,
+        "generate": generate,
+        "prefix": 8,
+        "new_tokens": 32,
+        "long_tokens": args.long_tokens,
+        "lstm_hidden": 2434,
+        "lstm_hidden_body": 1324,
+    }
     if args.quick:
-        s.update(vocab=3000, cutoff="500,1000,2000", small=True, layer_tokens=64, train_tokens=32, generate=[(1, 2)],
-                 prefix=2, new_tokens=2, long_tokens=40, lstm_hidden=64, lstm_hidden_body=32)
+        s.update(
+            vocab=3000,
+            cutoff="500,1000,2000",
+            small=True,
+            layer_tokens=64,
+            train_tokens=32,
+            generate=[(1, 2)],
+            prefix=2,
+            new_tokens=2,
+            long_tokens=40,
+            lstm_hidden=64,
+            lstm_hidden_body=32,
+        )
     sections, checks = [], []
-    functions = {"layers": part_layers, "train": part_train, "generate": part_generate,
-                 "responsiveness": part_responsiveness}
+    functions = {
+        "layers": part_layers,
+        "train": part_train,
+        "generate": part_generate,
+        "responsiveness": part_responsiveness,
+    }
     for part in parts:
         text, part_checks = functions[part](bench, s)
         sections.append(text)

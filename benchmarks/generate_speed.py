@@ -15,16 +15,25 @@ import torch
 from benchmarks.common import Bench, Check, count_params, millions, options, ratio, run_main, table
 from benchmarks.train_speed import translation_batch, translation_models
 
-VARIANTS = ("transformer", "transformer_define (unfolded, eval)",
-            "transformer_define (unfolded, tables rebuilt every batch)", "transformer_define (folded)")
+VARIANTS = (
+    "transformer",
+    "transformer_define (unfolded, eval)",
+    "transformer_define (unfolded, tables rebuilt every batch)",
+    "transformer_define (folded)",
+)
 
 
 def same_generations(a, b, tolerance: float) -> bool:
     """Every beam hypothesis of every sentence: the same tokens, scores within ``tolerance``."""
     return len(a) == len(b) and all(
-        len(ha) == len(hb) and all(torch.equal(x["tokens"], y["tokens"]) and torch.allclose(
-            x["positional_scores"], y["positional_scores"], rtol=tolerance, atol=tolerance) for x, y in zip(ha, hb))
-        for ha, hb in zip(a, b))
+        len(ha) == len(hb)
+        and all(
+            torch.equal(x["tokens"], y["tokens"])
+            and torch.allclose(x["positional_scores"], y["positional_scores"], rtol=tolerance, atol=tolerance)
+            for x, y in zip(ha, hb)
+        )
+        for ha, hb in zip(a, b)
+    )
 
 
 def main(argv=None):
@@ -44,43 +53,77 @@ def main(argv=None):
     models = [baseline, define, copy.deepcopy(define), fold_model(copy.deepcopy(define))]
     models = dict(zip(VARIANTS, (bench.to(m).eval() for m in models)))
     sample = translation_batch(task, sentences, 18, 22)
-    sample = bench.to({"id": sample["id"],
-                       "net_input": {k: sample["net_input"][k] for k in ("src_tokens", "src_lengths")}})
+    sample = bench.to(
+        {"id": sample["id"], "net_input": {k: sample["net_input"][k] for k in ("src_tokens", "src_lengths")}}
+    )
     outputs = {}
 
     def gen(name):
         model = models[name]
-        generator = SequenceGenerator([model], task.target_dictionary, beam_size=args.beam, max_len_a=0,
-                                      max_len_b=out_len, min_len=out_len)
+        generator = SequenceGenerator(
+            [model], task.target_dictionary, beam_size=args.beam, max_len_a=0, max_len_b=out_len, min_len=out_len
+        )
 
         def run():
             if name == VARIANTS[2]:
                 model.eval()  # drops the cached V x m tables: this batch rebuilds them
             with bench.autocast():
                 outputs[name] = generator.generate([model], sample)
+
         return run
 
     t = bench.time({name: gen(name) for name in models})
     ntok = sum(len(h[0]["tokens"]) for h in outputs.get(VARIANTS[0], []))
     tolerance = 1e-5 if bench.dtype == torch.float32 else 2e-2
     equal = all(v in outputs for v in VARIANTS) and all(
-        same_generations(outputs[VARIANTS[3]], outputs[v], tolerance) for v in VARIANTS[1:3])
-    rows = [[f"`{n}`", millions(count_params(m)), t.ms(n), t.min_ms(n), f"{ntok / t.median(n):.0f}",
-             ratio(t.speedup(VARIANTS[0], n)), ratio(t.paired(VARIANTS[0], n))] for n, m in models.items()]
-    notes = [f"Models: d_model 512, FFN 2048, 8 heads, {layers} + {layers} layers, vocabulary 32000 per side, decoder "
-             f"output tied; transformer_define: DeFINE n=128, k=1024, depth 3; random weights, eval mode",
-             f"Batch: {sentences} source sentences of 18-22 tokens + EOS (Zipf tokens); beam {args.beam}; output "
-             f"forced to {out_len} tokens + EOS; {ntok} generated tokens per batch (best hypothesis of each "
-             f"sentence, EOS included)"]
-    body = table(["model", "parameters", "batch ms (median)", "batch ms (min)", "generated tokens/s",
-                  "vs transformer (ratio of medians)", "vs transformer (median of per-round ratios)"], rows)
-    body += ("\nParameters as stored (the folded model keeps each V x n table and adds the V x m folded tables). "
-             "Folded generations equal the unfolded ones (tokens of every hypothesis, scores within "
-             f"{tolerance:g}): **{'yes' if equal else 'NO'}**"
-             + ("" if bench.dtype == torch.float32 else " (the unfolded model computes its V x m tables under "
-                "autocast, the folded tables were computed in float32: rounding can change a beam)") + ".\n")
-    checks = [Check("folded transformer_define vs transformer, generated tokens/s", t.speedup(VARIANTS[0], VARIANTS[3]),
-                    1.0)]
+        same_generations(outputs[VARIANTS[3]], outputs[v], tolerance) for v in VARIANTS[1:3]
+    )
+    rows = [
+        [
+            f"`{n}`",
+            millions(count_params(m)),
+            t.ms(n),
+            t.min_ms(n),
+            f"{ntok / t.median(n):.0f}",
+            ratio(t.speedup(VARIANTS[0], n)),
+            ratio(t.paired(VARIANTS[0], n)),
+        ]
+        for n, m in models.items()
+    ]
+    notes = [
+        f"Models: d_model 512, FFN 2048, 8 heads, {layers} + {layers} layers, vocabulary 32000 per side, decoder "
+        f"output tied; transformer_define: DeFINE n=128, k=1024, depth 3; random weights, eval mode",
+        f"Batch: {sentences} source sentences of 18-22 tokens + EOS (Zipf tokens); beam {args.beam}; output "
+        f"forced to {out_len} tokens + EOS; {ntok} generated tokens per batch (best hypothesis of each "
+        f"sentence, EOS included)",
+    ]
+    body = table(
+        [
+            "model",
+            "parameters",
+            "batch ms (median)",
+            "batch ms (min)",
+            "generated tokens/s",
+            "vs transformer (ratio of medians)",
+            "vs transformer (median of per-round ratios)",
+        ],
+        rows,
+    )
+    body += (
+        "\nParameters as stored (the folded model keeps each V x n table and adds the V x m folded tables). "
+        "Folded generations equal the unfolded ones (tokens of every hypothesis, scores within "
+        f"{tolerance:g}): **{'yes' if equal else 'NO'}**"
+        + (
+            ""
+            if bench.dtype == torch.float32
+            else " (the unfolded model computes its V x m tables under "
+            "autocast, the folded tables were computed in float32: rounding can change a beam)"
+        )
+        + ".\n"
+    )
+    checks = [
+        Check("folded transformer_define vs transformer, generated tokens/s", t.speedup(VARIANTS[0], VARIANTS[3]), 1.0)
+    ]
     return bench.finish("Generation speed: transformer_define (unfolded / folded) vs transformer", notes, body, checks)
 
 

@@ -25,10 +25,15 @@ import torch
 from benchmarks.common import RESULTS_DIR, error_text, ratio, slug, table, write_result
 
 # (benchmark, its options): each a few tens of seconds on one H100 (the Mogrifier's torch.compile about a minute)
-RUNS = (("group_linear", ["--rounds", "10"]), ("train_speed", ["--rounds", "10"]),
-        ("generate_speed", ["--rounds", "5"]), ("lstm_lm_speed", ["--rounds", "5"]),
-        ("mogrifier_speed", ["--rounds", "5"]), ("txl_speed", ["--rounds", "5"]),
-        ("gcnn_speed", ["--parts", "train,generate", "--rounds", "3"]))
+RUNS = (
+    ("group_linear", ["--rounds", "10"]),
+    ("train_speed", ["--rounds", "10"]),
+    ("generate_speed", ["--rounds", "5"]),
+    ("lstm_lm_speed", ["--rounds", "5"]),
+    ("mogrifier_speed", ["--rounds", "5"]),
+    ("txl_speed", ["--rounds", "5"]),
+    ("gcnn_speed", ["--parts", "train,generate", "--rounds", "3"]),
+)
 
 
 def main(argv=None) -> int:
@@ -54,12 +59,22 @@ def main(argv=None) -> int:
         print(f"== {name}", file=sys.stderr, flush=True)
         try:
             result = importlib.import_module(f"benchmarks.{name}").main(
-                ["--device", args.device, "--out", "-", *extra] + (["--quick"] if args.quick else []))
+                ["--device", args.device, "--out", "-", *extra] + (["--quick"] if args.quick else [])
+            )
             failed |= result.failed
-            rows += [[f"`{name}`", c.what, ratio(c.value), f"{'<=' if c.at_most else '>='} {c.target:g}x",
-                      "n/a" if c.value != c.value else "yes" if c.met else "**no**"] for c in result.checks]
-            sections.append(re.sub(r"^#", "##", result.text, flags=re.M)
-                            + f"\n({name}: {time.perf_counter() - began:.0f} s)\n")
+            rows += [
+                [
+                    f"`{name}`",
+                    c.what,
+                    ratio(c.value),
+                    f"{'<=' if c.at_most else '>='} {c.target:g}x",
+                    "n/a" if c.value != c.value else "yes" if c.met else "**no**",
+                ]
+                for c in result.checks
+            ]
+            sections.append(
+                re.sub(r"^#", "##", result.text, flags=re.M) + f"\n({name}: {time.perf_counter() - began:.0f} s)\n"
+            )
         except (Exception, SystemExit) as error:  # reported; the other benchmarks still run
             traceback.print_exc()
             failed = True
@@ -71,17 +86,24 @@ def main(argv=None) -> int:
     command = " ".join(argv if argv is not None else sys.argv[1:])
     tests = ""
     if args.tests_log:
-        summaries = ([line.strip("= \n") for line in open(args.tests_log) if re.search(r"\d+ (passed|failed)", line)]
-                     if os.path.exists(args.tests_log) else [])
+        summaries = (
+            [line.strip("= \n") for line in open(args.tests_log) if re.search(r"\d+ (passed|failed)", line)]
+            if os.path.exists(args.tests_log)
+            else []
+        )
         tests = f"\n- `pytest -m cuda`: {summaries[-1] if summaries else 'no summary line in ' + args.tests_log}"
-    text = (f"# Benchmarks on {device}: figures and targets\n\n"
-            f"- Command: `.venv/bin/python -m benchmarks.gpu_report {command}`"
-            f"\n- {environment(cuda)}; {time.strftime('%Y-%m-%d %H:%M')}, {time.perf_counter() - start:.0f} s in all"
-            + tests
-            + ("\n- **--quick: tiny sizes, measures nothing**" if args.quick else "")
-            + "\n- Ratios are speed ratios (how many times faster) from one run, the variants timed interleaved; each "
-              "benchmark's section below gives its settings, precision and tables\n\n"
-            + table(["benchmark", "figure", "measured", "target", "met"], rows) + "\n" + "\n".join(sections))
+    text = (
+        f"# Benchmarks on {device}: figures and targets\n\n"
+        f"- Command: `.venv/bin/python -m benchmarks.gpu_report {command}`"
+        f"\n- {environment(cuda)}; {time.strftime('%Y-%m-%d %H:%M')}, {time.perf_counter() - start:.0f} s in all"
+        + tests
+        + ("\n- **--quick: tiny sizes, measures nothing**" if args.quick else "")
+        + "\n- Ratios are speed ratios (how many times faster) from one run, the variants timed interleaved; each "
+        "benchmark's section below gives its settings, precision and tables\n\n"
+        + table(["benchmark", "figure", "measured", "target", "met"], rows)
+        + "\n"
+        + "\n".join(sections)
+    )
     print(text)
     out = args.out or (None if args.quick else os.path.join(RESULTS_DIR, f"gpu-{slug(device)}.md"))
     if out and out != "-":
@@ -97,12 +119,15 @@ def environment(cuda: bool) -> str:
         return text
     driver = "driver unknown (no nvidia-smi)"
     if shutil.which("nvidia-smi"):
-        query = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                               capture_output=True, text=True)
+        query = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True
+        )
         driver = f"driver {query.stdout.split()[0]}" if query.returncode == 0 and query.stdout.split() else driver
     props = torch.cuda.get_device_properties(0)
-    return (f"{props.name} ({props.total_memory / 2**30:.0f} GiB, compute capability {props.major}.{props.minor}), "
-            f"{driver}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}, " + text)
+    return (
+        f"{props.name} ({props.total_memory / 2**30:.0f} GiB, compute capability {props.major}.{props.minor}), "
+        f"{driver}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}, " + text
+    )
 
 
 if __name__ == "__main__":

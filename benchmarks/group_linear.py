@@ -44,8 +44,12 @@ def main(argv=None):
     rows, checks = [], []
     for in_f, out_f, groups, label in shapes + [(1024, 2048, 4, "1024 -> 2048, 4 groups")]:
         torch.manual_seed(0)
-        modules = {"GroupLinear": GroupLinear(in_f, out_f, groups), "plain": PlainGroupLinear(in_f, out_f, groups),
-                   "loop": LoopGroupLinear(in_f, out_f, groups), "dense": nn.Linear(in_f, out_f)}
+        modules = {
+            "GroupLinear": GroupLinear(in_f, out_f, groups),
+            "plain": PlainGroupLinear(in_f, out_f, groups),
+            "loop": LoopGroupLinear(in_f, out_f, groups),
+            "dense": nn.Linear(in_f, out_f),
+        }
         for m in modules.values():
             m.to(bench.device, bench.dtype)
         x = torch.randn(tokens, in_f, device=bench.device, dtype=bench.dtype, requires_grad=True)
@@ -60,21 +64,47 @@ def main(argv=None):
                 if bench.cuda:  # many calls per timing: gradients must not accumulate
                     zero(name)
                 modules[name](x).backward(grad)
+
             return run
 
-        t = bench.time({name: step(name) for name in modules}, before=None if bench.cuda else zero,
-                       repeat=20 if bench.cuda else 1)
-        rows.append([label, f"{in_f} -> {out_f}", groups] + [t.ms(n) for n in modules]
-                    + [ratio(t.speedup(n, "GroupLinear")) for n in ("plain", "loop", "dense")])
-        checks.append(Check(f"GroupLinear vs the loop at {in_f} -> {out_f}, g={groups}",
-                            t.speedup("loop", "GroupLinear"), 1.0))
+        t = bench.time(
+            {name: step(name) for name in modules}, before=None if bench.cuda else zero, repeat=20 if bench.cuda else 1
+        )
+        rows.append(
+            [label, f"{in_f} -> {out_f}", groups]
+            + [t.ms(n) for n in modules]
+            + [ratio(t.speedup(n, "GroupLinear")) for n in ("plain", "loop", "dense")]
+        )
+        checks.append(
+            Check(f"GroupLinear vs the loop at {in_f} -> {out_f}, g={groups}", t.speedup("loop", "GroupLinear"), 1.0)
+        )
         if (in_f, out_f, groups) == (1024, 2048, 4):
-            checks.append(Check(f"GroupLinear vs dense at 1024 -> 2048, g=4, {tokens} tokens",
-                                t.speedup("dense", "GroupLinear"), 2.5))
-    notes = [f"{tokens} tokens, input requires grad; on a GPU each timing is 20 calls in a row; plain = GroupLinear's "
-             f"autograd formulation, loop = one nn.Linear per group, dense = nn.Linear (benchmarks/README.md)"]
-    body = table(["shape", "in -> out", "groups", "GroupLinear ms", "plain ms", "loop ms", "dense ms",
-                  "plain / GroupLinear", "loop / GroupLinear", "dense / GroupLinear"], rows)
+            checks.append(
+                Check(
+                    f"GroupLinear vs dense at 1024 -> 2048, g=4, {tokens} tokens",
+                    t.speedup("dense", "GroupLinear"),
+                    2.5,
+                )
+            )
+    notes = [
+        f"{tokens} tokens, input requires grad; on a GPU each timing is 20 calls in a row; plain = GroupLinear's "
+        f"autograd formulation, loop = one nn.Linear per group, dense = nn.Linear (benchmarks/README.md)"
+    ]
+    body = table(
+        [
+            "shape",
+            "in -> out",
+            "groups",
+            "GroupLinear ms",
+            "plain ms",
+            "loop ms",
+            "dense ms",
+            "plain / GroupLinear",
+            "loop / GroupLinear",
+            "dense / GroupLinear",
+        ],
+        rows,
+    )
     body += "\nRatios above 1 mean GroupLinear is faster.\n"
     return bench.finish("GroupLinear forward + backward", notes, body, checks)
 

@@ -17,8 +17,19 @@ import copy
 
 import torch
 
-from benchmarks.common import Bench, Check, build_model, count_params, lm_sample, millions, ms, options, ratio
-from benchmarks.common import run_main, table
+from benchmarks.common import (
+    Bench,
+    Check,
+    build_model,
+    count_params,
+    lm_sample,
+    millions,
+    ms,
+    options,
+    ratio,
+    run_main,
+    table,
+)
 
 FAIRSEQ, SAME = "fairseq `lstm_lm`", "`lstm_lm_define`, no DeFINE (same network)"
 ALONE = "*its 3 LSTM layers alone (fused nn.LSTM, on a fixed input)*"
@@ -38,6 +49,7 @@ def layers_alone(bench: Bench, stack, batch: int, bptt: int, training: bool):
             stack.zero_grad(set_to_none=True)
             x.grad = None
             out.float().sum().backward()
+
     return run
 
 
@@ -67,23 +79,44 @@ def main(argv=None):
             torch.manual_seed(1)
             _, _, model, criterion = build_model(arch, vocab, task, small)
             models[arch] = bench.to(model), criterion
-        t = bench.time({a: bench.step(m.train(), c, sample, torch.optim.SGD(m.parameters(), lr=0.1), clip=0.25)
-                        for a, (m, c) in models.items()})
-        rows = [[f"`{a}`", millions(count_params(m)), t.ms(a), t.min_ms(a), f"{batch * bptt / t.median(a):.0f}"]
-                for a, (m, _) in models.items()]
-        sections.append(f"## 1. Table 1a R3 vs R2 (V={vocab:,}, batch {batch} x BPTT {bptt})\n\n"
-                        + table(["arch", "parameters", "step ms (median)", "step ms (min)", "tokens/s"], rows)
-                        + "\nPaper (GTX 1080 Ti): R2 297 ms/batch, R3 298 ms/batch (1.00x).\n")
+        t = bench.time(
+            {
+                a: bench.step(m.train(), c, sample, torch.optim.SGD(m.parameters(), lr=0.1), clip=0.25)
+                for a, (m, c) in models.items()
+            }
+        )
+        rows = [
+            [f"`{a}`", millions(count_params(m)), t.ms(a), t.min_ms(a), f"{batch * bptt / t.median(a):.0f}"]
+            for a, (m, _) in models.items()
+        ]
+        sections.append(
+            f"## 1. Table 1a R3 vs R2 (V={vocab:,}, batch {batch} x BPTT {bptt})\n\n"
+            + table(["arch", "parameters", "step ms (median)", "step ms (min)", "tokens/s"], rows)
+            + "\nPaper (GTX 1080 Ti): R2 297 ms/batch, R3 298 ms/batch (1.00x).\n"
+        )
         checks.append(Check("R3 step time over R2's", 1 / t.speedup(*models), 1.1, at_most=True))
 
     vocab, bptt = (500, 8) if quick else (10000, 70)
-    size = ["--decoder-embed-dim", "400", "--decoder-hidden-size", "1150", "--decoder-layers", "3", "--dropout", "0.4",
-            "--share-decoder-input-output-embed"]
+    size = [
+        "--decoder-embed-dim",
+        "400",
+        "--decoder-hidden-size",
+        "1150",
+        "--decoder-layers",
+        "3",
+        "--dropout",
+        "0.4",
+        "--share-decoder-input-output-embed",
+    ]
     ours = size + ["--decoder-output-dim", "1150", "--define-n"]
-    variants = {FAIRSEQ: ("lstm_lm", size + ["--decoder-out-embed-dim", "400"]),
-                SAME: ("lstm_lm_define", ours + ["400", "--define-depth", "0"]),
-                "`lstm_lm_define`, DeFINE n=128, N=7, k=1024 (m=400)": (
-                    "lstm_lm_define", ours + ["128", "--define-depth", "7", "--define-k", "1024"])}
+    variants = {
+        FAIRSEQ: ("lstm_lm", size + ["--decoder-out-embed-dim", "400"]),
+        SAME: ("lstm_lm_define", ours + ["400", "--define-depth", "0"]),
+        "`lstm_lm_define`, DeFINE n=128, N=7, k=1024 (m=400)": (
+            "lstm_lm_define",
+            ours + ["128", "--define-depth", "7", "--define-k", "1024"],
+        ),
+    }
     models = {}
     for name, (arch, extra) in variants.items():
         torch.manual_seed(1)
@@ -95,34 +128,78 @@ def main(argv=None):
     proj = None if proj is None else (proj.in_features, proj.out_features)
     peak = bench.peak_flops()
     rows = []
-    for kind, batch, training in (("training", 20, True), ("scoring (eval mode, no grad)", 10, False),
-                                  ("scoring (eval mode, no grad)", 1, False)):
+    for kind, batch, training in (
+        ("training", 20, True),
+        ("scoring (eval mode, no grad)", 10, False),
+        ("scoring (eval mode, no grad)", 1, False),
+    ):
         batch = 2 if quick else batch
         label = f"{kind}, batch {batch}"
         sample = bench.to(lm_sample(vocab, batch, bptt))
-        fns = {n: bench.step(m.train(training), c, sample, torch.optim.SGD(m.parameters(), lr=0.1) if training
-                             else None, clip=0.25) for n, (m, c) in models.items()}
+        fns = {
+            n: bench.step(
+                m.train(training), c, sample, torch.optim.SGD(m.parameters(), lr=0.1) if training else None, clip=0.25
+            )
+            for n, (m, c) in models.items()
+        }
         fns[ALONE] = layers_alone(bench, decoder.lstm, batch, bptt, training)
         t = bench.time(fns, rounds=bench.args.rounds + 2)
         flops = step_flops(layers, proj, vocab, batch, bptt, training)
         for n in fns:
-            rows.append([label if n == FAIRSEQ else "", n, millions(count_params(models[n][0])) if n in models else "",
-                         t.ms(n), f"{batch * bptt / t.median(n):.0f}", ratio(t.speedup(FAIRSEQ, n)),
-                         ratio(t.paired(FAIRSEQ, n)), f"{flops / t.median(n) / 1e9:.0f}"])
-        rows.append(["", f"*the products' arithmetic ({flops / 1e9:.1f} GFLOP) at the peak rate: a floor*", "",
-                     ms(flops / peak), f"{batch * bptt * peak / flops:.0f}", ratio(t.median(FAIRSEQ) * peak / flops),
-                     "", f"{peak / 1e9:.0f}"])
-        checks.append(Check(f"lstm_lm_define vs fairseq's lstm_lm, same network, {label}: tokens/s",
-                            t.speedup(FAIRSEQ, SAME), 5.0 if bench.cuda else 3.0))
-    sections.append(f"## 2. lstm_lm_define vs fairseq's lstm_lm (V={vocab:,}, embedding 400, 3 layers of 1150, tied; "
-                    f"BPTT {bptt})\n\n"
-                    + table(["regime", "model", "parameters", "ms per batch (median)", "tokens/s",
-                             "vs lstm_lm (ratio of medians)", "vs lstm_lm (median of per-round ratios)",
-                             "matrix-product GFLOP/s"], rows)
-                    + "\nThe layers alone and the floor bound what any implementation of the network can gain "
-                      "(benchmarks/README.md).\n")
-    notes = ["Step: forward, loss, backward, clip_grad_norm_(0.25), torch.optim.SGD; one fixed batch of "
-             "Zipf-distributed tokens; models built by fairseq's parser from the registered archs"]
+            rows.append(
+                [
+                    label if n == FAIRSEQ else "",
+                    n,
+                    millions(count_params(models[n][0])) if n in models else "",
+                    t.ms(n),
+                    f"{batch * bptt / t.median(n):.0f}",
+                    ratio(t.speedup(FAIRSEQ, n)),
+                    ratio(t.paired(FAIRSEQ, n)),
+                    f"{flops / t.median(n) / 1e9:.0f}",
+                ]
+            )
+        rows.append(
+            [
+                "",
+                f"*the products' arithmetic ({flops / 1e9:.1f} GFLOP) at the peak rate: a floor*",
+                "",
+                ms(flops / peak),
+                f"{batch * bptt * peak / flops:.0f}",
+                ratio(t.median(FAIRSEQ) * peak / flops),
+                "",
+                f"{peak / 1e9:.0f}",
+            ]
+        )
+        checks.append(
+            Check(
+                f"lstm_lm_define vs fairseq's lstm_lm, same network, {label}: tokens/s",
+                t.speedup(FAIRSEQ, SAME),
+                5.0 if bench.cuda else 3.0,
+            )
+        )
+    sections.append(
+        f"## 2. lstm_lm_define vs fairseq's lstm_lm (V={vocab:,}, embedding 400, 3 layers of 1150, tied; "
+        f"BPTT {bptt})\n\n"
+        + table(
+            [
+                "regime",
+                "model",
+                "parameters",
+                "ms per batch (median)",
+                "tokens/s",
+                "vs lstm_lm (ratio of medians)",
+                "vs lstm_lm (median of per-round ratios)",
+                "matrix-product GFLOP/s",
+            ],
+            rows,
+        )
+        + "\nThe layers alone and the floor bound what any implementation of the network can gain "
+        "(benchmarks/README.md).\n"
+    )
+    notes = [
+        "Step: forward, loss, backward, clip_grad_norm_(0.25), torch.optim.SGD; one fixed batch of "
+        "Zipf-distributed tokens; models built by fairseq's parser from the registered archs"
+    ]
     return bench.finish("Speed of the LSTM language models", notes, "\n".join(sections), checks)
 
 

@@ -30,8 +30,10 @@ class Straightforward(nn.Module):
         super().__init__()
         sizes = [input_size] + [hidden_size] * (num_layers - 1)
         self.cells = nn.ModuleList(nn.LSTMCell(m, hidden_size) for m in sizes)
-        self.maps = nn.ModuleList(nn.ModuleList(nn.Linear(hidden_size, m) if i % 2 == 0 else nn.Linear(m, hidden_size)
-                                                for i in range(rounds)) for m in sizes)
+        self.maps = nn.ModuleList(
+            nn.ModuleList(nn.Linear(hidden_size, m) if i % 2 == 0 else nn.Linear(m, hidden_size) for i in range(rounds))
+            for m in sizes
+        )
 
     def forward(self, x):
         for cell, maps in zip(self.cells, self.maps):
@@ -92,8 +94,11 @@ def main(argv=None):
     parser.add_argument("--bptt", type=int, default=70)
     parser.add_argument("--mog-rounds", type=int, default=5, help="mogrifier rounds r")
     parser.add_argument("--rank", type=int, default=84)
-    parser.add_argument("--compile", action=argparse.BooleanOptionalAction,
-                        help="also torch.compile of the reference step (default: on a GPU only)")
+    parser.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        help="also torch.compile of the reference step (default: on a GPU only)",
+    )
     bench = Bench("benchmarks.mogrifier_speed", parser, argv)
     args = bench.args
     H, B, T, k = (32, 4, 5, 8) if args.quick else (args.hidden, args.batch, args.bptt, args.rank)
@@ -110,13 +115,21 @@ def main(argv=None):
     x = torch.randn(B, T, H, generator=gen).to(bench.device, bench.dtype).requires_grad_()
     grad = torch.randn(B, T, H, generator=gen).to(bench.device, bench.dtype)
     fast = mogrifier(k)
-    names = {"fast": f"`MogrifierLSTM` r={r}, k={k}", "reference": f"`MogrifierLSTM` r={r}, k={k}, `reference_forward`",
-             "lstm": "`nn.LSTM`", "naive": f"straightforward: `nn.Linear` rounds (full rank, r={r}) + `nn.LSTMCell`",
-             "compile": "`torch.compile` of `MogrifierLSTMLayer.reference_step`, step by step",
-             "graph": "`MogrifierLSTM` fast path as CUDA graphs (`make_graphed_callables`)"}
-    makers = {"fast": lambda: Output(fast), "reference": lambda: Output(fast, "reference_forward"),
-              "full": lambda: Output(mogrifier(0)), "lstm": lambda: place(Output(nn.LSTM(H, H, L, batch_first=True))),
-              "naive": lambda: place(Straightforward(H, H, L, r))}
+    names = {
+        "fast": f"`MogrifierLSTM` r={r}, k={k}",
+        "reference": f"`MogrifierLSTM` r={r}, k={k}, `reference_forward`",
+        "lstm": "`nn.LSTM`",
+        "naive": f"straightforward: `nn.Linear` rounds (full rank, r={r}) + `nn.LSTMCell`",
+        "compile": "`torch.compile` of `MogrifierLSTMLayer.reference_step`, step by step",
+        "graph": "`MogrifierLSTM` fast path as CUDA graphs (`make_graphed_callables`)",
+    }
+    makers = {
+        "fast": lambda: Output(fast),
+        "reference": lambda: Output(fast, "reference_forward"),
+        "full": lambda: Output(mogrifier(0)),
+        "lstm": lambda: place(Output(nn.LSTM(H, H, L, batch_first=True))),
+        "naive": lambda: place(Straightforward(H, H, L, r)),
+    }
     names["full"] = f"`MogrifierLSTM` r={r}, full rank"
     if args.compile if args.compile is not None else bench.cuda:
         makers["compile"] = lambda: CompiledSteps(fast)
@@ -145,23 +158,41 @@ def main(argv=None):
 
     t = bench.time({key: call(m) for key, m in variants.items()}, before=clear)
     t.errors.update(errors)
-    rows = [[names[key], millions(count_params(variants[key])) if key in variants else "", t.ms(key), t.min_ms(key),
-             f"{B * T / t.median(key):.0f}", ratio(t.speedup("fast", key))] for key in makers]
-    notes = [f"{L} layer(s), input {H}, hidden {H}, batch {B}, BPTT {T} ({B * T} tokens per call), rounds {r}, rank "
-             f"{k}, capped input gate; no dropout; input requires grad; outputs of the reference path, the compiled "
-             f"steps and the CUDA graphs checked against the fast path's (within {tolerance:g})"]
+    rows = [
+        [
+            names[key],
+            millions(count_params(variants[key])) if key in variants else "",
+            t.ms(key),
+            t.min_ms(key),
+            f"{B * T / t.median(key):.0f}",
+            ratio(t.speedup("fast", key)),
+        ]
+        for key in makers
+    ]
+    notes = [
+        f"{L} layer(s), input {H}, hidden {H}, batch {B}, BPTT {T} ({B * T} tokens per call), rounds {r}, rank "
+        f"{k}, capped input gate; no dropout; input requires grad; outputs of the reference path, the compiled "
+        f"steps and the CUDA graphs checked against the fast path's (within {tolerance:g})"
+    ]
     if "compile" in first_call:
-        notes.append(f"torch.compile: building the module and its first call (compilation) took "
-                     f"{first_call['compile']:.0f} s")
+        notes.append(
+            f"torch.compile: building the module and its first call (compilation) took {first_call['compile']:.0f} s"
+        )
     if not bench.cuda:
-        notes.append(f"MogrifierLSTM's small per-step work on one thread: "
-                     f"{'yes' if mogrifier_recurrence.small_work_on_one_thread() else 'no'} (only under "
-                     f"OMP_WAIT_POLICY=PASSIVE; see define_fairseq/modules/mogrifier_recurrence.py)")
-    body = table(["variant", "parameters", "ms per call (median)", "ms (min)", "tokens/s", "speed vs `MogrifierLSTM`"],
-                 rows)
+        notes.append(
+            f"MogrifierLSTM's small per-step work on one thread: "
+            f"{'yes' if mogrifier_recurrence.small_work_on_one_thread() else 'no'} (only under "
+            f"OMP_WAIT_POLICY=PASSIVE; see define_fairseq/modules/mogrifier_recurrence.py)"
+        )
+    body = table(
+        ["variant", "parameters", "ms per call (median)", "ms (min)", "tokens/s", "speed vs `MogrifierLSTM`"], rows
+    )
     body += "\n\"speed vs\": the variant's tokens/s relative to `MogrifierLSTM`'s fast path; below 1 means slower.\n"
-    checks = [Check(f"{names[key]} vs `nn.LSTM`, tokens/s", t.speedup("lstm", key), 0.5)
-              for key in ("fast", "compile", "graph") if key in makers]
+    checks = [
+        Check(f"{names[key]} vs `nn.LSTM`, tokens/s", t.speedup("lstm", key), 0.5)
+        for key in ("fast", "compile", "graph")
+        if key in makers
+    ]
     checks.append(Check("`MogrifierLSTM` vs the straightforward module, tokens/s", t.speedup("naive", "fast"), 2.0))
     return bench.finish("Mogrifier LSTM: forward + backward speed", notes, body, checks)
 

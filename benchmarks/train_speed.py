@@ -11,16 +11,40 @@ import copy
 
 import torch
 
-from benchmarks.common import Bench, Check, build_model, count_params, millions, options, ratio, run_main, table
-from benchmarks.common import zipf_tokens
+from benchmarks.common import (
+    Bench,
+    Check,
+    build_model,
+    count_params,
+    millions,
+    options,
+    ratio,
+    run_main,
+    table,
+    zipf_tokens,
+)
 
 MODELS = ("transformer", "transformer_define", "transformer_define, unique_tokens=False")
 
 
 def translation_models(layers: int, vocab: int = 32000):
     """``(transformer_define, transformer, task, criterion)``, same size and seed, decoder outputs tied."""
-    task_args = ["--task", "translation", "-s", "src", "-t", "tgt", "--criterion", "label_smoothed_cross_entropy",
-                 "--label-smoothing", "0.1", "--encoder-layers", str(layers), "--decoder-layers", str(layers)]
+    task_args = [
+        "--task",
+        "translation",
+        "-s",
+        "src",
+        "-t",
+        "tgt",
+        "--criterion",
+        "label_smoothed_cross_entropy",
+        "--label-smoothing",
+        "0.1",
+        "--encoder-layers",
+        str(layers),
+        "--decoder-layers",
+        str(layers),
+    ]
     built = []
     for arch, extra in (("transformer_define", []), ("transformer", ["--share-decoder-input-output-embed"])):
         torch.manual_seed(1)
@@ -38,12 +62,16 @@ def translation_batch(task, sentences: int, min_len: int, max_len: int, exponent
     src, target, prev = (torch.full((sentences, width), pad, dtype=torch.long) for _ in range(3))
     for b in range(sentences):
         s, t = int(src_lens[b]), int(tgt_lens[b])
-        src[b, width - s - 1:width - 1], src[b, -1] = src_words[b, :s], eos
+        src[b, width - s - 1 : width - 1], src[b, -1] = src_words[b, :s], eos
         target[b, :t], target[b, t] = tgt_words[b, :t], eos
-        prev[b, 0], prev[b, 1:t + 1] = eos, tgt_words[b, :t]
-    return {"id": torch.arange(sentences), "nsentences": sentences, "ntokens": int(target.ne(pad).sum()),
-            "net_input": {"src_tokens": src, "src_lengths": src_lens + 1, "prev_output_tokens": prev},
-            "target": target}
+        prev[b, 0], prev[b, 1 : t + 1] = eos, tgt_words[b, :t]
+    return {
+        "id": torch.arange(sentences),
+        "nsentences": sentences,
+        "ntokens": int(target.ne(pad).sum()),
+        "net_input": {"src_tokens": src, "src_lengths": src_lens + 1, "prev_output_tokens": prev},
+        "target": target,
+    }
 
 
 def main(argv=None):
@@ -66,27 +94,61 @@ def main(argv=None):
     sample = translation_batch(task, sentences, args.min_len, args.max_len)
     src, pad, ntok = sample["net_input"]["src_tokens"], task.target_dictionary.pad(), sample["ntokens"]
     sample = bench.to(sample)
-    t = bench.time({n: bench.step(m, criterion, sample, torch.optim.Adam(m.parameters(), lr=1e-4, betas=(0.9, 0.98),
-                                                                          eps=1e-8)) for n, m in models.items()})
-    rows = [[f"`{n}`", millions(count_params(m)),
-             millions(sum(p.numel() for k, p in m.named_parameters() if "embed_tokens" in k)), t.ms(n), t.min_ms(n),
-             t.page_faults(n), f"{ntok / t.median(n):.0f}", ratio(t.speedup(MODELS[0], n)),
-             ratio(t.paired(MODELS[0], n))] for n, m in models.items()]
-    notes = [f"Models: d_model 512, FFN 2048, 8 heads, {layers} + {layers} layers, dropout 0.1, decoder output tied to "
-             f"its input embedding; transformer_define: DeFINE n=128, k=1024, depth 3, 4 groups at most, output tied "
-             f"to the V x n table via a 512 -> 128 projection",
-             f"Batch (fixed): {sentences} sentences of {args.min_len}-{args.max_len} tokens + EOS; "
-             f"{int(src.ne(pad).sum())} source and {ntok} target tokens; Zipf-distributed tokens (exponent 1): "
-             f"{src[src.ne(pad)].unique().numel()} distinct source tokens",
-             "Step: forward, label-smoothed cross-entropy (0.1, fairseq's criterion), backward, torch.optim.Adam; "
-             "page faults = minor page faults of the process during a step (median)"]
-    body = table(["model", "parameters", "of which embeddings", "step ms (median)", "step ms (min)",
-                  "page faults per step", "target tokens/s", "vs transformer (ratio of medians)",
-                  "vs transformer (median of per-round ratios)"], rows)
-    body += (f"\nUnique-token path vs DeFINE on every position: {ratio(t.paired(MODELS[2], MODELS[1]))} (median of "
-             f"per-round ratios).\n")
-    checks = [Check("transformer_define vs transformer, training tokens/s", t.speedup(MODELS[0], MODELS[1]),
-                    1.2 if bench.cuda else 1.1)]
+    t = bench.time(
+        {
+            n: bench.step(m, criterion, sample, torch.optim.Adam(m.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-8))
+            for n, m in models.items()
+        }
+    )
+    rows = [
+        [
+            f"`{n}`",
+            millions(count_params(m)),
+            millions(sum(p.numel() for k, p in m.named_parameters() if "embed_tokens" in k)),
+            t.ms(n),
+            t.min_ms(n),
+            t.page_faults(n),
+            f"{ntok / t.median(n):.0f}",
+            ratio(t.speedup(MODELS[0], n)),
+            ratio(t.paired(MODELS[0], n)),
+        ]
+        for n, m in models.items()
+    ]
+    notes = [
+        f"Models: d_model 512, FFN 2048, 8 heads, {layers} + {layers} layers, dropout 0.1, decoder output tied to "
+        f"its input embedding; transformer_define: DeFINE n=128, k=1024, depth 3, 4 groups at most, output tied "
+        f"to the V x n table via a 512 -> 128 projection",
+        f"Batch (fixed): {sentences} sentences of {args.min_len}-{args.max_len} tokens + EOS; "
+        f"{int(src.ne(pad).sum())} source and {ntok} target tokens; Zipf-distributed tokens (exponent 1): "
+        f"{src[src.ne(pad)].unique().numel()} distinct source tokens",
+        "Step: forward, label-smoothed cross-entropy (0.1, fairseq's criterion), backward, torch.optim.Adam; "
+        "page faults = minor page faults of the process during a step (median)",
+    ]
+    body = table(
+        [
+            "model",
+            "parameters",
+            "of which embeddings",
+            "step ms (median)",
+            "step ms (min)",
+            "page faults per step",
+            "target tokens/s",
+            "vs transformer (ratio of medians)",
+            "vs transformer (median of per-round ratios)",
+        ],
+        rows,
+    )
+    body += (
+        f"\nUnique-token path vs DeFINE on every position: {ratio(t.paired(MODELS[2], MODELS[1]))} (median of "
+        f"per-round ratios).\n"
+    )
+    checks = [
+        Check(
+            "transformer_define vs transformer, training tokens/s",
+            t.speedup(MODELS[0], MODELS[1]),
+            1.2 if bench.cuda else 1.1,
+        )
+    ]
     return bench.finish("Training speed: transformer_define vs transformer", notes, body, checks)
 
 

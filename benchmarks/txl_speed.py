@@ -14,8 +14,19 @@ import copy
 
 import torch
 
-from benchmarks.common import Bench, Check, build_model, count_params, lm_sample, millions, ms, options, ratio
-from benchmarks.common import run_main, table
+from benchmarks.common import (
+    Bench,
+    Check,
+    build_model,
+    count_params,
+    lm_sample,
+    millions,
+    ms,
+    options,
+    ratio,
+    run_main,
+    table,
+)
 
 STANDARD, DEFINE = "transformer_xl_wt103_d384", "transformer_xl_define_wt103_n128"
 ALONE = "context network alone (same in both)"
@@ -66,6 +77,7 @@ def context_alone(bench: Bench, model, batch: int, tgt_len: int):
         out.float().mean().backward()
         torch.nn.utils.clip_grad_norm_(params, 0.25)
         optimizer.step()
+
     return run
 
 
@@ -76,8 +88,9 @@ def main(argv=None):
     parser.add_argument("--skip-training", action="store_true", help="only the evaluation comparison")
     bench = Bench("benchmarks.txl_speed", parser, argv)
     args, quick = bench.args, bench.args.quick
-    vocab, batch, tgt_len, eval_batch, eval_len = (3000, 2, 8, 2, 4) if quick else (
-        267735, args.batch, 150, args.eval_batch, 64)
+    vocab, batch, tgt_len, eval_batch, eval_len = (
+        (3000, 2, 8, 2, 4) if quick else (267735, args.batch, 150, args.eval_batch, 64)
+    )
     task = ["--task", "language_modeling", "--criterion", "lm_regularized_loss", "--ddp-backend", "legacy_ddp"]
     small = ["--decoder-layers", "2", "--adaptive-softmax-cutoff", "500,1000,2000"] if quick else []
     models = {}
@@ -91,40 +104,76 @@ def main(argv=None):
         sample = bench.to(txl_batch(vocab, batch, tgt_len, seed=0))
         for model, _ in models.values():
             model.train().decoder.memory.clear()
-        fns = {n: bench.step(m, c, sample, torch.optim.Adam(m.parameters(), lr=2.5e-4), clip=0.25)
-               for n, (m, c) in models.items()}
+        fns = {
+            n: bench.step(m, c, sample, torch.optim.Adam(m.parameters(), lr=2.5e-4), clip=0.25)
+            for n, (m, c) in models.items()
+        }
         fns[ALONE] = context_alone(bench, models[DEFINE][0], batch, tgt_len)
         t = bench.time(fns)
         params = {n: count_params(m) for n, (m, _) in models.items()}
         params[ALONE] = count_params(models[DEFINE][0].decoder.stack)
-        rows = [[f"`{n}`" if n in models else n, millions(params[n]), t.ms(n), t.page_faults(n),
-                 f"{batch * tgt_len / t.median(n):.0f}", ratio(t.speedup(STANDARD, n))] for n in fns]
+        rows = [
+            [
+                f"`{n}`" if n in models else n,
+                millions(params[n]),
+                t.ms(n),
+                t.page_faults(n),
+                f"{batch * tgt_len / t.median(n):.0f}",
+                ratio(t.speedup(STANDARD, n)),
+            ]
+            for n in fns
+        ]
         peak = bench.peak_flops()
         io = {name: io_training_flops(m, sample) for name, (m, _) in models.items()}
         distinct = sample["net_input"]["src_tokens"].unique().numel()
         floor = t.median(ALONE) + io[DEFINE] / peak
-        rows.append(["context network alone + DeFINE's input/output products at the peak rate", "", ms(floor), "",
-                     f"{batch * tgt_len / floor:.0f}", ratio(t.median(STANDARD) / floor)])
+        rows.append(
+            [
+                "context network alone + DeFINE's input/output products at the peak rate",
+                "",
+                ms(floor),
+                "",
+                f"{batch * tgt_len / floor:.0f}",
+                ratio(t.median(STANDARD) / floor),
+            ]
+        )
         sections.append(
             f"## 1. Training (batch {batch} x tgt_len {tgt_len}, memory {tgt_len}, Adam)\n\n"
-            + table(["model", "parameters", "step ms (median)", "page faults per step (median)", "tokens/s",
-                     "vs standard 384"], rows)
+            + table(
+                [
+                    "model",
+                    "parameters",
+                    "step ms (median)",
+                    "page faults per step (median)",
+                    "tokens/s",
+                    "vs standard 384",
+                ],
+                rows,
+            )
             + f"\nInput and output layers' matrix products per step ({distinct} distinct tokens): standard "
-              f"{io[STANDARD] / 1e9:.1f} GFLOP, DeFINE {io[DEFINE] / 1e9:.1f} GFLOP; peak rate {peak / 1e9:.0f} "
-              f"GFLOP/s. Paper (4 x RTX 2080 Ti): standard 384 855 ms/batch, DeFINE n = 128 606 (1.41x).\n")
-        checks.append(Check("Transformer-XL DeFINE n=128 vs standard 384, training tokens/s",
-                            t.speedup(STANDARD, DEFINE), 1.3))
+            f"{io[STANDARD] / 1e9:.1f} GFLOP, DeFINE {io[DEFINE] / 1e9:.1f} GFLOP; peak rate {peak / 1e9:.0f} "
+            f"GFLOP/s. Paper (4 x RTX 2080 Ti): standard 384 855 ms/batch, DeFINE n = 128 606 (1.41x).\n"
+        )
+        checks.append(
+            Check("Transformer-XL DeFINE n=128 vs standard 384, training tokens/s", t.speedup(STANDARD, DEFINE), 1.3)
+        )
 
     from define_fairseq.tools.fold_define import fold_model
 
-    variants = {STANDARD: models[STANDARD][0], DEFINE: models[DEFINE][0],
-                f"{DEFINE}, folded": fold_model(copy.deepcopy(models[DEFINE][0]))}
+    variants = {
+        STANDARD: models[STANDARD][0],
+        DEFINE: models[DEFINE][0],
+        f"{DEFINE}, folded": fold_model(copy.deepcopy(models[DEFINE][0])),
+    }
     sample = bench.to(txl_batch(vocab, eval_batch, eval_len, seed=1))
     for model in variants.values():
         model.eval()
         model.decoder.memory.clear()
-        model.decoder.stack.mem_len, model.decoder.stack.clamp_len, model.decoder.stack.same_length = \
-            10 * eval_len, 400, True
+        model.decoder.stack.mem_len, model.decoder.stack.clamp_len, model.decoder.stack.same_length = (
+            10 * eval_len,
+            400,
+            True,
+        )
         with torch.no_grad(), bench.autocast():  # fill the memory: 10 segments
             for _ in range(10):
                 model(**sample["net_input"])
@@ -135,24 +184,47 @@ def main(argv=None):
                 out = variants[name](**sample["net_input"])
                 if log_probs:
                     variants[name].get_normalized_probs(out, log_probs=True, sample=sample).gather(
-                        -1, sample["target"].unsqueeze(-1))
+                        -1, sample["target"].unsqueeze(-1)
+                    )
+
         return run
 
     fns = {name: score(name) for name in variants}
     fns.update({f"{name} (stack)": score(name, log_probs=False) for name in (STANDARD, DEFINE)})
     t = bench.time(fns)
-    stack = {name: t.median(f"{name} (stack)" if name != f"{DEFINE}, folded" else f"{DEFINE} (stack)")
-             for name in variants}
-    rows = [[f"`{n}`", t.ms(n), ms(stack[n]), ms(t.median(n) - stack[n]), t.page_faults(n),
-             f"{eval_batch * eval_len / t.median(n):.0f}", ratio(t.speedup(STANDARD, n))] for n in variants]
+    stack = {
+        name: t.median(f"{name} (stack)" if name != f"{DEFINE}, folded" else f"{DEFINE} (stack)") for name in variants
+    }
+    rows = [
+        [
+            f"`{n}`",
+            t.ms(n),
+            ms(stack[n]),
+            ms(t.median(n) - stack[n]),
+            t.page_faults(n),
+            f"{eval_batch * eval_len / t.median(n):.0f}",
+            ratio(t.speedup(STANDARD, n)),
+        ]
+        for n in variants
+    ]
     sections.append(
         f"## 2. Evaluation (batch {eval_batch} x tgt_len {eval_len}, memory {10 * eval_len}, clamp_len 400, "
         f"same_length; full log-probabilities as fairseq-eval-lm)\n\n"
-        + table(["model", "ms per segment (median)", "of which input + stack (ms)",
-                 "of which log-probabilities (ms, the difference)", "page faults per segment (median)", "tokens/s",
-                 "vs standard 384"], rows)
+        + table(
+            [
+                "model",
+                "ms per segment (median)",
+                "of which input + stack (ms)",
+                "of which log-probabilities (ms, the difference)",
+                "page faults per segment (median)",
+                "tokens/s",
+                "vs standard 384",
+            ],
+            rows,
+        )
         + "\nInput + stack: the forward alone (the folded model's taken as the unfolded one's). Paper (Table 5, "
-          "inference ms/batch): standard 384 202, projective 128 129, DeFINE 128 131.\n")
+        "inference ms/batch): standard 384 202, projective 128 129, DeFINE 128 131.\n"
+    )
     for name in (DEFINE, f"{DEFINE}, folded"):
         checks.append(Check(f"{name} vs standard 384, evaluation tokens/s", t.speedup(STANDARD, name), 1.3))
     return bench.finish("Transformer-XL: DeFINE n=128 vs standard 384 (Table 2 sizes)", [], "\n".join(sections), checks)

@@ -13,35 +13,110 @@ ADAPTIVE_LOSS = ["--criterion", "adaptive_loss", "--ddp-backend", "legacy_ddp"]
 LSTM = ["--define-n", "16", "--define-k", "32", "--decoder-hidden-size", "24", "--decoder-layers", "2"]
 AWD = ["--decoder-embed-dim", "24", "--decoder-hidden-size", "32", "--define-n", "24"]
 AWD_DEFINE = AWD + ["--define-n", "16", "--define-k", "32"]
-GCNN = ["--decoder-embed-dim", "16", "--gcnn-layers", "[(16, 3)] * 2 + [[(8, 1), (8, 3), (24, 1)]]",
-        "--adaptive-softmax-cutoff", "20,40", *ADAPTIVE_LOSS]
-TRANSFORMER_LM = ["--decoder-layers", "1", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
-                  "--decoder-attention-heads", "2", "--define-n", "16", "--define-k", "64", "--tokens-per-sample", "16"]
+GCNN = [
+    "--decoder-embed-dim",
+    "16",
+    "--gcnn-layers",
+    "[(16, 3)] * 2 + [[(8, 1), (8, 3), (24, 1)]]",
+    "--adaptive-softmax-cutoff",
+    "20,40",
+    *ADAPTIVE_LOSS,
+]
+TRANSFORMER_LM = [
+    "--decoder-layers",
+    "1",
+    "--decoder-embed-dim",
+    "32",
+    "--decoder-ffn-embed-dim",
+    "64",
+    "--decoder-attention-heads",
+    "2",
+    "--define-n",
+    "16",
+    "--define-k",
+    "64",
+    "--tokens-per-sample",
+    "16",
+]
 MOGRIFIER = ["--mogrifier-hidden-size", "16", "--mogrifier-embed-dim", "8", "--mogrifier-rank", "4"]
-TRANSLATION = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim",
-               "32", "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads",
-               "2", "--decoder-attention-heads", "2", "--define-n", "16", "--define-k", "64"]
-C2S = TRANSLATION + ["--c2s-char-dim", "16", "--c2s-ffn-dim", "32", "--c2s-heads", "2", "--c2s-max-chars", "12",
-                     "--c2s-noise-rate", "0.1"]
+TRANSLATION = [
+    "--encoder-layers",
+    "1",
+    "--decoder-layers",
+    "1",
+    "--encoder-embed-dim",
+    "32",
+    "--decoder-embed-dim",
+    "32",
+    "--encoder-ffn-embed-dim",
+    "64",
+    "--decoder-ffn-embed-dim",
+    "64",
+    "--encoder-attention-heads",
+    "2",
+    "--decoder-attention-heads",
+    "2",
+    "--define-n",
+    "16",
+    "--define-k",
+    "64",
+]
+C2S = TRANSLATION + [
+    "--c2s-char-dim",
+    "16",
+    "--c2s-ffn-dim",
+    "32",
+    "--c2s-heads",
+    "2",
+    "--c2s-max-chars",
+    "12",
+    "--c2s-noise-rate",
+    "0.1",
+]
 
 LM, MT, MT_C2S = "language_modeling", "translation", "translation_c2s"
 REGULARIZED = ["--criterion", "lm_regularized_loss"]
 MOGRIFIER_LSTM = MOGRIFIER[:4]  # the plain LSTM baselines: no --mogrifier-rank
-TRANSFORMER_XL = ["--decoder-layers", "2", "--decoder-embed-dim", "16", "--decoder-attention-heads", "2",
-                  "--txl-head-dim", "6", "--decoder-ffn-embed-dim", "24", "--adaptive-softmax-cutoff", "20,40",
-                  "--define-n", "8", "--define-k", "32", "--txl-mem-len", "8", *REGULARIZED, "--ddp-backend",
-                  "legacy_ddp"]
-TXL_ARCHS = ["transformer_xl_lm", "transformer_xl_wt103", "transformer_xl_wt103_d384",
-             *[f"transformer_xl_projective_wt103_n{n}" for n in (64, 128, 256)],
-             *[f"transformer_xl_define_wt103_n{n}" for n in (64, 128, 256, 384)]]
+TRANSFORMER_XL = [
+    "--decoder-layers",
+    "2",
+    "--decoder-embed-dim",
+    "16",
+    "--decoder-attention-heads",
+    "2",
+    "--txl-head-dim",
+    "6",
+    "--decoder-ffn-embed-dim",
+    "24",
+    "--adaptive-softmax-cutoff",
+    "20,40",
+    "--define-n",
+    "8",
+    "--define-k",
+    "32",
+    "--txl-mem-len",
+    "8",
+    *REGULARIZED,
+    "--ddp-backend",
+    "legacy_ddp",
+]
+TXL_ARCHS = [
+    "transformer_xl_lm",
+    "transformer_xl_wt103",
+    "transformer_xl_wt103_d384",
+    *[f"transformer_xl_projective_wt103_n{n}" for n in (64, 128, 256)],
+    *[f"transformer_xl_define_wt103_n{n}" for n in (64, 128, 256, 384)],
+]
 
 # arch -> (task, flags): each registered arch on tiny sizes, with a criterion that fits its output layer
 CASES = {
     "awd_lstm_lm": (LM, AWD + REGULARIZED),
     "awd_lstm_lm_define": (LM, AWD_DEFINE + REGULARIZED),
     **{arch: (LM, GCNN) for arch in ("gcnn_lm", "gcnn_lm_8", "gcnn_lm_8b", "gcnn_lm_13", "gcnn_lm_14", "gcnn_lm_14b")},
-    "lstm_lm_define": (LM, LSTM + ["--decoder-embed-dim", "24", "--decoder-output-dim", "12",
-                                   "--share-decoder-input-output-embed"]),
+    "lstm_lm_define": (
+        LM,
+        LSTM + ["--decoder-embed-dim", "24", "--decoder-output-dim", "12", "--share-decoder-input-output-embed"],
+    ),
     "lstm_lm_standard_wt103": (LM, LSTM + REGULARIZED),
     "lstm_lm_adaptive_wt103": (LM, LSTM + LM_ADAPTIVE + ADAPTIVE_LOSS),
     "lstm_lm_define_wt103_n3": (LM, LSTM + LM_ADAPTIVE + REGULARIZED),
@@ -52,18 +127,20 @@ CASES = {
     "lstm_lm_wt2": (LM, MOGRIFIER_LSTM),
     "transformer_lm_define": (LM, TRANSFORMER_LM),
     "transformer_lm_define_wiki103": (LM, TRANSFORMER_LM + LM_ADAPTIVE + ADAPTIVE_LOSS),
-    **{arch: (MT, TRANSLATION) for arch in ("transformer_define", "transformer_define_iwslt_de_en",
-                                            "transformer_define_wmt_en_de_big")},
+    **{
+        arch: (MT, TRANSLATION)
+        for arch in ("transformer_define", "transformer_define_iwslt_de_en", "transformer_define_wmt_en_de_big")
+    },
     **{arch: (MT_C2S, C2S) for arch in ("transformer_c2s", "transformer_c2s_iwslt_de_en", "transformer_c2s_small")},
     **{arch: (LM, TRANSFORMER_XL) for arch in TXL_ARCHS},
 }
 
 # family (registered model) -> its representative arch
 FAMILIES = {
-    "awd_lstm_lm": "awd_lstm_lm_define",                  # DeFINE input, AWD-LSTM regularisers, AR/TAR
-    "lstm_lm_define": "lstm_lm_define_wt103_n3",          # adaptive input, DeFINE, tied adaptive softmax
-    "gcnn_lm": "gcnn_lm",                                 # the flags give every gcnn arch the same tiny stack
-    "mogrifier_lstm_lm": "mogrifier_lstm_lm_wt2",         # 6 low-rank rounds, summed layers, mixture of softmaxes
+    "awd_lstm_lm": "awd_lstm_lm_define",  # DeFINE input, AWD-LSTM regularisers, AR/TAR
+    "lstm_lm_define": "lstm_lm_define_wt103_n3",  # adaptive input, DeFINE, tied adaptive softmax
+    "gcnn_lm": "gcnn_lm",  # the flags give every gcnn arch the same tiny stack
+    "mogrifier_lstm_lm": "mogrifier_lstm_lm_wt2",  # 6 low-rank rounds, summed layers, mixture of softmaxes
     "transformer_lm_define": "transformer_lm_define_wiki103",  # adaptive input, DeFINE, adaptive softmax
     "transformer_define": "transformer_define",
     "transformer_c2s": "transformer_c2s",
@@ -76,20 +153,71 @@ STATEFUL = {"awd_lstm_lm", "lstm_lm_define", "mogrifier_lstm_lm", "transformer_x
 # family -> the flags that turn off every dropout of its models (--c2s-noise-rate is no dropout: it noises the
 # batches on the CPU)
 NO_DROPOUT = {
-    "awd_lstm_lm": ["--dropout", "0", "--awd-input-dropout", "0", "--awd-hidden-dropout", "0",
-                    "--awd-output-dropout", "0", "--awd-embed-dropout", "0", "--awd-weight-drop", "0",
-                    "--define-dropout", "0"],
+    "awd_lstm_lm": [
+        "--dropout",
+        "0",
+        "--awd-input-dropout",
+        "0",
+        "--awd-hidden-dropout",
+        "0",
+        "--awd-output-dropout",
+        "0",
+        "--awd-embed-dropout",
+        "0",
+        "--awd-weight-drop",
+        "0",
+        "--define-dropout",
+        "0",
+    ],
     "gcnn_lm": ["--dropout", "0", "--adaptive-softmax-dropout", "0"],
-    "mogrifier_lstm_lm": ["--mogrifier-input-dropout", "0", "--mogrifier-inter-layer-dropout", "0",
-                          "--mogrifier-state-dropout", "0", "--mogrifier-output-dropout", "0",
-                          "--mogrifier-projection-dropout", "0", "--mogrifier-drop-state-probability", "0",
-                          "--define-dropout", "0"],
-    "transformer_lm_define": ["--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0",
-                              "--adaptive-softmax-dropout", "0", "--define-dropout", "0"],
-    "transformer_define": ["--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0",
-                           "--define-dropout", "0"],
-    "transformer_xl_lm": ["--dropout", "0", "--attention-dropout", "0", "--adaptive-softmax-dropout", "0",
-                          "--define-dropout", "0"],
+    "mogrifier_lstm_lm": [
+        "--mogrifier-input-dropout",
+        "0",
+        "--mogrifier-inter-layer-dropout",
+        "0",
+        "--mogrifier-state-dropout",
+        "0",
+        "--mogrifier-output-dropout",
+        "0",
+        "--mogrifier-projection-dropout",
+        "0",
+        "--mogrifier-drop-state-probability",
+        "0",
+        "--define-dropout",
+        "0",
+    ],
+    "transformer_lm_define": [
+        "--dropout",
+        "0",
+        "--attention-dropout",
+        "0",
+        "--activation-dropout",
+        "0",
+        "--adaptive-softmax-dropout",
+        "0",
+        "--define-dropout",
+        "0",
+    ],
+    "transformer_define": [
+        "--dropout",
+        "0",
+        "--attention-dropout",
+        "0",
+        "--activation-dropout",
+        "0",
+        "--define-dropout",
+        "0",
+    ],
+    "transformer_xl_lm": [
+        "--dropout",
+        "0",
+        "--attention-dropout",
+        "0",
+        "--adaptive-softmax-dropout",
+        "0",
+        "--define-dropout",
+        "0",
+    ],
 }
 NO_DROPOUT["lstm_lm_define"] = NO_DROPOUT["awd_lstm_lm"] + ["--adaptive-softmax-dropout", "0"]
 NO_DROPOUT["transformer_c2s"] = NO_DROPOUT["transformer_define"] + ["--c2s-dropout", "0"]
@@ -147,8 +275,24 @@ def build_case(data, arch: str, *flags: str, dropout: bool = True, optimizer=("a
     stateful = fam in STATEFUL
     batch = [] if stateful else ["--max-tokens", "256"]
     name, lr = optimizer
-    cfg, task, model = setup_from_train_args(case_argv(
-        data, arch, *([] if dropout else NO_DROPOUT[fam]), *batch, "--optimizer", name, "--lr", str(lr),
-        "--seed", "1", "--cpu", "--num-workers", "0", *flags, stateful=stateful))
+    cfg, task, model = setup_from_train_args(
+        case_argv(
+            data,
+            arch,
+            *([] if dropout else NO_DROPOUT[fam]),
+            *batch,
+            "--optimizer",
+            name,
+            "--lr",
+            str(lr),
+            "--seed",
+            "1",
+            "--cpu",
+            "--num-workers",
+            "0",
+            *flags,
+            stateful=stateful,
+        )
+    )
     task.load_dataset("train")
     return cfg, task, model

@@ -64,8 +64,10 @@ def _fairseq_eos_blocks_break() -> bool:
 # The tests that need fairseq's eos break mode are expected to fail where fairseq has that fault (numpy 2), and to
 # pass where it does not (strict: an unexpected pass fails the run, so the mark cannot outlive the fault).
 needs_fairseq_eos_blocks = pytest.mark.xfail(
-    _fairseq_eos_blocks_break(), strict=True,
-    reason="fairseq's TokenBlockDataset(break_mode='eos') uses np.compat.long, which numpy 2 removed")
+    _fairseq_eos_blocks_break(),
+    strict=True,
+    reason="fairseq's TokenBlockDataset(break_mode='eos') uses np.compat.long, which numpy 2 removed",
+)
 
 
 def run_cli(program, *args, cwd=None, check=True):
@@ -113,19 +115,68 @@ def translation_data(tmp_path_factory) -> Path:
     raw = tmp_path_factory.mktemp("raw")
     write_tiny_corpus(raw)
     dest = tmp_path_factory.mktemp("data-bin")
-    run_cli("fairseq-preprocess", "--source-lang", "en", "--target-lang", "de", "--trainpref", raw / "train",
-            "--validpref", raw / "valid", "--testpref", raw / "test", "--destdir", dest, "--joined-dictionary",
-            "--workers", "1")
+    run_cli(
+        "fairseq-preprocess",
+        "--source-lang",
+        "en",
+        "--target-lang",
+        "de",
+        "--trainpref",
+        raw / "train",
+        "--validpref",
+        raw / "valid",
+        "--testpref",
+        raw / "test",
+        "--destdir",
+        dest,
+        "--joined-dictionary",
+        "--workers",
+        "1",
+    )
     return dest
 
 
 # A small transformer_define for CPU tests; arch-specific defaults are checked separately.
-TINY_MODEL = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32",
-              "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
-              "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
-              "--define-n", "16", "--define-k", "64"]
-TRAIN_FLAGS = ["--optimizer", "adam", "--lr", "0.005", "--max-tokens", "400", "--cpu", "--num-workers", "0",
-               "--no-progress-bar", "--log-format", "simple", "--seed", "1", "--dropout", "0.0"]
+TINY_MODEL = [
+    "--encoder-layers",
+    "1",
+    "--decoder-layers",
+    "1",
+    "--encoder-embed-dim",
+    "32",
+    "--decoder-embed-dim",
+    "32",
+    "--encoder-ffn-embed-dim",
+    "64",
+    "--decoder-ffn-embed-dim",
+    "64",
+    "--encoder-attention-heads",
+    "2",
+    "--decoder-attention-heads",
+    "2",
+    "--define-n",
+    "16",
+    "--define-k",
+    "64",
+]
+TRAIN_FLAGS = [
+    "--optimizer",
+    "adam",
+    "--lr",
+    "0.005",
+    "--max-tokens",
+    "400",
+    "--cpu",
+    "--num-workers",
+    "0",
+    "--no-progress-bar",
+    "--log-format",
+    "simple",
+    "--seed",
+    "1",
+    "--dropout",
+    "0.0",
+]
 
 
 def write_tiny_lm_corpus(directory: Path, seed: int = 0, vocab: int = 60):
@@ -151,6 +202,18 @@ def lm_data(tmp_path_factory) -> Path:
     raw = tmp_path_factory.mktemp("lm-raw")
     write_tiny_lm_corpus(raw)
     dest = tmp_path_factory.mktemp("lm-data-bin")
-    run_cli("fairseq-preprocess", "--only-source", "--trainpref", raw / "train.txt", "--validpref",
-            raw / "valid.txt", "--testpref", raw / "test.txt", "--destdir", dest, "--workers", "1")
+    run_cli(
+        "fairseq-preprocess",
+        "--only-source",
+        "--trainpref",
+        raw / "train.txt",
+        "--validpref",
+        raw / "valid.txt",
+        "--testpref",
+        raw / "test.txt",
+        "--destdir",
+        dest,
+        "--workers",
+        "1",
+    )
     return dest

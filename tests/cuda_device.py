@@ -22,19 +22,25 @@ import torch
 MODE_VARIABLE = "DEFINE_FAIRSEQ_CUDA_TESTS"
 MODE = os.environ.get(MODE_VARIABLE, "").strip().lower()
 if MODE not in ("", "gpu", "cpu"):
-    raise ValueError(f"{MODE_VARIABLE}={MODE!r}: give gpu (run the CUDA tests, a GPU is required), cpu (run them on "
-                     f"the CPU to check their harness) or nothing (run them on a GPU, skip them without one)")
+    raise ValueError(
+        f"{MODE_VARIABLE}={MODE!r}: give gpu (run the CUDA tests, a GPU is required), cpu (run them on "
+        f"the CPU to check their harness) or nothing (run them on a GPU, skip them without one)"
+    )
 if MODE == "gpu" and not torch.cuda.is_available():
-    raise RuntimeError(f"{MODE_VARIABLE}=gpu but torch sees no CUDA device (torch {torch.__version__}, CUDA "
-                       f"{torch.version.cuda}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
+    raise RuntimeError(
+        f"{MODE_VARIABLE}=gpu but torch sees no CUDA device (torch {torch.__version__}, CUDA "
+        f"{torch.version.cuda}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})"
+    )
 ON_CPU = MODE == "cpu"
 DEVICE = torch.device("cpu" if ON_CPU else "cuda")
 
 # pytestmark of every CUDA test module
 CUDA_TESTS = [
     pytest.mark.cuda,
-    pytest.mark.skipif(MODE == "" and not torch.cuda.is_available(),
-                       reason=f"no CUDA device ({MODE_VARIABLE}=cpu runs these tests on the CPU)"),
+    pytest.mark.skipif(
+        MODE == "" and not torch.cuda.is_available(),
+        reason=f"no CUDA device ({MODE_VARIABLE}=cpu runs these tests on the CPU)",
+    ),
 ]
 
 # fairseq's programs: on the GPU unless the tests run on the CPU
@@ -104,5 +110,6 @@ def assert_close_at_scale(actual, expected, what: str, rel: float, floor: float 
     assert torch.isfinite(actual).all(), f"{what}: not finite on {DEVICE}"
     scale = max(expected.abs().max().item() if expected.numel() else 0.0, floor)
     error = (actual - expected).abs().max().item() if expected.numel() else 0.0
-    assert error <= rel * scale + slack, (f"{what}: differs from the CPU by up to {error:.3g}, more than "
-                                          f"{rel:g} x {scale:.3g} + {slack:.3g}")
+    assert error <= rel * scale + slack, (
+        f"{what}: differs from the CPU by up to {error:.3g}, more than {rel:g} x {scale:.3g} + {slack:.3g}"
+    )

@@ -7,7 +7,6 @@ import math
 import re
 
 import torch
-
 from conftest import USER_DIR, run_cli
 
 
@@ -71,14 +70,33 @@ def last_float(pattern: str, text: str) -> float:
 def eval_lm(data, checkpoint, *flags, cpu: bool = True):
     """``(loss in bits per token, perplexity)`` that fairseq-eval-lm reports for the test split (on the CPU; with
     ``cpu=False`` on the GPU)."""
-    proc = run_cli("fairseq-eval-lm", data, "--user-dir", USER_DIR, "--path", checkpoint, "--gen-subset", "test",
-                   *(["--cpu"] if cpu else []), "--num-workers", "0", *flags)
+    proc = run_cli(
+        "fairseq-eval-lm",
+        data,
+        "--user-dir",
+        USER_DIR,
+        "--path",
+        checkpoint,
+        "--gen-subset",
+        "test",
+        *(["--cpu"] if cpu else []),
+        "--num-workers",
+        "0",
+        *flags,
+    )
     out = proc.stdout + proc.stderr
     return last_float(r"Loss \(base 2\): ([\d.]+)", out), last_float(r"Perplexity: ([\d.]+)", out)
 
 
-def check_incremental_decoding(model, tokens: torch.Tensor, encoder_out=None, split: int = 5, first: int = 1,
-                               rtol: float = 1e-5, atol: float = 1e-5):
+def check_incremental_decoding(
+    model,
+    tokens: torch.Tensor,
+    encoder_out=None,
+    split: int = 5,
+    first: int = 1,
+    rtol: float = 1e-5,
+    atol: float = 1e-5,
+):
     """The decoder of ``model`` (in eval mode) fed ``tokens [B, T]`` (B >= 3) incrementally, as beam search feeds
     it: the first ``first`` positions in one call, then one position per call; after ``split`` positions the rows are
     reordered (``[2, 0, 0, 1]``: one dropped, one duplicated) with ``reorder_incremental_state_scripting`` (and
@@ -130,11 +148,30 @@ def check_generate_continues_a_prefix(data, checkpoint, *flags, cpu: bool = True
     """fairseq-generate on the valid split with the first 2 words of each sentence forced (``--prefix-size 2``),
     2 hypotheses per sentence (``flags`` choose beam or sampling): every hypothesis starts with its sentence's
     first 2 words and has a finite score. On the CPU; with ``cpu=False`` on the GPU."""
-    proc = run_cli("fairseq-generate", data, "--user-dir", USER_DIR, "--task", "language_modeling",
-                   "--path", checkpoint, "--gen-subset", "valid", *(["--cpu"] if cpu else []), "--nbest", "2",
-                   "--prefix-size", "2", "--max-len-b", "6", "--batch-size", "4",
-                   "--sample-break-mode", "eos",  # one sentence per sample: no EOS inside the prefix
-                   *flags)
+    proc = run_cli(
+        "fairseq-generate",
+        data,
+        "--user-dir",
+        USER_DIR,
+        "--task",
+        "language_modeling",
+        "--path",
+        checkpoint,
+        "--gen-subset",
+        "valid",
+        *(["--cpu"] if cpu else []),
+        "--nbest",
+        "2",
+        "--prefix-size",
+        "2",
+        "--max-len-b",
+        "6",
+        "--batch-size",
+        "4",
+        "--sample-break-mode",
+        "eos",  # one sentence per sample: no EOS inside the prefix
+        *flags,
+    )
     targets = dict(re.findall(r"^T-(\d+)\t(.*)$", proc.stdout, re.M))
     hypotheses = re.findall(r"^H-(\d+)\t(\S+)\t(.*)$", proc.stdout, re.M)
     assert targets and len(hypotheses) == 2 * len(targets)

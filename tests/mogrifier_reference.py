@@ -49,9 +49,9 @@ def literal_mogrifier(model, x, state=None, masks=None):
             x_up, h_up = xs[max(xs)], hs[max(hs)]
             pre = x_up @ layer.weight_ih.t() + h_up @ layer.weight_hh.t() + layer.bias
             i_gate = torch.sigmoid(pre[:, :n])
-            f_gate = torch.sigmoid(pre[:, n: 2 * n])
-            j = torch.tanh(pre[:, 2 * n: 3 * n])
-            o_gate = torch.sigmoid(pre[:, 3 * n:])
+            f_gate = torch.sigmoid(pre[:, n : 2 * n])
+            j = torch.tanh(pre[:, 2 * n : 3 * n])
+            o_gate = torch.sigmoid(pre[:, 3 * n :])
             if model.cap_input_gate:
                 i_gate = torch.where(i_gate < 1 - f_gate, i_gate, 1 - f_gate)
             c = f_gate * c + i_gate * j
@@ -82,8 +82,11 @@ def random_masks(model, batch, p=0.3, seed=1, steps=None):
     def mask(size):
         return (torch.rand(*shape, size, generator=g, dtype=torch.float64) > p).double() / (1 - p)
 
-    return MogrifierDropoutMasks([mask(layer.input_size) for layer in model.layers],
-                                 [mask(model.hidden_size) for _ in model.layers], mask(model.hidden_size))
+    return MogrifierDropoutMasks(
+        [mask(layer.input_size) for layer in model.layers],
+        [mask(model.hidden_size) for _ in model.layers],
+        mask(model.hidden_size),
+    )
 
 
 def scalar_loss(out, state, seed=2):
@@ -110,9 +113,13 @@ def outputs_and_grads(fn, model, x, state, masks):
 def make_inputs(model, seed=3, steps=T):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(B, steps, model.input_size, generator=g, dtype=torch.float64, requires_grad=True)
-    state = [(torch.randn(B, model.hidden_size, generator=g, dtype=torch.float64, requires_grad=True),
-              torch.randn(B, model.hidden_size, generator=g, dtype=torch.float64, requires_grad=True))
-             for _ in range(model.num_layers)]
+    state = [
+        (
+            torch.randn(B, model.hidden_size, generator=g, dtype=torch.float64, requires_grad=True),
+            torch.randn(B, model.hidden_size, generator=g, dtype=torch.float64, requires_grad=True),
+        )
+        for _ in range(model.num_layers)
+    ]
     return x, state
 
 

@@ -76,16 +76,19 @@ def write_wikitext_zip(path: Path, folder: str = "wikitext-103", seed: int = 0) 
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr(_zip_member(f"{folder}/", 0o40755), "")
         for index, (split, count) in enumerate(SPLIT_LINES.items()):
-            archive.writestr(_zip_member(f"{folder}/wiki.{split}.tokens", 0o100644),
-                             wikitext_lines(count, seed + index))
+            archive.writestr(
+                _zip_member(f"{folder}/wiki.{split}.tokens", 0o100644), wikitext_lines(count, seed + index)
+            )
     return path
 
 
 def write_ptb_tgz(path: Path, seed: int = 0) -> Path:
     """A gzipped tar with ``simple-examples/data/ptb.{train,valid,test}.txt`` (plus some of the real archive's
     other files), as in Mikolov's simple-examples.tgz."""
-    files = {f"simple-examples/data/ptb.{split}.txt": ptb_lines(count, seed + index)
-             for index, (split, count) in enumerate(SPLIT_LINES.items())}
+    files = {
+        f"simple-examples/data/ptb.{split}.txt": ptb_lines(count, seed + index)
+        for index, (split, count) in enumerate(SPLIT_LINES.items())
+    }
     files["simple-examples/data/ptb.char.train.txt"] = "a _ b c\n"
     files["simple-examples/data/README"] = "Penn Treebank, pre-processed (stand-in)\n"
     files["simple-examples/1-train/README"] = "stand-in\n"
@@ -115,7 +118,7 @@ def gbw_lines(count: int, seed: int, vocab: int = 400, long_sentence: int = 0):
     one a line, over ``vocab`` Zipf-distributed words (a long tail of words seen once or twice), and
     ``long_sentence`` words in one sentence placed second when it is not 0."""
     rng = random.Random(seed)
-    words = ["the", ",", "of", "said", "'s", "\"", "n't", "$", "1.5", "2012"] + _vocabulary(vocab, 2)
+    words = ["the", ",", "of", "said", "'s", '"', "n't", "$", "1.5", "2012"] + _vocabulary(vocab, 2)
     weights = [1.0 / (rank + 1) for rank in range(len(words))]
 
     def sentence(length):
@@ -128,18 +131,25 @@ def gbw_lines(count: int, seed: int, vocab: int = 400, long_sentence: int = 0):
     return "".join(lines)
 
 
-def write_gbw_tgz(path: Path, seed: int = 0, train_lines: int = 4, heldout_lines: int = 40,
-                  missing: tuple = ()) -> Path:
+def write_gbw_tgz(
+    path: Path, seed: int = 0, train_lines: int = 4, heldout_lines: int = 40, missing: tuple = ()
+) -> Path:
     """A gzipped tar laid out as 1-billion-word-language-modeling-benchmark-r13output.tar.gz: ``train_lines``
     sentences in each training shard, ``heldout_lines`` (and a long one) in held-out shards 0 and 1, 3 in the
     others. Members named in ``missing`` (paths below the top folder) are left out, as in a damaged re-pack."""
     files = {name: gbw_lines(train_lines, seed + index) for index, name in enumerate(GBW_TRAIN_SHARDS)}
     for index, name in enumerate(GBW_HELDOUT_SHARDS):
-        files[name] = (gbw_lines(heldout_lines, seed + 1000 + index, long_sentence=GBW_LONG_SENTENCE) if index < 2
-                       else gbw_lines(3, seed + 1000 + index))
+        files[name] = (
+            gbw_lines(heldout_lines, seed + 1000 + index, long_sentence=GBW_LONG_SENTENCE)
+            if index < 2
+            else gbw_lines(3, seed + 1000 + index)
+        )
     with tarfile.open(path, "w:gz") as archive:
-        for directory in (GBW_TOP, f"{GBW_TOP}/training-monolingual.tokenized.shuffled",
-                          f"{GBW_TOP}/heldout-monolingual.tokenized.shuffled"):
+        for directory in (
+            GBW_TOP,
+            f"{GBW_TOP}/training-monolingual.tokenized.shuffled",
+            f"{GBW_TOP}/heldout-monolingual.tokenized.shuffled",
+        ):
             info = tarfile.TarInfo(directory)
             info.type = tarfile.DIRTYPE
             info.mode = 0o755

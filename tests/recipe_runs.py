@@ -15,8 +15,14 @@ RECIPES = REPO / "recipes"
 
 
 # What the recipes read from the environment: a caller's value would change what a test runs.
-RECIPE_VARIABLES = ("DATA_DIR", "SAVE_ROOT", "FORCE", "TEMPERATURES", "PREPROCESS_WORKERS",
-                    "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
+RECIPE_VARIABLES = (
+    "DATA_DIR",
+    "SAVE_ROOT",
+    "FORCE",
+    "TEMPERATURES",
+    "PREPROCESS_WORKERS",
+    "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD",
+)
 
 
 def run_recipe(script, *args, env=None, popen=False):
@@ -24,6 +30,7 @@ def run_recipe(script, *args, env=None, popen=False):
     (``RECIPE_VARIABLES``, ``WMT14_*``, ``*_URL``, ``*_MD5``) are left out; ``env`` adds the test's. With ``popen``:
     a ``Popen`` in its own process group, its output on ``stdout``, so that a test can kill the script and every
     program it started."""
+
     def recipe_variable(name):
         return name in RECIPE_VARIABLES or name.startswith("WMT14_") or name.endswith(("_URL", "_MD5"))
 
@@ -32,8 +39,9 @@ def run_recipe(script, *args, env=None, popen=False):
     full_env.update(env or {})
     command = ["bash", str(RECIPES / script), *map(str, args)]
     if popen:
-        return subprocess.Popen(command, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
+        return subprocess.Popen(
+            command, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
     return subprocess.run(command, env=full_env, capture_output=True, text=True, timeout=600)
 
 

@@ -2,6 +2,7 @@
 AdaptiveSoftmax, and the DeFINE embedding over an adaptive map."""
 
 import re
+
 import pytest
 import torch
 
@@ -16,7 +17,7 @@ def adaptive_io_params(d, vocab=WT103_VOCAB, cutoff=WT103_CUTOFF, factor=4):
     bounds = [0] + cutoff + [vocab]
     total = 0
     for i in range(len(bounds) - 1):
-        dim = d // factor ** i
+        dim = d // factor**i
         total += (bounds[i + 1] - bounds[i]) * dim + (dim * d if i > 0 else 0)
     return total + len(cutoff) * d
 
@@ -46,8 +47,7 @@ def test_paper_adaptive_io_counts(d, expected):
     from fairseq.modules import AdaptiveSoftmax
 
     emb = AdaptiveInput(WT103_VOCAB, 1, d, WT103_CUTOFF, factor=4)
-    softmax = AdaptiveSoftmax(WT103_VOCAB, d, WT103_CUTOFF, dropout=0.0, factor=4, adaptive_inputs=emb,
-                              tie_proj=True)
+    softmax = AdaptiveSoftmax(WT103_VOCAB, d, WT103_CUTOFF, dropout=0.0, factor=4, adaptive_inputs=emb, tie_proj=True)
     params = {id(p): p for p in list(emb.parameters()) + list(softmax.parameters())}
     count = sum(p.numel() for p in params.values())
     assert count == adaptive_io_params(d)
@@ -65,8 +65,9 @@ def test_tied_adaptive_softmax_is_a_distribution():
     torch.testing.assert_close(logp.exp().sum(-1), torch.ones(2, 5))
 
 
-@pytest.mark.parametrize("cutoff, message", [([10, 5], "increasing"), ([10, 60], "below the vocabulary"),
-                                             ([0, 10], "positive")])
+@pytest.mark.parametrize(
+    "cutoff, message", [([10, 5], "increasing"), ([10, 60], "below the vocabulary"), ([0, 10], "positive")]
+)
 def test_bad_cutoffs_name_the_argument(cutoff, message):
     with pytest.raises(ValueError, match=message) as err:
         AdaptiveInput(50, 1, 16, cutoff)

@@ -1,7 +1,8 @@
 """The tables of tests/arch_cases.py cover every registered arch and family of the plugin."""
 
-import define_fairseq  # noqa: F401  (registers the models)
 from arch_cases import CASES, FAMILIES, NO_DROPOUT, ONE_MORE_LAYER, STATEFUL, family, registered_archs
+
+import define_fairseq  # noqa: F401  (registers the models)
 
 
 def test_every_registered_arch_has_a_case():

@@ -1,22 +1,36 @@
 """average_checkpoints on real checkpoints: the mean of the weights computed by hand, each dtype kept, the last
 checkpoints chosen by number, the command and fairseq-generate on its output, and its errors."""
 
-
 import pytest
 import torch
+from conftest import TINY_MODEL, TRAIN_FLAGS, USER_DIR, run_cli, run_module
 
 from define_fairseq.tools import average_checkpoints as avg
-
-from conftest import TINY_MODEL, TRAIN_FLAGS, USER_DIR, run_cli, run_module
 
 
 @pytest.fixture(scope="module")
 def save_dir(translation_data, tmp_path_factory):
     """checkpoint_1_1.pt .. checkpoint_1_4.pt of a tiny transformer_define."""
     directory = tmp_path_factory.mktemp("updates")
-    run_cli("fairseq-train", translation_data, "--user-dir", USER_DIR, "--arch", "transformer_define", *TINY_MODEL,
-            *TRAIN_FLAGS, "--max-update", "4", "--save-dir", directory, "--save-interval-updates", "1",
-            "--keep-interval-updates", "5", "--disable-validation")
+    run_cli(
+        "fairseq-train",
+        translation_data,
+        "--user-dir",
+        USER_DIR,
+        "--arch",
+        "transformer_define",
+        *TINY_MODEL,
+        *TRAIN_FLAGS,
+        "--max-update",
+        "4",
+        "--save-dir",
+        directory,
+        "--save-interval-updates",
+        "1",
+        "--keep-interval-updates",
+        "5",
+        "--disable-validation",
+    )
     assert sorted(p.name for p in directory.glob("checkpoint_*_*.pt")) == [f"checkpoint_1_{u}.pt" for u in range(1, 5)]
     return directory
 
@@ -71,8 +85,23 @@ def test_average_checkpoints_command_and_fairseq_generate(save_dir, translation_
     models = [load(save_dir / f"checkpoint_1_{u}.pt")["model"] for u in (2, 3, 4)]
     assert_same_model(load(out)["model"], mean_by_hand(models))
     assert not (tmp_path / "averaged.pt.tmp").exists()
-    gen = run_cli("fairseq-generate", translation_data, "--user-dir", USER_DIR, "--path", out, "--beam", "2", "--cpu",
-                  "--max-tokens", "400", "--gen-subset", "test", "--required-batch-size-multiple", "1")
+    gen = run_cli(
+        "fairseq-generate",
+        translation_data,
+        "--user-dir",
+        USER_DIR,
+        "--path",
+        out,
+        "--beam",
+        "2",
+        "--cpu",
+        "--max-tokens",
+        "400",
+        "--gen-subset",
+        "test",
+        "--required-batch-size-multiple",
+        "1",
+    )
     assert len([l for l in gen.stdout.splitlines() if l.startswith("H-")]) == 20
 
 
@@ -81,8 +110,12 @@ def test_average_keeps_each_dtype(save_dir, tmp_path):
     generator = torch.Generator().manual_seed(0)
     paths, models = [], []
     for i, dtype in enumerate([torch.bfloat16] * 3):
-        model = {k: (v + 0.01 * (i + 1) * torch.randn(v.shape, generator=generator)).to(dtype)
-                 if v.is_floating_point() else v for k, v in base["model"].items()}
+        model = {
+            k: (v + 0.01 * (i + 1) * torch.randn(v.shape, generator=generator)).to(dtype)
+            if v.is_floating_point()
+            else v
+            for k, v in base["model"].items()
+        }
         state = dict(base, model=model)
         paths.append(tmp_path / f"bf16_{i}.pt")
         torch.save(state, paths[-1])
@@ -92,16 +125,31 @@ def test_average_keeps_each_dtype(save_dir, tmp_path):
     assert all(v.dtype == torch.bfloat16 for v in averaged.values() if v.is_floating_point())
     assert_same_model(averaged, mean_by_hand(models))
     # mixed dtypes in one state dict, an integer buffer copied, a float64 one
-    a = {"w": torch.tensor([1.0, 2.0]), "h": torch.tensor([1.0, 3.0], dtype=torch.float16),
-         "b": torch.tensor([0.5, 1.5], dtype=torch.bfloat16), "n": torch.tensor([7, 8]),
-         "d": torch.tensor([1.0], dtype=torch.float64)}
-    b = {"w": torch.tensor([2.0, 4.0]), "h": torch.tensor([2.0, 4.0], dtype=torch.float16),
-         "b": torch.tensor([1.0, 2.0], dtype=torch.bfloat16), "n": torch.tensor([7, 8]),
-         "d": torch.tensor([2.0], dtype=torch.float64)}
+    a = {
+        "w": torch.tensor([1.0, 2.0]),
+        "h": torch.tensor([1.0, 3.0], dtype=torch.float16),
+        "b": torch.tensor([0.5, 1.5], dtype=torch.bfloat16),
+        "n": torch.tensor([7, 8]),
+        "d": torch.tensor([1.0], dtype=torch.float64),
+    }
+    b = {
+        "w": torch.tensor([2.0, 4.0]),
+        "h": torch.tensor([2.0, 4.0], dtype=torch.float16),
+        "b": torch.tensor([1.0, 2.0], dtype=torch.bfloat16),
+        "n": torch.tensor([7, 8]),
+        "d": torch.tensor([2.0], dtype=torch.float64),
+    }
     out = avg.average_state_dicts([a, b])
-    assert_same_model(out, {"w": torch.tensor([1.5, 3.0]), "h": torch.tensor([1.5, 3.5], dtype=torch.float16),
-                            "b": torch.tensor([0.75, 1.75], dtype=torch.bfloat16), "n": torch.tensor([7, 8]),
-                            "d": torch.tensor([1.5], dtype=torch.float64)})
+    assert_same_model(
+        out,
+        {
+            "w": torch.tensor([1.5, 3.0]),
+            "h": torch.tensor([1.5, 3.5], dtype=torch.float16),
+            "b": torch.tensor([0.75, 1.75], dtype=torch.bfloat16),
+            "n": torch.tensor([7, 8]),
+            "d": torch.tensor([1.5], dtype=torch.float64),
+        },
+    )
     assert torch.equal(a["w"], torch.tensor([1.0, 2.0]))  # inputs untouched
     with pytest.raises(avg.CheckpointError, match=r"'n'.*differs"):
         avg.average_state_dicts([a, dict(b, n=torch.tensor([7, 9]))])
@@ -110,14 +158,27 @@ def test_average_keeps_each_dtype(save_dir, tmp_path):
 
 
 def test_last_checkpoints_by_number(tmp_path):
-    for name in ["checkpoint_1_10.pt", "checkpoint_2_20.pt", "checkpoint_10_100.pt", "checkpoint_best.pt",
-                 "checkpoint_last.pt", "checkpoint.best_loss_2.31.pt", "checkpoint3.pt", "checkpoint12.pt",
-                 "checkpoint9.pt", "checkpoint_1_5.pt.tmp", "notes.txt"]:
+    for name in [
+        "checkpoint_1_10.pt",
+        "checkpoint_2_20.pt",
+        "checkpoint_10_100.pt",
+        "checkpoint_best.pt",
+        "checkpoint_last.pt",
+        "checkpoint.best_loss_2.31.pt",
+        "checkpoint3.pt",
+        "checkpoint12.pt",
+        "checkpoint9.pt",
+        "checkpoint_1_5.pt.tmp",
+        "notes.txt",
+    ]:
         (tmp_path / name).write_bytes(b"")
     names = lambda paths: [p.name for p in paths]  # noqa: E731
     assert names(avg.last_checkpoints(tmp_path, 2)) == ["checkpoint_2_20.pt", "checkpoint_10_100.pt"]
-    assert names(avg.last_checkpoints(tmp_path, 3, epochs=True)) == ["checkpoint3.pt", "checkpoint9.pt",
-                                                                      "checkpoint12.pt"]
+    assert names(avg.last_checkpoints(tmp_path, 3, epochs=True)) == [
+        "checkpoint3.pt",
+        "checkpoint9.pt",
+        "checkpoint12.pt",
+    ]
     assert names(avg.last_checkpoints(tmp_path, 1, epochs=True)) == ["checkpoint12.pt"]
     with pytest.raises(avg.CheckpointError) as error:
         avg.last_checkpoints(tmp_path, 4)
@@ -141,23 +202,28 @@ def test_average_checkpoints_errors(save_dir, tmp_path, capsys):
     torch.save({"weights": {}}, tmp_path / "nomodel.pt")
     (tmp_path / "text.pt").write_text("not a checkpoint\n")
     out = tmp_path / "out.pt"
-    cases = [([good, tmp_path / "shape.pt"], rf"shape\.pt: '{key}' has shape \(63,\) but \(64,\) in .*checkpoint_1_3"),
-             ([good, tmp_path / "arch.pt"], r"arch\.pt is a checkpoint of arch 'transformer' but .*checkpoint_1_3"),
-             ([good, tmp_path / "extra.pt"], r"extra\.pt has a parameter 'encoder.extra'"),
-             ([tmp_path / "extra.pt", good], r"checkpoint_1_3\.pt has no parameter 'encoder.extra'"),
-             ([good, tmp_path / "nomodel.pt"], r"nomodel\.pt is not a fairseq checkpoint"),
-             ([good, tmp_path / "text.pt"], r"text\.pt cannot be read as a PyTorch checkpoint"),
-             ([good, tmp_path / "missing.pt"], r"checkpoint .*missing\.pt does not exist")]
+    cases = [
+        ([good, tmp_path / "shape.pt"], rf"shape\.pt: '{key}' has shape \(63,\) but \(64,\) in .*checkpoint_1_3"),
+        ([good, tmp_path / "arch.pt"], r"arch\.pt is a checkpoint of arch 'transformer' but .*checkpoint_1_3"),
+        ([good, tmp_path / "extra.pt"], r"extra\.pt has a parameter 'encoder.extra'"),
+        ([tmp_path / "extra.pt", good], r"checkpoint_1_3\.pt has no parameter 'encoder.extra'"),
+        ([good, tmp_path / "nomodel.pt"], r"nomodel\.pt is not a fairseq checkpoint"),
+        ([good, tmp_path / "text.pt"], r"text\.pt cannot be read as a PyTorch checkpoint"),
+        ([good, tmp_path / "missing.pt"], r"checkpoint .*missing\.pt does not exist"),
+    ]
     for inputs, pattern in cases:
         with pytest.raises(SystemExit, match=r"^error: .*" + pattern):
             avg.main(["--inputs", *map(str, inputs), "--output", str(out)])
         assert not out.exists() and not (tmp_path / "out.pt.tmp").exists()
     with pytest.raises(SystemExit, match=r"has 4 update checkpoints .* fewer than --last 5"):
         avg.main(["--dir", str(save_dir), "--last", "5", "--output", str(out)])
-    for argv, flag in ((["--inputs", str(good), str(good)], "given twice"), (["--dir", str(save_dir)], "--last"),
-                       (["--inputs", str(good), "--last", "2"], "--last"),
-                       (["--dir", str(save_dir), "--last", "0"], "--last"),
-                       (["--inputs", str(good), "--output", str(tmp_path / "no" / "x.pt")], "does not exist")):
+    for argv, flag in (
+        (["--inputs", str(good), str(good)], "given twice"),
+        (["--dir", str(save_dir)], "--last"),
+        (["--inputs", str(good), "--last", "2"], "--last"),
+        (["--dir", str(save_dir), "--last", "0"], "--last"),
+        (["--inputs", str(good), "--output", str(tmp_path / "no" / "x.pt")], "does not exist"),
+    ):
         with pytest.raises(SystemExit) as error:
             avg.main(argv if "--output" in argv else argv + ["--output", str(out)])
         assert error.value.code == 2 and flag in capsys.readouterr().err, argv

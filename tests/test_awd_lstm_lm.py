@@ -6,21 +6,22 @@ import re
 
 import pytest
 import torch
-
-import define_fairseq  # noqa: F401  (registers the models, tasks and criteria)
-from define_fairseq.criterions.lm_regularized_loss import LMRegularizedLoss
-from define_fairseq.modules import DeFINEEmbedding
-from define_fairseq.tools.params import parameter_breakdown
-
 from lm_helpers import check_beam_search_scores, eval_lm, load, log_probs, split_stream, tokens_batch
 from test_lstm_lm import (
     ADAPTIVE,
     lstm_params,
     mean_nll_base2,
     parsed_model,
-    TINY as LSTM_TINY,
     train,
 )
+from test_lstm_lm import (
+    TINY as LSTM_TINY,
+)
+
+import define_fairseq  # noqa: F401  (registers the models, tasks and criteria)
+from define_fairseq.criterions.lm_regularized_loss import LMRegularizedLoss
+from define_fairseq.modules import DeFINEEmbedding
+from define_fairseq.tools.params import parameter_breakdown
 
 PTB_VOCAB = 10_000
 TINY_AWD = ["--decoder-embed-dim", "24", "--decoder-hidden-size", "32", "--define-n", "24"]
@@ -82,18 +83,20 @@ def test_arch_defaults(lm_data):
     assert untied.decoder.output_projection.weight is not untied.decoder.embed_tokens.weight
 
 
-@pytest.mark.parametrize("flags,message", [
-    (["--define-n", "16"], "--define-n (16) must equal --decoder-embed-dim (24)"),
-    (["--awd-embed-dropout", "1.0"], "--awd-embed-dropout=1.0"),
-    (["--awd-hidden-dropout", "-0.5"], "--awd-hidden-dropout=-0.5"),
-])
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--define-n", "16"], "--define-n (16) must equal --decoder-embed-dim (24)"),
+        (["--awd-embed-dropout", "1.0"], "--awd-embed-dropout=1.0"),
+        (["--awd-hidden-dropout", "-0.5"], "--awd-hidden-dropout=-0.5"),
+    ],
+)
 def test_bad_configurations_raise_clear_errors(lm_data, flags, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         parsed_model(lm_data, "awd_lstm_lm", *TINY_AWD, *flags)
 
 
-@pytest.mark.parametrize("arch,flags", [("awd_lstm_lm", TINY_AWD),
-                                        ("awd_lstm_lm_define", TINY_AWD_DEFINE)])
+@pytest.mark.parametrize("arch,flags", [("awd_lstm_lm", TINY_AWD), ("awd_lstm_lm_define", TINY_AWD_DEFINE)])
 def test_regularization_equals_a_plain_recomputation(lm_data, arch, flags):
     """AR + TAR = alpha * mean(dropped^2) + beta * mean(diff(raw)^2) of the last layer, in training only."""
     _, task, model = parsed_model(lm_data, arch, *flags, "--awd-ar-alpha", "1.5", "--awd-tar-beta", "0.7")
@@ -134,8 +137,9 @@ def test_awd_regularizers_are_active_in_training_only(lm_data):
 
 
 def test_lm_regularized_loss_adds_the_penalty_per_token(lm_data):
-    cfg, task, model = parsed_model(lm_data, "awd_lstm_lm_define", *TINY_AWD_DEFINE, "--criterion",
-                                    "lm_regularized_loss")
+    cfg, task, model = parsed_model(
+        lm_data, "awd_lstm_lm_define", *TINY_AWD_DEFINE, "--criterion", "lm_regularized_loss"
+    )
     criterion = task.build_criterion(cfg.criterion)
     assert isinstance(criterion, LMRegularizedLoss)
     dictionary = task.target_dictionary
@@ -144,8 +148,12 @@ def test_lm_regularized_loss_adds_the_penalty_per_token(lm_data):
     target = torch.roll(tokens, -1, dims=1)
     target[2, -4:] = pad
     ntokens = int(target.ne(pad).sum())
-    sample = {"net_input": {"src_tokens": tokens, "src_lengths": torch.full((3,), 10)}, "target": target,
-              "ntokens": ntokens, "nsentences": 3}
+    sample = {
+        "net_input": {"src_tokens": tokens, "src_lengths": torch.full((3,), 10)},
+        "target": target,
+        "ntokens": ntokens,
+        "nsentences": 3,
+    }
     model.train()
     torch.manual_seed(5)
     loss, sample_size, logging_output = criterion(model, sample)
@@ -169,8 +177,9 @@ def test_lm_regularized_loss_adds_the_penalty_per_token(lm_data):
 
 
 def test_lm_regularized_loss_with_adaptive_softmax_counts_every_target(lm_data):
-    cfg, task, model = parsed_model(lm_data, "lstm_lm_define_wt103_n3", *LSTM_TINY, *ADAPTIVE, "--criterion",
-                                    "lm_regularized_loss")
+    cfg, task, model = parsed_model(
+        lm_data, "lstm_lm_define_wt103_n3", *LSTM_TINY, *ADAPTIVE, "--criterion", "lm_regularized_loss"
+    )
     criterion = task.build_criterion(cfg.criterion)
     model.eval()
     dictionary = task.target_dictionary
@@ -179,8 +188,12 @@ def test_lm_regularized_loss_with_adaptive_softmax_counts_every_target(lm_data):
     target = torch.roll(tokens, -1, dims=1)
     target[0, 0] = 10 + pad  # the tail word whose index inside its cluster equals the padding index
     target[1, -3:] = pad
-    sample = {"net_input": {"src_tokens": tokens, "src_lengths": torch.full((3,), 10)}, "target": target,
-              "ntokens": int(target.ne(pad).sum()), "nsentences": 3}
+    sample = {
+        "net_input": {"src_tokens": tokens, "src_lengths": torch.full((3,), 10)},
+        "target": target,
+        "ntokens": int(target.ne(pad).sum()),
+        "nsentences": 3,
+    }
     with torch.no_grad():
         loss, sample_size, logging_output = criterion(model, sample)
         lprobs = model.get_normalized_probs(model(tokens), log_probs=True)  # the whole distribution
@@ -197,17 +210,39 @@ def test_generation_scores_equal_the_full_pass(lm_data):
 
 
 def test_train_and_eval_lm(lm_data, tmp_path):
-    checkpoint = train(lm_data, tmp_path, "awd_lstm_lm", *TINY_AWD, "--criterion",
-                       "lm_regularized_loss", "--tokens-per-sample", "32", "--max-tokens", "256")
+    checkpoint = train(
+        lm_data,
+        tmp_path,
+        "awd_lstm_lm",
+        *TINY_AWD,
+        "--criterion",
+        "lm_regularized_loss",
+        "--tokens-per-sample",
+        "32",
+        "--max-tokens",
+        "256",
+    )
     loss, ppl = eval_lm(lm_data, checkpoint, "--tokens-per-sample", "32", "--max-tokens", "256")
-    assert math.isfinite(loss) and ppl == pytest.approx(2 ** loss, rel=1e-3)
+    assert math.isfinite(loss) and ppl == pytest.approx(2**loss, rel=1e-3)
 
 
 def test_stateful_training_and_eval(lm_data, tmp_path):
     """AWD-LSTM's setting: --task stateful_lm (variable BPTT); eval-lm with one stream is one pass over the split."""
-    checkpoint = train(lm_data, tmp_path, "awd_lstm_lm_define", *TINY_AWD_DEFINE, "--criterion",
-                       "lm_regularized_loss", "--batch-size", "4", "--tokens-per-sample", "8",
-                       "--variable-bptt", task="stateful_lm", updates=6)
+    checkpoint = train(
+        lm_data,
+        tmp_path,
+        "awd_lstm_lm_define",
+        *TINY_AWD_DEFINE,
+        "--criterion",
+        "lm_regularized_loss",
+        "--batch-size",
+        "4",
+        "--tokens-per-sample",
+        "8",
+        "--variable-bptt",
+        task="stateful_lm",
+        updates=6,
+    )
     loss, _ = eval_lm(lm_data, checkpoint, "--task", "stateful_lm", "--batch-size", "1", "--tokens-per-sample", "8")
     model, task = load(checkpoint)
     stream = split_stream(lm_data, task.target_dictionary)
@@ -217,13 +252,15 @@ def test_stateful_training_and_eval(lm_data, tmp_path):
 
 # -- deprecated spellings of the AWD-LSTM flags (--define-* before they became --awd-*) -----------------------
 
-OLD_AND_NEW = [("--define-input-dropout", "--awd-input-dropout", "0.3"),
-               ("--define-hidden-dropout", "--awd-hidden-dropout", "0.15"),
-               ("--define-output-dropout", "--awd-output-dropout", "0.35"),
-               ("--define-embed-dropout", "--awd-embed-dropout", "0.05"),
-               ("--define-weight-drop", "--awd-weight-drop", "0.45"),
-               ("--define-ar-alpha", "--awd-ar-alpha", "1.5"),
-               ("--define-tar-beta", "--awd-tar-beta", "0.5")]
+OLD_AND_NEW = [
+    ("--define-input-dropout", "--awd-input-dropout", "0.3"),
+    ("--define-hidden-dropout", "--awd-hidden-dropout", "0.15"),
+    ("--define-output-dropout", "--awd-output-dropout", "0.35"),
+    ("--define-embed-dropout", "--awd-embed-dropout", "0.05"),
+    ("--define-weight-drop", "--awd-weight-drop", "0.45"),
+    ("--define-ar-alpha", "--awd-ar-alpha", "1.5"),
+    ("--define-tar-beta", "--awd-tar-beta", "0.5"),
+]
 
 
 def regularised_training_step(model, task):
@@ -267,8 +304,9 @@ def test_deprecated_spelling_through_the_dataclass(lm_data):
     from define_fairseq.models.awd_lstm_lm import AWDLSTMLMConfig, AWDLSTMLMModel
 
     _, task, _ = parsed_model(lm_data, "awd_lstm_lm", *TINY_AWD)
-    cfg = OmegaConf.structured(AWDLSTMLMConfig(decoder_embed_dim=24, decoder_hidden_size=32, define_n=24,
-                                               define_weight_drop=0.2))
+    cfg = OmegaConf.structured(
+        AWDLSTMLMConfig(decoder_embed_dim=24, decoder_hidden_size=32, define_n=24, define_weight_drop=0.2)
+    )
     with pytest.warns(FutureWarning, match="--define-weight-drop is deprecated.*--awd-weight-drop"):
         model = AWDLSTMLMModel.build_model(cfg, task)
     assert [layer.weight_drop for layer in model.decoder.lstm.layers] == [0.2, 0.2, 0.2]
@@ -278,6 +316,5 @@ def test_conflicting_old_and_new_spellings_raise(lm_data):
     with pytest.raises(ValueError, match=re.escape("--define-weight-drop 0.3 and --awd-weight-drop 0.2 disagree")):
         parsed_model(lm_data, "awd_lstm_lm", *TINY_AWD, "--define-weight-drop", "0.3", "--awd-weight-drop", "0.2")
     with pytest.warns(FutureWarning):  # the same value twice is no conflict
-        _, _, model = parsed_model(lm_data, "awd_lstm_lm", *TINY_AWD, "--define-ar-alpha", "3", "--awd-ar-alpha",
-                                   "3")
+        _, _, model = parsed_model(lm_data, "awd_lstm_lm", *TINY_AWD, "--define-ar-alpha", "3", "--awd-ar-alpha", "3")
     assert model.decoder.ar_alpha == 3.0

@@ -26,7 +26,7 @@ def test_rounds_are_interleaved_rotated_and_warm_up_is_not_recorded():
     timings = bench.time(fns, before=lambda name: calls.append("before " + name), log=False)
     assert calls[:6] == ["before a", "a", "before b", "b", "before c", "c"]
     order = [c for c in calls if not c.startswith("before")]
-    assert order == list("abc" "bca" "cab" "abc" "bca")  # 2 warm-up rounds, 3 timed, each rotated by one
+    assert order == list("abcbcacababcbca")  # 2 warm-up rounds, 3 timed, each rotated by one
     assert all(len(timings.times[n]) == 3 and len(timings.faults[n]) == 3 for n in "abc")
     assert not timings.errors and not bench.failed
 
@@ -122,15 +122,25 @@ ALLOCATOR_SCRIPT = "from benchmarks.common import allocator; print(allocator())"
 
 
 def clean_env(**extra):
-    env = {k: v for k, v in os.environ.items()
-           if not (k == "LD_PRELOAD" or k.startswith("TCMALLOC_") or (k.startswith("MALLOC_") and k.endswith("_")))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not (k == "LD_PRELOAD" or k.startswith("TCMALLOC_") or (k.startswith("MALLOC_") and k.endswith("_")))
+    }
     return dict(env, **extra)
 
 
 def test_allocator_report_names_the_settings():
     def run(env):
-        return subprocess.run([sys.executable, "-c", ALLOCATOR_SCRIPT], cwd=ROOT, env=env, capture_output=True,
-                              text=True, timeout=120, check=True).stdout.strip()
+        return subprocess.run(
+            [sys.executable, "-c", ALLOCATOR_SCRIPT],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        ).stdout.strip()
 
     assert run(clean_env()) == "glibc malloc (its defaults)"
     assert run(clean_env(MALLOC_TOP_PAD_="1073741824")) == "glibc malloc (`MALLOC_TOP_PAD_=1073741824`)"
@@ -148,8 +158,15 @@ print(min(t.faults["fresh"]), max(t.faults["none"]))
 def test_page_faults_are_counted_per_call():
     # A 128 MB buffer is above glibc's largest mmap threshold: with glibc's defaults every call gets a fresh
     # mapping, one fault per page written.
-    proc = subprocess.run([sys.executable, "-c", FAULTS_SCRIPT], cwd=ROOT, env=clean_env(), capture_output=True,
-                          text=True, timeout=120, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", FAULTS_SCRIPT],
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     fresh, none = map(float, proc.stdout.split())
     try:
         with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
@@ -164,17 +181,38 @@ def test_page_faults_are_counted_per_call():
 def test_step_flops_of_an_lstm_lm(training):
     layers, proj = [(8, 16), (16, 16)], (16, 8)
     n = 3 * 5
-    forward = (2 * n * 8 * 64 + 2 * n * 16 * 64  # layer 1: input and recurrent products
-               + 2 * n * 16 * 64 * 2  # layer 2
-               + 2 * n * 16 * 8 + 2 * n * 8 * 50)  # projection, output layer
+    forward = (
+        2 * n * 8 * 64
+        + 2 * n * 16 * 64  # layer 1: input and recurrent products
+        + 2 * n * 16 * 64 * 2  # layer 2
+        + 2 * n * 16 * 8
+        + 2 * n * 8 * 50
+    )  # projection, output layer
     assert step_flops(layers, proj, vocab=50, batch=3, bptt=5, training=training) == (3 if training else 1) * forward
     no_proj = forward - 2 * n * 16 * 8 - 2 * n * 8 * 50 + 2 * n * 16 * 50
     assert step_flops(layers, None, 50, 3, 5, training) == (3 if training else 1) * no_proj
 
 
-TINY_TXL = ["--decoder-layers", "1", "--decoder-embed-dim", "16", "--decoder-attention-heads", "2", "--txl-head-dim",
-            "6", "--decoder-ffn-embed-dim", "24", "--adaptive-softmax-cutoff", "20,40", "--define-n", "8",
-            "--define-k", "32", "--txl-mem-len", "4"]
+TINY_TXL = [
+    "--decoder-layers",
+    "1",
+    "--decoder-embed-dim",
+    "16",
+    "--decoder-attention-heads",
+    "2",
+    "--txl-head-dim",
+    "6",
+    "--decoder-ffn-embed-dim",
+    "24",
+    "--adaptive-softmax-cutoff",
+    "20,40",
+    "--define-n",
+    "8",
+    "--define-k",
+    "32",
+    "--txl-mem-len",
+    "4",
+]
 TXL_TASK = ["--task", "language_modeling", "--criterion", "lm_regularized_loss", "--ddp-backend", "legacy_ddp"]
 
 
@@ -190,11 +228,15 @@ def test_io_training_flops_of_the_transformer_xl_layers():
     assert io_training_flops(standard, sample) == 6 * expected
     # DeFINE input, table width n = 8: every cluster projects 16 -> 8, and the unit runs per distinct token.
     define = build_model("transformer_xl_lm", vocab, TXL_TASK, TINY_TXL + ["--txl-input", "define"])[2]
-    unit = sum(p.numel() for name, p in define.decoder.embed_tokens.define.named_parameters()
-               if name.startswith("layers.") and name.endswith("weight"))
+    unit = sum(
+        p.numel()
+        for name, p in define.decoder.embed_tokens.define.named_parameters()
+        if name.startswith("layers.") and name.endswith("weight")
+    )
     distinct = sample["net_input"]["src_tokens"].unique().numel()
-    expected = (distinct * unit + 30 * (22 * 8 + 16 * 8) + in_tail[0] * (20 * 8 + 16 * 8)
-                + in_tail[1] * (20 * 8 + 16 * 8))
+    expected = (
+        distinct * unit + 30 * (22 * 8 + 16 * 8) + in_tail[0] * (20 * 8 + 16 * 8) + in_tail[1] * (20 * 8 + 16 * 8)
+    )
     assert io_training_flops(define, sample) == 6 * expected
     # Without the distinct-token path the unit runs on every position.
     define.decoder.embed_tokens.unique_tokens = False
@@ -213,8 +255,9 @@ def test_a_benchmark_runs_end_to_end_and_returns_its_table_and_targets(capsys):
 def test_gpu_report_tables_figures_and_survives_a_failing_benchmark(monkeypatch, tmp_path):
     def fake(argv):
         assert "--device" in argv and "--quick" in argv and "--out" in argv
-        return Result("# Fake\n\n## Part\n", [Check("ours vs theirs", 1.5, 1.2), Check("r", 1.3, 1.1, at_most=True)],
-                      False)
+        return Result(
+            "# Fake\n\n## Part\n", [Check("ours vs theirs", 1.5, 1.2), Check("r", 1.3, 1.1, at_most=True)], False
+        )
 
     def broken(argv):
         raise RuntimeError("out of memory")

@@ -10,9 +10,9 @@ import math
 
 import pytest
 import torch
+from arch_cases import CASES, LM, case_argv
 
 import define_fairseq  # noqa: F401  (registers the models, tasks and criteria)
-from arch_cases import CASES, LM, case_argv
 
 
 def bf16_trainer(data, arch):
@@ -22,9 +22,25 @@ def bf16_trainer(data, arch):
     from fairseq.trainer import Trainer
 
     parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, case_argv(
-        data, arch, "--optimizer", "adam", "--lr", "0.001", "--max-tokens", "256", "--cpu", "--bf16", "--seed", "1",
-        "--num-workers", "0"))
+    args = options.parse_args_and_arch(
+        parser,
+        case_argv(
+            data,
+            arch,
+            "--optimizer",
+            "adam",
+            "--lr",
+            "0.001",
+            "--max-tokens",
+            "256",
+            "--cpu",
+            "--bf16",
+            "--seed",
+            "1",
+            "--num-workers",
+            "0",
+        ),
+    )
     cfg = convert_namespace_to_omegaconf(args)
     assert cfg.common.tpu  # fairseq's argparse path: --bf16 implies --tpu
     cfg.common.tpu = False
@@ -42,7 +58,8 @@ def test_a_bf16_training_step(arch, lm_data, translation_data):
     assert all(p.dtype == torch.bfloat16 for p in model.parameters())
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     batches = task.get_batch_iterator(dataset=task.dataset("train"), max_tokens=256, seed=1).next_epoch_itr(
-        shuffle=False)
+        shuffle=False
+    )
     sample = next(batches)
     log = trainer.train_step([sample])
     assert log is not None and math.isfinite(log["loss"]), log

@@ -9,22 +9,50 @@ import logging
 
 import pytest
 import torch
-
 from conftest import USER_DIR, needs_fairseq_eos_blocks, run_cli
 from lm_helpers import check_generate_continues_a_prefix, eval_lm, load, log_probs, tokens_batch
 
 from define_fairseq.models.carried_state import CarriedState
 
-LSTM = ["--arch", "lstm_lm_define", "--define-n", "16", "--define-k", "32", "--decoder-embed-dim", "24",
-        "--decoder-hidden-size", "24", "--decoder-layers", "2", "--criterion", "cross_entropy"]
+LSTM = [
+    "--arch",
+    "lstm_lm_define",
+    "--define-n",
+    "16",
+    "--define-k",
+    "32",
+    "--decoder-embed-dim",
+    "24",
+    "--decoder-hidden-size",
+    "24",
+    "--decoder-layers",
+    "2",
+    "--criterion",
+    "cross_entropy",
+]
 KEY = "decoder.carried_state._extra_state"
 
 
 def build(data):
     from define_fairseq.tools.params import setup_from_train_args
 
-    return setup_from_train_args([str(data), "--user-dir", USER_DIR, "--task", "stateful_lm", *LSTM,
-                                  "--batch-size", "3", "--optimizer", "adam", "--lr", "0.001", "--cpu"])[2]
+    return setup_from_train_args(
+        [
+            str(data),
+            "--user-dir",
+            USER_DIR,
+            "--task",
+            "stateful_lm",
+            *LSTM,
+            "--batch-size",
+            "3",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "0.001",
+            "--cpu",
+        ]
+    )[2]
 
 
 def saved_and_read(state, path):
@@ -69,8 +97,12 @@ def test_a_state_dict_without_the_entry_loads_as_holding_nothing(lm_data):
     older = {key: value for key, value in model.state_dict().items() if key != KEY}  # written before it existed
     other.load_state_dict(older)
     assert not other.decoder.carried_state.has_state(True)
-    torch.testing.assert_close(log_probs(other.eval(), tokens_batch(len(other.decoder.dictionary))),
-                               log_probs(model.eval(), tokens_batch(len(model.decoder.dictionary))), rtol=0, atol=0)
+    torch.testing.assert_close(
+        log_probs(other.eval(), tokens_batch(len(other.decoder.dictionary))),
+        log_probs(model.eval(), tokens_batch(len(model.decoder.dictionary))),
+        rtol=0,
+        atol=0,
+    )
 
 
 def test_fp16_state_comes_back_in_fp16_on_the_modules_device(tmp_path):
@@ -105,10 +137,39 @@ def test_a_state_of_another_rank_or_world_size_is_not_taken(caplog):
 def stateful_checkpoints(lm_data, tmp_path_factory):
     """Update checkpoints after 2 and 4 updates of a stateful lstm_lm_define run, both inside the first epoch."""
     save_dir = tmp_path_factory.mktemp("stateful")
-    run_cli("fairseq-train", lm_data, "--user-dir", USER_DIR, "--task", "stateful_lm", *LSTM, "--batch-size", "4",
-            "--tokens-per-sample", "10", "--optimizer", "adam", "--lr", "0.005", "--cpu", "--num-workers", "0",
-            "--no-progress-bar", "--log-format", "simple", "--seed", "1", "--max-update", "4",
-            "--save-interval-updates", "2", "--no-epoch-checkpoints", "--disable-validation", "--save-dir", save_dir)
+    run_cli(
+        "fairseq-train",
+        lm_data,
+        "--user-dir",
+        USER_DIR,
+        "--task",
+        "stateful_lm",
+        *LSTM,
+        "--batch-size",
+        "4",
+        "--tokens-per-sample",
+        "10",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "0.005",
+        "--cpu",
+        "--num-workers",
+        "0",
+        "--no-progress-bar",
+        "--log-format",
+        "simple",
+        "--seed",
+        "1",
+        "--max-update",
+        "4",
+        "--save-interval-updates",
+        "2",
+        "--no-epoch-checkpoints",
+        "--disable-validation",
+        "--save-dir",
+        save_dir,
+    )
     return [save_dir / "checkpoint_1_2.pt", save_dir / "checkpoint_1_4.pt"]
 
 

@@ -5,11 +5,17 @@ import pytest
 import torch
 
 from define_fairseq.modules.char2subword import (
-    BYTE_OFFSET, CONTINUES_CHAR, PAD_CHAR, WORD_START_CHAR, Char2SubwordEmbedding, character_table,
-    encode_characters, token_characters)
+    BYTE_OFFSET,
+    CONTINUES_CHAR,
+    PAD_CHAR,
+    WORD_START_CHAR,
+    Char2SubwordEmbedding,
+    character_table,
+    encode_characters,
+    token_characters,
+)
 
-SYMBOLS = ["<s>", "<pad>", "</s>", "<unk>", "the", "new@@", "\u2581new", "new", "wor@@", "ld", "Straße", "@@",
-           "a" * 40]
+SYMBOLS = ["<s>", "<pad>", "</s>", "<unk>", "the", "new@@", "\u2581new", "new", "wor@@", "ld", "Straße", "@@", "a" * 40]
 
 
 def make(dim=16, **kwargs):
@@ -116,11 +122,14 @@ def test_set_output_scale_keeps_every_output():
         module.set_output_scale(0)
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(char_dim=15, heads=2), "divisible by heads"),
-    (dict(max_chars=0), "max_chars=0"),
-    (dict(dropout=1.0), "dropout=1.0"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(char_dim=15, heads=2), "divisible by heads"),
+        (dict(max_chars=0), "max_chars=0"),
+        (dict(dropout=1.0), "dropout=1.0"),
+    ],
+)
 def test_impossible_settings_raise(kwargs, message):
     with pytest.raises(ValueError, match=message):
         make(**kwargs)

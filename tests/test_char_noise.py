@@ -10,8 +10,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO
+
 from define_fairseq.data.char_noise import (
     NOISE_TYPES,
     CharNoise,
@@ -96,11 +96,17 @@ def test_sample_rng_is_stable_across_processes_and_distinct():
     draws = {sample_rng(*key).random() for key in [(3, 1, 7), (4, 1, 7), (3, 2, 7), (3, 1, 8), (7, 1, 3)]}
     assert len(draws) == 5
     # Another process with another hash salt, without site-packages: plain Python, and not Python's hash().
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import char_noise; "
-            "print(repr(char_noise.sample_rng(3, 1, 7).random()))")
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import char_noise; "
+        "print(repr(char_noise.sample_rng(3, 1, 7).random()))"
+    )
     for salt in ("1", "2"):
-        proc = subprocess.run([sys.executable, "-S", "-c", code, str(REPO / "define_fairseq" / "data")],
-                              capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": salt})
+        proc = subprocess.run(
+            [sys.executable, "-S", "-c", code, str(REPO / "define_fairseq" / "data")],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONHASHSEED": salt},
+        )
         assert proc.returncode == 0, proc.stderr
         assert float(proc.stdout) == first
 
@@ -277,8 +283,9 @@ def split_words(pieces, style):
 
 
 @pytest.mark.parametrize("style", ["subword-nmt", "sentencepiece"])
-@pytest.mark.parametrize("rate,types", [(0.3, NOISE_TYPES), (1.0, NOISE_TYPES), (1.0, ["delete"]),
-                                        (0.5, ["delete", "swap"])])
+@pytest.mark.parametrize(
+    "rate,types", [(0.3, NOISE_TYPES), (1.0, NOISE_TYPES), (1.0, ["delete"]), (0.5, ["delete", "swap"])]
+)
 def test_noise_tokens_keeps_markers_and_never_leaves_an_empty_piece(style, rate, types):
     noise = CharNoise(rate, types=types)
     rng = random.Random(8)

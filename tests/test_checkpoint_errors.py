@@ -8,7 +8,6 @@ import re
 
 import pytest
 import torch
-
 from conftest import run_module
 
 from define_fairseq.tools import average_checkpoints, c2s_checkpoint, distill_c2s, fold_define
@@ -17,8 +16,9 @@ TOOLS = {
     "average_checkpoints": lambda path, out: average_checkpoints.main(["--inputs", str(path), "--output", str(out)]),
     "fold_define": lambda path, out: fold_define.main([str(path), str(out)]),
     "distill_c2s": lambda path, out: distill_c2s.main(["--checkpoint", str(path), "--output", str(out)]),
-    "c2s_checkpoint": lambda path, out: c2s_checkpoint.main(["--checkpoint", str(path), "--c2s", str(path),
-                                                             "--output", str(out)]),
+    "c2s_checkpoint": lambda path, out: c2s_checkpoint.main(
+        ["--checkpoint", str(path), "--c2s", str(path), "--output", str(out)]
+    ),
 }
 # the command line of each tool for the same call
 ARGV = {
@@ -66,17 +66,22 @@ def test_the_command_prints_only_the_error_line(tool, tmp_path):
     proc = run_module(f"define_fairseq.tools.{tool}", *ARGV[tool](path, tmp_path / "out.pt"), check=False)
     assert proc.returncode == 1
     lines = [line for line in proc.stderr.splitlines() if line.startswith("error: ") or "Traceback" in line]
-    assert lines == [f"error: {'--checkpoint' if 'c2s' in tool else 'checkpoint'} {path} cannot be read as a "
-                     f"PyTorch checkpoint: the zip archive is incomplete (truncated, e.g. by an interrupted write "
-                     f"or copy)"], proc.stderr[-3000:]
+    assert lines == [
+        f"error: {'--checkpoint' if 'c2s' in tool else 'checkpoint'} {path} cannot be read as a "
+        f"PyTorch checkpoint: the zip archive is incomplete (truncated, e.g. by an interrupted write "
+        f"or copy)"
+    ], proc.stderr[-3000:]
 
 
 def test_a_truncated_legacy_file_and_a_refused_object(tmp_path):
     legacy = tmp_path / "legacy.pt"
     legacy.write_bytes(checkpoint_bytes(legacy=True)[:-200])  # the header is fine, the tensor data stops early
     for tool in ("average_checkpoints", "fold_define"):
-        with pytest.raises(SystemExit, match=rf"^error: checkpoint {legacy} cannot be read as a PyTorch checkpoint: "
-                                             rf"unexpected EOF"):
+        with pytest.raises(
+            SystemExit,
+            match=rf"^error: checkpoint {legacy} cannot be read as a PyTorch checkpoint: "
+            rf"unexpected EOF",
+        ):
             TOOLS[tool](legacy, tmp_path / "out.pt")
     # a complete checkpoint holding an object torch.load(weights_only=True) does not allow: named, with the way out
     refused = tmp_path / "refused.pt"

@@ -4,10 +4,9 @@ import json
 import statistics
 
 import pytest
+from conftest import run_module
 
 from define_fairseq.tools.compare_runs import main
-
-from conftest import run_module
 
 
 def write_run(root, regime, model, seed, score, valid, seconds, total="2.37"):
@@ -18,14 +17,17 @@ def write_run(root, regime, model, seed, score, valid, seconds, total="2.37"):
     for updates, loss in valid:
         inner = {"num_updates": str(updates), "wall": str(updates * seconds / valid[-1][0]), "loss": "7.0"}
         lines.append(f"2026-01-01 00:00:00 | INFO | train_inner | {json.dumps(inner)}")
-        lines.append(f"2026-01-01 00:00:00 | INFO | valid | "
-                     f"{json.dumps({'valid_loss': str(loss), 'valid_num_updates': str(updates)})}")
+        lines.append(
+            f"2026-01-01 00:00:00 | INFO | valid | "
+            f"{json.dumps({'valid_loss': str(loss), 'valid_num_updates': str(updates)})}"
+        )
     summary = {"train_num_updates": str(valid[-1][0]), "train_wall": str(seconds)}  # the epoch's summary line
     lines.append(f"2026-01-01 00:00:00 | INFO | train | {json.dumps(summary)}")
     lines.append(f"2026-01-01 00:00:00 | INFO | fairseq_cli.train | done training in {seconds} seconds")
     (run / "train.log").write_text("\n".join(lines) + "\n")
-    (run / "params.txt").write_text(f"DeFINE 0.07M\ncontext 1.39M\ninput/output 0.50M\ntotal {total}M\n".replace(
-        " ", " " * 10))
+    (run / "params.txt").write_text(
+        f"DeFINE 0.07M\ncontext 1.39M\ninput/output 0.50M\ntotal {total}M\n".replace(" ", " " * 10)
+    )
     (run / "score").write_text(f"{score}\n")
 
 
@@ -72,8 +74,9 @@ def write_point(root, regime, model, seed, score, updates, seconds):
     point = root / "runs" / regime / f"{model}.s{seed}"
     point.mkdir(parents=True)
     train = root / "runs" / "train" / f"{model}.s{seed}"
-    (point / "point.json").write_text(json.dumps({"run": f"../../train/{model}.s{seed}", "updates": updates,
-                                                  "seconds": seconds}))
+    (point / "point.json").write_text(
+        json.dumps({"run": f"../../train/{model}.s{seed}", "updates": updates, "seconds": seconds})
+    )
     (point / "params.txt").write_text((train / "params.txt").read_text())
     (point / "score").write_text(f"{score}\n")
 

@@ -9,10 +9,10 @@ import warnings
 
 import pytest
 import torch
-
-import define_fairseq  # noqa: F401  (registers the models, tasks and criteria)
 from arch_cases import build_case
 from cuda_device import CUDA_TESTS, DEVICE, ON_CPU
+
+import define_fairseq  # noqa: F401  (registers the models, tasks and criteria)
 from define_fairseq.modules import LSTMStack, MogrifierLSTM, WeightDropLSTM
 
 pytestmark = CUDA_TESTS
@@ -66,8 +66,7 @@ def mogrifier_outputs_and_gradients(run, model, x, state, masks):
     out, new_state = run(x, state, masks=masks)
     finals = [t for hc in new_state for t in hc]
     g = torch.Generator().manual_seed(2)
-    loss = sum((t * torch.randn(t.shape, generator=g, dtype=torch.float64).to(t.device)).sum()
-               for t in [out, *finals])
+    loss = sum((t * torch.randn(t.shape, generator=g, dtype=torch.float64).to(t.device)).sum() for t in [out, *finals])
     leaves = [x, *[t for hc in state for t in hc], *model.parameters()]
     grads = torch.autograd.grad(loss, leaves, allow_unused=True)
     return [out, *finals, *[torch.zeros_like(leaf) if g is None else g for leaf, g in zip(leaves, grads)]]
@@ -89,8 +88,10 @@ def test_mogrifier_fast_path_equals_its_reference_in_float64(case, dropout):
     model = model.to(DEVICE, torch.float64).train(dropout)
     g = torch.Generator().manual_seed(3)
     x = torch.randn(B, T, 7, generator=g, dtype=torch.float64).to(DEVICE).requires_grad_()
-    state = [tuple(torch.randn(B, 5, generator=g, dtype=torch.float64).to(DEVICE).requires_grad_() for _ in "hc")
-             for _ in range(2)]
+    state = [
+        tuple(torch.randn(B, 5, generator=g, dtype=torch.float64).to(DEVICE).requires_grad_() for _ in "hc")
+        for _ in range(2)
+    ]
     masks = model.sample_dropout_masks(B, T, x) if dropout else None
     fast = mogrifier_outputs_and_gradients(model.forward, model, x, state, masks)
     reference = mogrifier_outputs_and_gradients(model.reference_forward, model, x, state, masks)
@@ -101,6 +102,7 @@ def test_mogrifier_fast_path_equals_its_reference_in_float64(case, dropout):
 
 
 # -- the fused LSTM layers run cuDNN ----------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("dtype", FUSED_DTYPES, ids=str)
 @pytest.mark.parametrize("weight_drop", [0.5, 0.0], ids=["weight drop", "no weight drop"])
@@ -145,8 +147,11 @@ def test_awd_lstm_model_runs_one_fused_call_per_layer(dtype, lm_data):
     model = model.to(DEVICE, dtype).train()
     layers = model.decoder.lstm.layers
     assert all(layer.weight_drop == 0.5 for layer in layers)
-    sample = next(task.get_batch_iterator(dataset=task.dataset("train"), max_sentences=cfg.dataset.batch_size,
-                                          seed=1).next_epoch_itr(shuffle=False))
+    sample = next(
+        task.get_batch_iterator(
+            dataset=task.dataset("train"), max_sentences=cfg.dataset.batch_size, seed=1
+        ).next_epoch_itr(shuffle=False)
+    )
     tokens = sample["net_input"]["src_tokens"].to(DEVICE)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -158,6 +163,7 @@ def test_awd_lstm_model_runs_one_fused_call_per_layer(dtype, lm_data):
 
 
 # -- MogrifierLSTM's plain-LSTM layers: the fused kernel --------------------------------------------------------
+
 
 def mogrifier_lstm(dtype=torch.float32):
     """Two layers that run the fused LSTM kernel (no rounds, no cap, no state dropout)."""
@@ -171,9 +177,14 @@ def test_mogrifier_plain_lstm_layers_run_one_fused_call_each():
     assert nodes.get(FUSED_LSTM_NODE, 0) == model.num_layers, nodes
 
 
-@pytest.mark.xfail(DEVICE.type == "cuda", strict=True, reason=(
-    "MogrifierLSTMLayer passes torch.lstm its weight_ih, weight_hh, bias and a fresh zero bias as four separate "
-    "tensors: cuDNN copies them into one buffer at every call and warns"))
+@pytest.mark.xfail(
+    DEVICE.type == "cuda",
+    strict=True,
+    reason=(
+        "MogrifierLSTMLayer passes torch.lstm its weight_ih, weight_hh, bias and a fresh zero bias as four separate "
+        "tensors: cuDNN copies them into one buffer at every call and warns"
+    ),
+)
 def test_mogrifier_plain_lstm_weights_are_one_chunk():
     model = mogrifier_lstm().train()
     x = torch.randn(B, T, 8, device=DEVICE, requires_grad=True)

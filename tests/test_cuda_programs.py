@@ -14,12 +14,12 @@ import re
 
 import pytest
 import torch
-
-import define_fairseq  # noqa: F401  (registers the models, tasks and criteria)
 from arch_cases import CASES, FAMILIES, LM, STATEFUL, build_case, case_argv
 from conftest import USER_DIR, needs_fairseq_eos_blocks, run_cli, run_module
 from cuda_device import CUDA_TESTS, DEVICE, DEVICE_FLAGS, ON_CPU, fp32_arithmetic
 from lm_helpers import check_generate_continues_a_prefix, eval_lm, load, log_probs, tokens_batch
+
+import define_fairseq  # noqa: F401  (registers the models, tasks and criteria)
 
 pytestmark = CUDA_TESTS
 
@@ -32,8 +32,11 @@ PRECISIONS = {
     "bf16": ("define_fairseq.tools.train", ["--bf16"]),
 }
 # what fairseq-train logs of its configuration for each
-CONFIGURED = {"fp16": ["'fp16': True"], "memory-efficient-fp16": ["'fp16': True", "'memory_efficient_fp16': True"],
-              "bf16": ["'bf16': True", "'tpu': False"]}
+CONFIGURED = {
+    "fp16": ["'fp16': True"],
+    "memory-efficient-fp16": ["'fp16': True", "'memory_efficient_fp16': True"],
+    "bf16": ["'bf16': True", "'tpu': False"],
+}
 UPDATES = 30
 EDGE = 5  # the losses compared at each end of the run
 TRAIN_INNER = re.compile(r"\| train_inner \| .*?\bloss=([^,\s]+).*?\bnum_updates=(\d+)")
@@ -61,10 +64,32 @@ def test_mixed_precision_training_lowers_the_loss(fam, precision, lm_data, trans
     0.1 bit)."""
     arch = FAMILIES[fam]
     program, flags = PRECISIONS[precision]
-    argv = case_argv(data_for(arch, lm_data, translation_data), arch, *batch_flags(fam), "--optimizer", "adam",
-                     "--lr", "0.005", "--max-update", UPDATES, "--no-save", "--disable-validation", "--save-dir",
-                     tmp_path, "--log-format", "simple", "--log-interval", "1", "--num-workers", "0", "--seed", "1",
-                     *DEVICE_FLAGS, *flags, stateful=fam in STATEFUL)
+    argv = case_argv(
+        data_for(arch, lm_data, translation_data),
+        arch,
+        *batch_flags(fam),
+        "--optimizer",
+        "adam",
+        "--lr",
+        "0.005",
+        "--max-update",
+        UPDATES,
+        "--no-save",
+        "--disable-validation",
+        "--save-dir",
+        tmp_path,
+        "--log-format",
+        "simple",
+        "--log-interval",
+        "1",
+        "--num-workers",
+        "0",
+        "--seed",
+        "1",
+        *DEVICE_FLAGS,
+        *flags,
+        stateful=fam in STATEFUL,
+    )
     if program == "fairseq-train":
         proc = run_cli(program, *argv)
     else:
@@ -99,13 +124,18 @@ def device_checkpoint(lm_data, translation_data, tmp_path_factory):
     def make(fam):
         if fam not in made:
             arch = FAMILIES[fam]
-            cfg, task, model = build_case(data_for(arch, lm_data, translation_data), arch, *batch_flags(fam),
-                                          optimizer=("adam", "0.005"))
+            cfg, task, model = build_case(
+                data_for(arch, lm_data, translation_data), arch, *batch_flags(fam), optimizer=("adam", "0.005")
+            )
             cfg.common.cpu = DEVICE.type == "cpu"
             trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
             assert next(trainer.model.parameters()).device.type == DEVICE.type
-            epochs = task.get_batch_iterator(dataset=task.dataset("train"), max_tokens=cfg.dataset.max_tokens,
-                                             max_sentences=cfg.dataset.batch_size, seed=1)
+            epochs = task.get_batch_iterator(
+                dataset=task.dataset("train"),
+                max_tokens=cfg.dataset.max_tokens,
+                max_sentences=cfg.dataset.batch_size,
+                seed=1,
+            )
             updates = 0
             while updates < CHECKPOINT_UPDATES:
                 for sample in itertools.islice(epochs.next_epoch_itr(), CHECKPOINT_UPDATES - updates):
@@ -138,11 +168,17 @@ def same_on_the_cpu(value, expected) -> bool:
     if isinstance(expected, torch.Tensor):
         return isinstance(value, torch.Tensor) and torch.equal(value, expected.cpu())
     if isinstance(expected, dict):
-        return (isinstance(value, dict) and value.keys() == expected.keys()
-                and all(same_on_the_cpu(value[k], expected[k]) for k in expected))
+        return (
+            isinstance(value, dict)
+            and value.keys() == expected.keys()
+            and all(same_on_the_cpu(value[k], expected[k]) for k in expected)
+        )
     if isinstance(expected, (list, tuple)):
-        return (isinstance(value, (list, tuple)) and len(value) == len(expected)
-                and all(same_on_the_cpu(v, e) for v, e in zip(value, expected)))
+        return (
+            isinstance(value, (list, tuple))
+            and len(value) == len(expected)
+            and all(same_on_the_cpu(v, e) for v, e in zip(value, expected))
+        )
     return value == expected
 
 
@@ -158,9 +194,9 @@ def fixed_batch_log_probs(model, arch, task, device):
 @pytest.mark.parametrize("fam", sorted(FAMILIES))
 def test_checkpoint_saved_on_the_gpu_loads_on_the_cpu(fam, device_checkpoint):
     """The checkpoint (with Adam's state) holds CPU tensors only (``torch.load`` without ``map_location`` reads it
-    on a machine without a GPU); fairseq's ``checkpoint_utils`` builds the model on the CPU with the very same weights, and it
-    gives the log-probabilities of the model on the device, within float32 rounding (log-probabilities of about
-    -4, computed in different orders)."""
+    on a machine without a GPU); fairseq's ``checkpoint_utils`` builds the model on the CPU with the very same
+    weights, and it gives the log-probabilities of the model on the device, within float32 rounding
+    (log-probabilities of about -4, computed in different orders)."""
     arch = FAMILIES[fam]
     path, device_model = device_checkpoint(fam)
     saved = torch.load(path, weights_only=False)
@@ -179,8 +215,13 @@ def test_checkpoint_saved_on_the_gpu_loads_on_the_cpu(fam, device_checkpoint):
 
 
 # Language models generate in fairseq's eos break mode, which numpy 2 breaks in fairseq (README, "Tested stacks").
-@pytest.mark.parametrize("fam", [pytest.param(fam, marks=needs_fairseq_eos_blocks) if CASES[FAMILIES[fam]][0] == LM
-                                 else fam for fam in sorted(FAMILIES)])
+@pytest.mark.parametrize(
+    "fam",
+    [
+        pytest.param(fam, marks=needs_fairseq_eos_blocks) if CASES[FAMILIES[fam]][0] == LM else fam
+        for fam in sorted(FAMILIES)
+    ],
+)
 def test_fairseq_generate_on_the_gpu(fam, lm_data, translation_data, device_checkpoint):
     """fairseq-generate with the GPU (beam 2) reads the GPU-saved checkpoint: a language model continues the first
     2 words of each valid sentence (``lm_helpers.check_generate_continues_a_prefix``); a translation model gives
@@ -190,9 +231,25 @@ def test_fairseq_generate_on_the_gpu(fam, lm_data, translation_data, device_chec
     if CASES[arch][0] == LM:
         check_generate_continues_a_prefix(lm_data, path, "--beam", "2", cpu=ON_CPU)
         return
-    proc = run_cli("fairseq-generate", translation_data, "--user-dir", USER_DIR, "--task", CASES[arch][0], "--path",
-                   path, *DEVICE_FLAGS, "--beam", "2", "--batch-size", "8", "--gen-subset", "test",
-                   "--required-batch-size-multiple", "1")
+    proc = run_cli(
+        "fairseq-generate",
+        translation_data,
+        "--user-dir",
+        USER_DIR,
+        "--task",
+        CASES[arch][0],
+        "--path",
+        path,
+        *DEVICE_FLAGS,
+        "--beam",
+        "2",
+        "--batch-size",
+        "8",
+        "--gen-subset",
+        "test",
+        "--required-batch-size-multiple",
+        "1",
+    )
     sources = re.findall(r"^S-\d+\t", proc.stdout, re.M)
     scores = [float(score) for score in re.findall(r"^H-\d+\t(\S+)\t", proc.stdout, re.M)]
     assert sources and len(scores) == len(sources)

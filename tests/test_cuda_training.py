@@ -11,12 +11,12 @@ from collections import Counter
 
 import pytest
 import torch
-
-import define_fairseq  # noqa: F401  (registers the models, tasks and criteria)
 from arch_cases import CASES, FAMILIES, LM, ONE_MORE_LAYER, build_case, family, registered_archs
 from cuda_device import CUDA_TESTS, DEVICE, assert_close_at_scale, counted_syncs, fp32_arithmetic, to_device
-from define_fairseq.modules import DeFINE
 from lm_helpers import check_incremental_decoding, tokens_batch
+
+import define_fairseq  # noqa: F401  (registers the models, tasks and criteria)
+from define_fairseq.modules import DeFINE
 
 pytestmark = CUDA_TESTS
 
@@ -40,8 +40,9 @@ def data_for(arch, lm_data, translation_data):
 
 
 def first_batches(cfg, task, count: int):
-    batches = task.get_batch_iterator(dataset=task.dataset("train"), max_tokens=cfg.dataset.max_tokens,
-                                      max_sentences=cfg.dataset.batch_size, seed=1).next_epoch_itr(shuffle=False)
+    batches = task.get_batch_iterator(
+        dataset=task.dataset("train"), max_tokens=cfg.dataset.max_tokens, max_sentences=cfg.dataset.batch_size, seed=1
+    ).next_epoch_itr(shuffle=False)
     return [next(batches) for _ in range(count)]
 
 
@@ -79,8 +80,7 @@ def test_training_steps_equal_the_cpu(arch, lm_data, translation_data):
     generator and the CPU's draw different masks from the same seed."""
     from fairseq import optim
 
-    cfg, task, model = build_case(data_for(arch, lm_data, translation_data), arch, dropout=False,
-                                  optimizer=("sgd", LR))
+    cfg, task, model = build_case(data_for(arch, lm_data, translation_data), arch, dropout=False, optimizer=("sgd", LR))
     samples = first_batches(cfg, task, 2)
     criterion = task.build_criterion(cfg.criterion)
     assert_without_dropout(model, criterion, samples[0])
@@ -118,6 +118,7 @@ def test_training_steps_equal_the_cpu(arch, lm_data, translation_data):
 
 # -- synchronising calls -----------------------------------------------------------------------------------------
 
+
 def doubled_in_time(sample):
     """``sample`` with every sequence the model reads step by step (the decoder's input and the target) written
     twice in a row: twice the time steps, the same tokens."""
@@ -126,8 +127,12 @@ def doubled_in_time(sample):
     net_input[key] = torch.cat([net_input[key]] * 2, dim=1)
     if key == "src_tokens" and "src_lengths" in net_input:
         net_input["src_lengths"] = net_input["src_lengths"] * 2
-    return {**sample, "net_input": net_input, "target": torch.cat([sample["target"]] * 2, dim=1),
-            "ntokens": 2 * sample["ntokens"]}
+    return {
+        **sample,
+        "net_input": net_input,
+        "target": torch.cat([sample["target"]] * 2, dim=1),
+        "ntokens": 2 * sample["ntokens"],
+    }
 
 
 def syncs_of_a_training_pass(model, criterion, sample):
@@ -168,10 +173,12 @@ def test_no_synchronisation_per_layer_or_time_step(arch, lm_data, translation_da
     assert len(longer) == len(base) and len(more_layers) == len(base), (
         f"{arch}: {len(base)} synchronising calls per training pass, {len(longer)} with twice the time steps, "
         f"{len(more_layers)} with one layer more; the extra ones at "
-        f"{sorted(((Counter(longer) | Counter(more_layers)) - Counter(base)).elements())}")
+        f"{sorted(((Counter(longer) | Counter(more_layers)) - Counter(base)).elements())}"
+    )
 
 
 # -- incremental decoding ----------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("fam", sorted(FAMILIES))
 def test_incremental_decoding_equals_the_full_pass(fam, lm_data, translation_data):

@@ -43,8 +43,10 @@ def closed_form_params(n, k, m, depth, g_max, variant):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("n,k,m,depth,g_max", [(128, 1024, 512, 3, 4), (256, 1024, 256, 3, 4),
-                                               (128, 1024, 400, 7, 4), (64, 512, 256, 4, 8), (32, 64, 48, 2, 2)])
+@pytest.mark.parametrize(
+    "n,k,m,depth,g_max",
+    [(128, 1024, 512, 3, 4), (256, 1024, 256, 3, 4), (128, 1024, 400, 7, 4), (64, 512, 256, 4, 8), (32, 64, 48, 2, 2)],
+)
 def test_parameter_count_matches_formula(variant, n, k, m, depth, g_max):
     unit = DeFINE(n, k, m, depth=depth, max_groups=g_max, variant=variant)
     assert sum(p.numel() for p in unit.parameters()) == closed_form_params(n, k, m, depth, g_max, variant)
@@ -54,11 +56,15 @@ def test_paper_base_layout():
     # WMT14 setting n=128, k=1024, m=512, N=3, g_max=4: groups 4, 2, 1 (Eq. 1), widths 576, 1024, then m.
     unit = DeFINE(128, 1024, 512, depth=3, max_groups=4)
     assert [(l.in_features, l.out_features, l.groups) for l in unit.layers] == [
-        (128, 576, 4), (128 + 576, 1024, 2), (128 + 1024, 512, 1)]
+        (128, 576, 4),
+        (128 + 576, 1024, 2),
+        (128 + 1024, 512, 1),
+    ]
 
 
 def literal_define(unit, e):
     """Re-computation of the DeFINE unit from the paper's description, group by group, with explicit loops."""
+
     def group_transform(x, layer):
         g = layer.groups
         xs = x.chunk(g, dim=-1)
@@ -101,7 +107,7 @@ def changed_groups(unit, e, chunk, chunks):
     hook = unit.layers[1].register_forward_hook(lambda mod, inp, out: outputs.append(out))
     perturbed = e.clone()
     width = e.shape[-1] // chunks
-    perturbed[..., chunk * width:(chunk + 1) * width] += 1.0
+    perturbed[..., chunk * width : (chunk + 1) * width] += 1.0
     with torch.no_grad():
         unit(e)
         unit(perturbed)
@@ -134,19 +140,22 @@ def test_projective_variant_is_one_bias_free_linear_map():
     torch.testing.assert_close(unit(e), e @ unit.layers[0].weight[0], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(n=64, k=1021, m=512, depth=3, max_groups=4), "k=1021: is not divisible by the 2 groups"),
-    (dict(n=64, k=1024, m=511, depth=2, max_groups=4), "m=511: is not divisible by the 2 groups"),
-    (dict(n=62, k=1024, m=512, depth=3, max_groups=4), "n=62: is not divisible by the 4 groups"),
-    (dict(n=64, k=1024, m=512, depth=3, max_groups=3), "max_groups=3: must be a power of two"),
-    (dict(n=2048, k=1024, m=512, depth=3, max_groups=4), "n=2048: is larger than the expansion width k=1024"),
-    (dict(n=64, k=1024, m=512, depth=1, max_groups=4), "depth=1: DeFINE needs at least 2 layers"),
-    (dict(n=64, k=1024, m=512, depth=3, max_groups=4, variant="shuffle"), "variant='shuffle': unknown"),
-    (dict(n=64, k=1024, m=512, depth=3, max_groups=4, activation="mish"), "activation='mish': unknown"),
-    (dict(n=64, k=1024, m=512, norm="batch"), "norm='batch': unknown"),
-    (dict(n=64, k=1024, m=512, init="xavier"), "init='xavier': unknown"),
-    (dict(n=64, k=1024, m=512, dropout=1.0), "dropout=1.0: a dropout probability"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(n=64, k=1021, m=512, depth=3, max_groups=4), "k=1021: is not divisible by the 2 groups"),
+        (dict(n=64, k=1024, m=511, depth=2, max_groups=4), "m=511: is not divisible by the 2 groups"),
+        (dict(n=62, k=1024, m=512, depth=3, max_groups=4), "n=62: is not divisible by the 4 groups"),
+        (dict(n=64, k=1024, m=512, depth=3, max_groups=3), "max_groups=3: must be a power of two"),
+        (dict(n=2048, k=1024, m=512, depth=3, max_groups=4), "n=2048: is larger than the expansion width k=1024"),
+        (dict(n=64, k=1024, m=512, depth=1, max_groups=4), "depth=1: DeFINE needs at least 2 layers"),
+        (dict(n=64, k=1024, m=512, depth=3, max_groups=4, variant="shuffle"), "variant='shuffle': unknown"),
+        (dict(n=64, k=1024, m=512, depth=3, max_groups=4, activation="mish"), "activation='mish': unknown"),
+        (dict(n=64, k=1024, m=512, norm="batch"), "norm='batch': unknown"),
+        (dict(n=64, k=1024, m=512, init="xavier"), "init='xavier': unknown"),
+        (dict(n=64, k=1024, m=512, dropout=1.0), "dropout=1.0: a dropout probability"),
+    ],
+)
 def test_impossible_configs_raise_naming_the_argument(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)) as error:
         DeFINE(**kwargs)

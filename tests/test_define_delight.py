@@ -6,16 +6,22 @@ import re
 
 import pytest
 import torch
+from conftest import USER_DIR, run_module
 
 from define_fairseq.modules.define_delight import DelightDeFINE, delight_groups, delight_layer_sizes
 
-from conftest import USER_DIR, run_module
 
-
-@pytest.mark.parametrize("depth,g_max,groups", [
-    (3, 4, [4, 2, 1]), (2, 4, [2, 1]), (7, 4, [1, 4, 2, 1, 4, 2, 1]), (11, 4, [2, 1, 4, 2, 1, 4, 2, 1, 4, 2, 1]),
-    (4, 8, [8, 4, 2, 1]), (3, 1, [1, 1, 1]),
-])
+@pytest.mark.parametrize(
+    "depth,g_max,groups",
+    [
+        (3, 4, [4, 2, 1]),
+        (2, 4, [2, 1]),
+        (7, 4, [1, 4, 2, 1, 4, 2, 1]),
+        (11, 4, [2, 1, 4, 2, 1, 4, 2, 1, 4, 2, 1]),
+        (4, 8, [8, 4, 2, 1]),
+        (3, 1, [1, 1, 1]),
+    ],
+)
 def test_group_schedule_doubles_up_to_the_maximum_and_wraps_from_the_last_layer(depth, g_max, groups):
     assert delight_groups(depth, g_max) == groups
 
@@ -41,13 +47,16 @@ def closed_form(n, k, m, depth, g_max):
     return total
 
 
-@pytest.mark.parametrize("n,k,m,depth,g_max,expected", [
-    (128, 1024, 512, 3, 4, 1_587_904),  # the WMT14 setting of the paper
-    (16, 64, 32, 3, 4, 6_732),
-    (256, 1024, 256, 3, 4, 809_696),  # Table 1a R3
-    (384, 1024, 384, 7, 4, 2_466_104),  # R4
-    (512, 1024, 512, 11, 4, 4_667_360),  # R5
-])
+@pytest.mark.parametrize(
+    "n,k,m,depth,g_max,expected",
+    [
+        (128, 1024, 512, 3, 4, 1_587_904),  # the WMT14 setting of the paper
+        (16, 64, 32, 3, 4, 6_732),
+        (256, 1024, 256, 3, 4, 809_696),  # Table 1a R3
+        (384, 1024, 384, 7, 4, 2_466_104),  # R4
+        (512, 1024, 512, 11, 4, 4_667_360),  # R5
+    ],
+)
 def test_parameter_count(n, k, m, depth, g_max, expected):
     unit = DelightDeFINE(n, k, m, depth=depth, max_groups=g_max)
     assert sum(p.numel() for p in unit.parameters()) == closed_form(n, k, m, depth, g_max) == expected
@@ -56,6 +65,7 @@ def test_parameter_count(n, k, m, depth, g_max, expected):
 def literal_delight(unit, e):
     """The authors' unit from its description, feature by feature: dense layers, group layers as separate matrix
     products per group, LayerNorm per group with the shared affine, swish, the input-first mixing."""
+
     def layer_norm(v, weight, bias):
         mu = v.mean(-1, keepdim=True)
         var = ((v - mu) ** 2).mean(-1, keepdim=True)
@@ -113,23 +123,39 @@ def test_activation_and_norm_options():
     assert bool((relu(e) >= 0).all()) and bool((plain(e) < 0).any())
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(n=16, k=64, m=31), "m=31: the authors' unit projects the table to m/2: the width m must be even"),
-    (dict(n=16, k=64, m=32, depth=1), "depth=1: "),
-    (dict(n=16, k=64, m=32, max_groups=3), "max_groups=3: "),
-    (dict(n=16, k=64, m=36, max_groups=4), "m=36: the authors' unit works at m/2 = 18"),
-    (dict(n=16, k=64, m=32, norm="layer"), "norm='layer': "),
-    (dict(n=16, k=64, m=32, activation="mish"), "activation='mish': "),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(n=16, k=64, m=31), "m=31: the authors' unit projects the table to m/2: the width m must be even"),
+        (dict(n=16, k=64, m=32, depth=1), "depth=1: "),
+        (dict(n=16, k=64, m=32, max_groups=3), "max_groups=3: "),
+        (dict(n=16, k=64, m=36, max_groups=4), "m=36: the authors' unit works at m/2 = 18"),
+        (dict(n=16, k=64, m=32, norm="layer"), "norm='layer': "),
+        (dict(n=16, k=64, m=32, activation="mish"), "activation='mish': "),
+    ],
+)
 def test_impossible_configs_raise_naming_the_argument(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)) as error:
         DelightDeFINE(**kwargs)
     assert "--" not in str(error.value)
 
 
-@pytest.mark.parametrize("arch,expected", [("lstm_lm_define_wt103_n3", "0.81"), ("lstm_lm_define_wt103_n7", "2.47"),
-                                           ("lstm_lm_define_wt103_n11", "4.67")])
+@pytest.mark.parametrize(
+    "arch,expected",
+    [("lstm_lm_define_wt103_n3", "0.81"), ("lstm_lm_define_wt103_n7", "2.47"), ("lstm_lm_define_wt103_n11", "4.67")],
+)
 def test_params_tool_reports_the_table_1a_counts(arch, expected):
-    out = run_module("define_fairseq.tools.params", "--vocab-size", "267735", "--user-dir", USER_DIR, "--task",
-                     "language_modeling", "--arch", arch, "--define-variant", "delight").stdout
+    out = run_module(
+        "define_fairseq.tools.params",
+        "--vocab-size",
+        "267735",
+        "--user-dir",
+        USER_DIR,
+        "--task",
+        "language_modeling",
+        "--arch",
+        arch,
+        "--define-variant",
+        "delight",
+    ).stdout
     assert f"DeFINE {expected}M" in " ".join(out.split())

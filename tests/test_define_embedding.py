@@ -54,8 +54,9 @@ def test_eval_table_equals_per_token_computation_and_follows_weight_changes():
     # constant added to a group's weights only shifts its outputs equally, which the per-group LayerNorm removes.)
     emb.train()
     with torch.no_grad():
-        emb.define.layers[0].weight.add_(0.5 * torch.randn(emb.define.layers[0].weight.shape,
-                                                            generator=torch.Generator().manual_seed(1)))
+        emb.define.layers[0].weight.add_(
+            0.5 * torch.randn(emb.define.layers[0].weight.shape, generator=torch.Generator().manual_seed(1))
+        )
     emb.eval()
     with torch.no_grad():
         after = emb(tokens())

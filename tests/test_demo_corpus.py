@@ -20,8 +20,9 @@ REAL_LOCALE_DIR = "/usr/share/locale/de/LC_MESSAGES"
 
 def mo_bytes(entries, byteorder="<"):
     """A compiled gettext catalog holding ``entries`` ((msgid, msgstr) str or bytes), sorted as msgfmt does."""
-    encoded = sorted((k.encode() if isinstance(k, str) else k, v.encode() if isinstance(v, str) else v)
-                     for k, v in entries)
+    encoded = sorted(
+        (k.encode() if isinstance(k, str) else k, v.encode() if isinstance(v, str) else v) for k, v in entries
+    )
     n = len(entries)
     originals, translations = 28, 28 + 8 * n
     offset = translations + 8 * n
@@ -44,7 +45,10 @@ HEADER = ("", "Project-Id-Version: demo\nContent-Type: text/plain; charset=UTF-8
 
 
 def many_pairs(count, start=0):
-    return [(f"Cannot open file number {i}", f"Datei Nummer {i} kann nicht geöffnet werden") for i in range(start, start + count)]
+    return [
+        (f"Cannot open file number {i}", f"Datei Nummer {i} kann nicht geöffnet werden")
+        for i in range(start, start + count)
+    ]
 
 
 @pytest.mark.parametrize("byteorder", ["<", ">"])
@@ -76,11 +80,13 @@ def test_catalog_pairs_rules():
         ("Short", "Wort " * 51),  # translation over MAX_WORDS
     ]
     pairs = list(catalog_pairs(parse_mo(mo_bytes(entries))))
-    assert sorted(pairs) == sorted([
-        ("Open", "Öffnen"),
-        ("%d file", "%d Datei"),
-        ("Line one line two", "Zeile eins Zeile zwei"),
-    ])
+    assert sorted(pairs) == sorted(
+        [
+            ("Open", "Öffnen"),
+            ("%d file", "%d Datei"),
+            ("Line one line two", "Zeile eins Zeile zwei"),
+        ]
+    )
     # 50 words is still fine
     assert list(catalog_pairs([(("w " * 50).encode(), b"Wort")])) == [(" ".join(["w"] * 50), "Wort")]
 
@@ -147,8 +153,9 @@ def test_build_corpus_deterministic_and_order_independent(tmp_path, monkeypatch)
         for e, d in zip(en, de):
             assert e.split()[-1] == d.split()[2]  # the number matches
         english[split] = set(en)
-    assert not (english["train"] & english["valid"] or english["train"] & english["test"]
-                or english["valid"] & english["test"])
+    assert not (
+        english["train"] & english["valid"] or english["train"] & english["test"] or english["valid"] & english["test"]
+    )
     assert not [n for n in os.listdir(tmp_path / "out1") if n.endswith(".tmp")]
 
 
@@ -193,10 +200,13 @@ def test_main_exits_with_the_message(tmp_path, capsys):
 def test_real_catalogs(tmp_path):
     counts = build_corpus(str(tmp_path), REAL_LOCALE_DIR)
     assert sum(counts.values()) >= 10000
-    english = {split: set((tmp_path / f"{split}.en").read_text(encoding="utf-8").splitlines())
-               for split in ("train", "valid", "test")}
+    english = {
+        split: set((tmp_path / f"{split}.en").read_text(encoding="utf-8").splitlines())
+        for split in ("train", "valid", "test")
+    }
     assert all(len(english[s]) == counts[s] for s in english)
-    assert not (english["train"] & english["valid"] or english["train"] & english["test"]
-                or english["valid"] & english["test"])
+    assert not (
+        english["train"] & english["valid"] or english["train"] & english["test"] or english["valid"] & english["test"]
+    )
     for split in english:
         assert sum(1 for _ in open(tmp_path / f"{split}.de", encoding="utf-8")) == counts[split]

@@ -10,12 +10,20 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import run_module
+
 from define_fairseq.modules.char2subword import CONTINUES_CHAR, WORD_START_CHAR
 from define_fairseq.tools.distill_c2s import (
-    LOSS_TERMS, approximation_losses, approximation_metrics, load_distilled, main, nearest_neighbours,
-    noisy_samples, single_edit, symbols_md5)
+    LOSS_TERMS,
+    approximation_losses,
+    approximation_metrics,
+    load_distilled,
+    main,
+    nearest_neighbours,
+    noisy_samples,
+    single_edit,
+    symbols_md5,
+)
 
 TOOL = "define_fairseq.tools.distill_c2s"
 PREFIXES = ["con", "pre", "trans", "inter", "re", "un"]
@@ -23,8 +31,18 @@ STEMS = ["act", "form", "port", "view", "duct", "fer", "mit", "tend"]
 # 48 words with shared prefixes and stems, and the 8 stems as word-initial subword-nmt pieces: 56 + 4 specials
 SYMBOLS = [p + s for p in PREFIXES for s in STEMS] + [s + "@@" for s in STEMS]
 DIM = 16
-SMALL_C2S = ["--c2s-char-dim", "32", "--c2s-layers", "1", "--c2s-heads", "2", "--c2s-ffn-dim", "64",
-             "--c2s-max-chars", "12"]
+SMALL_C2S = [
+    "--c2s-char-dim",
+    "32",
+    "--c2s-layers",
+    "1",
+    "--c2s-heads",
+    "2",
+    "--c2s-ffn-dim",
+    "64",
+    "--c2s-max-chars",
+    "12",
+]
 
 
 # -- plain re-computations -------------------------------------------------------------------------------------
@@ -49,8 +67,13 @@ def test_each_loss_term_matches_a_plain_recomputation():
     P, T, E = pred.tolist(), target.tolist(), table.tolist()
     cos = sum(1 - _cos(p, t) for p, t in zip(P, T)) / 3
     l2 = sum(math.sqrt(sum((x - y) ** 2 for x, y in zip(p, t))) for p, t in zip(P, T)) / 3  # not squared
-    nbr = sum(sum(((1 - _cos(t, E[j])) - (1 - _cos(p, E[j]))) ** 2 for j in ids) / len(ids)
-              for p, t, ids in zip(P, T, neighbour_ids)) / 3
+    nbr = (
+        sum(
+            sum(((1 - _cos(t, E[j])) - (1 - _cos(p, E[j]))) ** 2 for j in ids) / len(ids)
+            for p, t, ids in zip(P, T, neighbour_ids)
+        )
+        / 3
+    )
     ce = 0.0
     for p, y in zip(P, labels.tolist()):
         logits = [sum(a * b for a, b in zip(p, row)) for row in E]
@@ -130,11 +153,41 @@ def checkpoint(tmp_path_factory) -> Path:
     (data / "dict.en.txt").write_text(lines)
     (data / "dict.de.txt").write_text(lines)
     parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, [
-        str(data), "--task", "translation", "-s", "en", "-t", "de", "--arch", "transformer",
-        "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", str(DIM), "--decoder-embed-dim",
-        str(DIM), "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32", "--encoder-attention-heads",
-        "2", "--decoder-attention-heads", "2", "--optimizer", "adam", "--lr", "0.001", "--cpu"])
+    args = options.parse_args_and_arch(
+        parser,
+        [
+            str(data),
+            "--task",
+            "translation",
+            "-s",
+            "en",
+            "-t",
+            "de",
+            "--arch",
+            "transformer",
+            "--encoder-layers",
+            "1",
+            "--decoder-layers",
+            "1",
+            "--encoder-embed-dim",
+            str(DIM),
+            "--decoder-embed-dim",
+            str(DIM),
+            "--encoder-ffn-embed-dim",
+            "32",
+            "--decoder-ffn-embed-dim",
+            "32",
+            "--encoder-attention-heads",
+            "2",
+            "--decoder-attention-heads",
+            "2",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "0.001",
+            "--cpu",
+        ],
+    )
     cfg = convert_namespace_to_omegaconf(args)
     task = tasks.setup_task(cfg.task)
     model = task.build_model(cfg.model)
@@ -151,8 +204,14 @@ def checkpoint(tmp_path_factory) -> Path:
         "cfg": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
         "model": model.state_dict(),
         "criterion": None,
-        "optimizer_history": [{"criterion_name": "CrossEntropyCriterion", "optimizer_name": "FairseqAdam",
-                               "lr_scheduler_state": {"best": None}, "num_updates": 2}],
+        "optimizer_history": [
+            {
+                "criterion_name": "CrossEntropyCriterion",
+                "optimizer_name": "FairseqAdam",
+                "lr_scheduler_state": {"best": None},
+                "num_updates": 2,
+            }
+        ],
         "task_state": {},
         "extra_state": {"train_iterator": {"epoch": 1}},
         "last_optimizer_state": None,
@@ -177,8 +236,9 @@ def _near_ties(pred, table, k, eps=1e-5):
     of a tie, and so may go either way with a forward that rounds differently (the command predicts in batches,
     the eval-mode table all at once: float32 cosines a few 1e-8 apart). Top-1: rows whose own entry and best other
     entry are that close; top-k: per row, the other entries that close to the k-th best other one."""
-    sim = torch.nn.functional.normalize(pred.double(), dim=-1) @ torch.nn.functional.normalize(table.double(),
-                                                                                             dim=-1).t()
+    sim = (
+        torch.nn.functional.normalize(pred.double(), dim=-1) @ torch.nn.functional.normalize(table.double(), dim=-1).t()
+    )
     own = sim.diagonal().clone()
     sim.fill_diagonal_(float("-inf"))
     top1 = int(((own - sim.max(dim=1).values).abs() < eps).sum())
@@ -189,8 +249,25 @@ def _near_ties(pred, table, k, eps=1e-5):
 
 def test_distill_lowers_the_loss_and_the_output_reloads(checkpoint, tmp_path):
     out = tmp_path / "c2s.pt"
-    proc = run_module(TOOL, "--checkpoint", checkpoint, "--output", out, "--neighbours", "5", "--epochs", "40",
-                      "--batch-size", "32", "--lr", "0.01", "--noise-rate", "0.3", "--cpu", *SMALL_C2S)
+    proc = run_module(
+        TOOL,
+        "--checkpoint",
+        checkpoint,
+        "--output",
+        out,
+        "--neighbours",
+        "5",
+        "--epochs",
+        "40",
+        "--batch-size",
+        "32",
+        "--lr",
+        "0.01",
+        "--noise-rate",
+        "0.3",
+        "--cpu",
+        *SMALL_C2S,
+    )
     lines = proc.stdout.splitlines()
     epochs = [_terms(line) for line in lines if line.startswith("epoch ")]
     before = _terms(next(line for line in lines if line.startswith("before |")))
@@ -248,8 +325,19 @@ def test_bad_neighbours_and_a_side_without_table(checkpoint, tmp_path):
     out = str(tmp_path / "out.pt")
     regular = len(SYMBOLS)
     with pytest.raises(ValueError, match=f"--neighbours {regular}: must be between 1 and {regular - 1}"):
-        main(["--checkpoint", str(checkpoint), "--output", out, "--neighbours", str(regular), "--epochs", "0",
-              *SMALL_C2S])
+        main(
+            [
+                "--checkpoint",
+                str(checkpoint),
+                "--output",
+                out,
+                "--neighbours",
+                str(regular),
+                "--epochs",
+                "0",
+                *SMALL_C2S,
+            ]
+        )
     with torch.serialization.safe_globals([argparse.Namespace]):
         state = torch.load(checkpoint, weights_only=True)
     del state["model"]["decoder.embed_tokens.weight"]
@@ -264,9 +352,9 @@ def test_bad_neighbours_and_a_side_without_table(checkpoint, tmp_path):
 
 
 def test_c2s_checkpoint_gives_transformer_c2s_the_model_with_the_module_for_the_table(checkpoint, tmp_path):
+    from conftest import USER_DIR
     from fairseq import checkpoint_utils, tasks
 
-    from conftest import USER_DIR
     from define_fairseq.tools import c2s_checkpoint
     from define_fairseq.tools.params import setup_from_train_args
 
@@ -278,8 +366,22 @@ def test_c2s_checkpoint_gives_transformer_c2s_the_model_with_the_module_for_the_
     data, checkpoint = checkpoint.parent, tmp_path / checkpoint.name
     torch.save(saved, checkpoint)
     module_path, start = tmp_path / "c2s.pt", tmp_path / "start.pt"
-    main(["--checkpoint", str(checkpoint), "--output", str(module_path), "--epochs", "2", "--batch-size", "16",
-          "--lr", "0.01", "--cpu", *SMALL_C2S])
+    main(
+        [
+            "--checkpoint",
+            str(checkpoint),
+            "--output",
+            str(module_path),
+            "--epochs",
+            "2",
+            "--batch-size",
+            "16",
+            "--lr",
+            "0.01",
+            "--cpu",
+            *SMALL_C2S,
+        ]
+    )
     c2s_checkpoint.main(["--checkpoint", str(checkpoint), "--c2s", str(module_path), "--output", str(start)])
     assert not Path(str(start) + ".tmp").exists()
 
@@ -290,17 +392,48 @@ def test_c2s_checkpoint_gives_transformer_c2s_the_model_with_the_module_for_the_
     reference = task.build_model(state["cfg"].model)
     reference.load_state_dict(state["model"])
     reference.encoder.embed_tokens = load_distilled(str(module_path), task.source_dictionary)
-    assert reference.encoder.embed_tokens.output_scale == pytest.approx(3 * DIM ** -0.5, rel=1e-3)  # E's scale
+    assert reference.encoder.embed_tokens.output_scale == pytest.approx(3 * DIM**-0.5, rel=1e-3)  # E's scale
 
     # transformer_c2s as fairseq-train builds it, loaded (strictly) from the written start
-    _, _, model = setup_from_train_args([
-        str(data), "--user-dir", USER_DIR, "--task", "translation_c2s", "-s", "en", "-t", "de",
-        "--arch", "transformer_c2s", "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim",
-        str(DIM), "--decoder-embed-dim", str(DIM), "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
-        "--encoder-attention-heads", "2", "--decoder-attention-heads", "2", *SMALL_C2S, "--optimizer", "adam",
-        "--lr", "0.001", "--cpu"])
+    _, _, model = setup_from_train_args(
+        [
+            str(data),
+            "--user-dir",
+            USER_DIR,
+            "--task",
+            "translation_c2s",
+            "-s",
+            "en",
+            "-t",
+            "de",
+            "--arch",
+            "transformer_c2s",
+            "--encoder-layers",
+            "1",
+            "--decoder-layers",
+            "1",
+            "--encoder-embed-dim",
+            str(DIM),
+            "--decoder-embed-dim",
+            str(DIM),
+            "--encoder-ffn-embed-dim",
+            "32",
+            "--decoder-ffn-embed-dim",
+            "32",
+            "--encoder-attention-heads",
+            "2",
+            "--decoder-attention-heads",
+            "2",
+            *SMALL_C2S,
+            "--optimizer",
+            "adam",
+            "--lr",
+            "0.001",
+            "--cpu",
+        ]
+    )
     model.load_state_dict(checkpoint_utils.load_checkpoint_to_cpu(str(start))["model"], strict=True)
-    assert model.encoder.embed_tokens.output_scale == pytest.approx(DIM ** -0.5)
+    assert model.encoder.embed_tokens.output_scale == pytest.approx(DIM**-0.5)
 
     reference.eval()
     model.eval()
@@ -323,21 +456,45 @@ def test_c2s_checkpoint_refuses_a_decoder_module_and_names_missing_files(checkpo
     from define_fairseq.tools import c2s_checkpoint
 
     decoder_module = tmp_path / "decoder.pt"
-    main(["--checkpoint", str(checkpoint), "--output", str(decoder_module), "--side", "decoder", "--epochs", "0",
-          "--cpu", *SMALL_C2S])
+    main(
+        [
+            "--checkpoint",
+            str(checkpoint),
+            "--output",
+            str(decoder_module),
+            "--side",
+            "decoder",
+            "--epochs",
+            "0",
+            "--cpu",
+            *SMALL_C2S,
+        ]
+    )
     out = tmp_path / "start.pt"
     with pytest.raises(ValueError, match="distilled from a decoder table"):
         c2s_checkpoint.main(["--checkpoint", str(checkpoint), "--c2s", str(decoder_module), "--output", str(out)])
     with pytest.raises(FileNotFoundError, match="no_such.pt: no such file"):
-        c2s_checkpoint.main(["--checkpoint", str(checkpoint), "--c2s", str(tmp_path / "no_such.pt"),
-                             "--output", str(out)])
+        c2s_checkpoint.main(
+            ["--checkpoint", str(checkpoint), "--c2s", str(tmp_path / "no_such.pt"), "--output", str(out)]
+        )
     with pytest.raises(FileNotFoundError, match="--output .*the directory .* does not exist"):
-        c2s_checkpoint.main(["--checkpoint", str(checkpoint), "--c2s", str(decoder_module),
-                             "--output", str(tmp_path / "no_such_dir" / "start.pt")])
+        c2s_checkpoint.main(
+            [
+                "--checkpoint",
+                str(checkpoint),
+                "--c2s",
+                str(decoder_module),
+                "--output",
+                str(tmp_path / "no_such_dir" / "start.pt"),
+            ]
+        )
     assert not out.exists()
     # a table whose shape is not the module's: the swap is refused, naming the checkpoint
     module = load_distilled(str(decoder_module), _dictionary(checkpoint))
     state = {"model": {c2s_checkpoint.TABLE_KEY: torch.zeros(module.num_embeddings, module.embedding_dim + 1)}}
-    with pytest.raises(ValueError, match=r"--checkpoint ck\.pt: encoder\.embed_tokens\.weight is \(.*\) but the "
-                                         r"module embeds"):
+    with pytest.raises(
+        ValueError,
+        match=r"--checkpoint ck\.pt: encoder\.embed_tokens\.weight is \(.*\) but the "
+        r"module embeds",
+    ):
         c2s_checkpoint.swap_in(state, module, "ck.pt")

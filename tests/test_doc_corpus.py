@@ -8,7 +8,22 @@ from define_fairseq.tools.doc_corpus import SOURCES, build_corpus, main, page_pa
 
 def test_tokens_keep_names_numbers_and_contractions_and_split_punctuation():
     assert tokenise("Call os.path.join() in 3.11, don't use the read-only “x”.") == [
-        "Call", "os.path.join", "(", ")", "in", "3.11", ",", "don't", "use", "the", "read-only", "“", "x", "”", "."]
+        "Call",
+        "os.path.join",
+        "(",
+        ")",
+        "in",
+        "3.11",
+        ",",
+        "don't",
+        "use",
+        "the",
+        "read-only",
+        "“",
+        "x",
+        "”",
+        ".",
+    ]
 
 
 def write(path, text):
@@ -18,15 +33,22 @@ def write(path, text):
 
 def test_paragraphs_are_p_and_div_para_outside_code(tmp_path):
     page = tmp_path / "a.html"
-    write(page, """<html><body><h1>Title ¶</h1>
+    write(
+        page,
+        """<html><body><h1>Title ¶</h1>
 <p>The <code>open()</code> function &amp; its   arguments.</p>
 <pre>x = open("f")</pre><script>var p = "<p>no</p>";</script>
 <div class="para">Outer <p>inner</p> end.</div>
 <div class="note">Not a paragraph.</div>
 <p>Unclosed one<p>and the next
-</body></html>""")
-    assert page_paragraphs(str(page)) == ["The open() function & its arguments.", "Outer inner end.",
-                                          "Unclosed one", "and the next"]
+</body></html>""",
+    )
+    assert page_paragraphs(str(page)) == [
+        "The open() function & its arguments.",
+        "Outer inner end.",
+        "Unclosed one",
+        "and the next",
+    ]
 
 
 @pytest.mark.parametrize("html", ["<p>last words", '<div class="para"><div>last words', "<div><p>last <b>words"])
@@ -47,8 +69,10 @@ def manuals(root, pages):
 
 def test_corpus_splits_pages_deduplicates_and_drops_short_lines(tmp_path):
     words = [f"w{i}" for i in range(40)]
-    pages = [[" ".join(words[j % 40] for j in range(i, i + 6)), "Copyright the authors, 2023.", "Too short."]
-             for i in range(120)]
+    pages = [
+        [" ".join(words[j % 40] for j in range(i, i + 6)), "Copyright the authors, 2023.", "Too short."]
+        for i in range(120)
+    ]
     manuals(tmp_path / "root", pages)
     counts = build_corpus(str(tmp_path / "root"), str(tmp_path / "out"), min_train_tokens=1, min_vocabulary=1)
     lines = {s: (tmp_path / "out" / f"{s}.txt").read_text(encoding="utf-8").splitlines() for s in counts}

@@ -1,11 +1,10 @@
 """equal_params: the largest size within another model's parameter count."""
 
 import pytest
+from conftest import TINY_MODEL
 
 import define_fairseq  # noqa: F401  (registers the models)
 from define_fairseq.tools.equal_params import count, largest_within, main
-
-from conftest import TINY_MODEL
 
 
 def test_largest_within_is_the_last_size_inside_the_budget():
@@ -23,8 +22,20 @@ def test_a_range_that_misses_the_answer_names_the_bound(low, high, flag):
 
 
 def test_projective_n_at_defines_count(translation_data, capsys):
-    common = [str(translation_data), "--user-dir", "define_fairseq", "--arch", "transformer_define_iwslt_de_en",
-              *TINY_MODEL, "--share-all-embeddings", "--optimizer", "adam", "--lr", "0.001", "--cpu"]
+    common = [
+        str(translation_data),
+        "--user-dir",
+        "define_fairseq",
+        "--arch",
+        "transformer_define_iwslt_de_en",
+        *TINY_MODEL,
+        "--share-all-embeddings",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "0.001",
+        "--cpu",
+    ]
     main(["--budget", "--define-n 16", "--size", "--define-variant projective --define-n {}", "--", *common])
     n, total, budget = map(int, capsys.readouterr().out.split("\t"))
     assert budget == count(common + ["--define-n", "16"])

@@ -7,7 +7,6 @@ import re
 import subprocess
 
 import pytest
-
 from conftest import BIN, REPO, write_tiny_corpus
 
 # Minutes each: `make test` leaves them out, `make test-all` and CI (.ci/run) run them.
@@ -33,8 +32,23 @@ def toy_corpus(tmp_path_factory):
 
 def test_translation_compare_writes_its_table_and_curves(toy_corpus, tmp_path):
     out = tmp_path / "out"
-    run_script("examples/translation/compare.sh", "-o", out, "-s", 2, "-u", 40, "-L", 60, "-i", 20,
-               "-m", "baseline define", "-c", toy_corpus)
+    run_script(
+        "examples/translation/compare.sh",
+        "-o",
+        out,
+        "-s",
+        2,
+        "-u",
+        40,
+        "-L",
+        60,
+        "-i",
+        20,
+        "-m",
+        "baseline define",
+        "-c",
+        toy_corpus,
+    )
     results = (out / "results.md").read_text()
     rows = {m: line for line in results.splitlines() for m in ("baseline", "define") if line.startswith(f"| `{m}`")}
     assert set(rows) == {"baseline", "define"}
@@ -55,8 +69,9 @@ def test_translation_compare_writes_its_table_and_curves(toy_corpus, tmp_path):
 
 
 def test_translation_compare_refuses_an_unknown_model_and_a_missing_corpus_file(toy_corpus, tmp_path):
-    proc = run_script("examples/translation/compare.sh", "-o", tmp_path / "a", "-m", "baseline transformer",
-                      check=False)
+    proc = run_script(
+        "examples/translation/compare.sh", "-o", tmp_path / "a", "-m", "baseline transformer", check=False
+    )
     assert proc.returncode == 2 and "unknown model 'transformer'" in proc.stderr
     partial = tmp_path / "partial"
     partial.mkdir()
@@ -68,16 +83,31 @@ def test_translation_compare_refuses_an_unknown_model_and_a_missing_corpus_file(
 
 def test_language_model_compare_writes_its_table_and_curves(toy_corpus, tmp_path):
     out = tmp_path / "out"
-    run_script("examples/language_model/compare.sh", "-o", out, "-s", 2, "-u", 20, "-i", 10,
-               "-m", "transformer_lm transformer_lm_define lstm_adaptive", "-c", toy_corpus)
+    run_script(
+        "examples/language_model/compare.sh",
+        "-o",
+        out,
+        "-s",
+        2,
+        "-u",
+        20,
+        "-i",
+        10,
+        "-m",
+        "transformer_lm transformer_lm_define lstm_adaptive",
+        "-c",
+        toy_corpus,
+    )
     rows = [line for line in (out / "results.md").read_text().splitlines() if line.startswith("| `")]
     assert [row.split("`")[1] for row in rows] == ["transformer_lm", "transformer_lm_define", "lstm_adaptive"]
     number = r"\d+\.\d\d"
     for row in rows:  # test perplexity mean ± spread (two seeds) at equal updates and at equal time
         assert len(re.findall(rf"\| {number} ± {number} \({number}, {number}\) \|", row)) == 2, row
+
     # each family's equal time is its own baseline's: the baselines' two points are one checkpoint
     def point(regime, name):
         return json.loads((out / "runs" / regime / f"{name}.s1" / "point.json").read_text())
+
     assert point("updates", "lstm_adaptive")["updates"] == point("time", "lstm_adaptive")["updates"] == 20
     assert point("time", "transformer_lm_define")["seconds"] <= point("updates", "transformer_lm")["seconds"]
     assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
@@ -92,10 +122,27 @@ def test_transformer_xl_compare_puts_the_projective_input_at_defines_count(tmp_p
         text = "".join(" ".join(f"w{rng.randrange(400)}" for _ in range(12)) + "\n" for _ in range(lines))
         (corpus / f"{split}.txt").write_text(text)
     out = tmp_path / "out"
-    run_script("examples/transformer_xl/compare.sh", "-o", out, "-s", 1, "-u", 20, "-i", 10, "-T",
-               "-m", "projective define projective_eq", "-x", "--define-k 64", "-c", corpus)
-    rows = {line.split("`")[1]: line for line in (out / "results.md").read_text().splitlines()
-            if line.startswith("| `")}
+    run_script(
+        "examples/transformer_xl/compare.sh",
+        "-o",
+        out,
+        "-s",
+        1,
+        "-u",
+        20,
+        "-i",
+        10,
+        "-T",
+        "-m",
+        "projective define projective_eq",
+        "-x",
+        "--define-k 64",
+        "-c",
+        corpus,
+    )
+    rows = {
+        line.split("`")[1]: line for line in (out / "results.md").read_text().splitlines() if line.startswith("| `")
+    }
     assert list(rows) == ["projective", "define", "projective_eq"]
     assert all(re.search(r"\| \d+\.\d\d \(\d+\.\d\d\) \|", row) for row in rows.values()), rows
     n, projective_eq, define = map(int, (out / "projective_eq").read_text().splitlines()[0].split("\t"))

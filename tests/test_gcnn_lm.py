@@ -6,37 +6,82 @@ import re
 
 import pytest
 import torch
+from conftest import USER_DIR, needs_fairseq_eos_blocks, run_cli
+from lm_helpers import (
+    check_beam_search_scores,
+    check_generate_continues_a_prefix,
+    check_incremental_decoding,
+    load,
+    log_probs,
+    tokens_batch,
+)
 
 import define_fairseq  # noqa: F401  (registers the models, tasks and criteria)
 from define_fairseq.models import gcnn_lm
 from define_fairseq.modules.gated_conv import (
-    ACTIVATIONS, CausalConv1d, GatedConvLayer, GatedConvStack, parse_layer_spec, receptive_field)
+    ACTIVATIONS,
+    CausalConv1d,
+    GatedConvLayer,
+    GatedConvStack,
+    parse_layer_spec,
+    receptive_field,
+)
 from define_fairseq.tools.params import parameter_breakdown, setup_from_train_args
-from conftest import USER_DIR, needs_fairseq_eos_blocks, run_cli
-from lm_helpers import (check_beam_search_scores, check_generate_continues_a_prefix, check_incremental_decoding, load,
-                        log_probs, tokens_batch)
 
 WT103_VOCAB = 267_735
 TINY = ["--decoder-embed-dim", "16", "--gcnn-layers", "[(16, 3)] * 2 + [[(8, 1), (8, 3), (24, 1)]]"]
 ADAPTIVE = ["--adaptive-softmax-cutoff", "20,40", "--criterion", "adaptive_loss", "--ddp-backend", "legacy_ddp"]
-COMMON = ["--optimizer", "nag", "--lr", "0.5", "--clip-norm", "0.1", "--cpu", "--num-workers", "0",
-          "--no-progress-bar", "--log-format", "simple", "--seed", "1"]
+COMMON = [
+    "--optimizer",
+    "nag",
+    "--lr",
+    "0.5",
+    "--clip-norm",
+    "0.1",
+    "--cpu",
+    "--num-workers",
+    "0",
+    "--no-progress-bar",
+    "--log-format",
+    "simple",
+    "--seed",
+    "1",
+]
 
 
 def parsed_model(data, arch, *flags):
-    return setup_from_train_args([str(data), "--user-dir", USER_DIR, "--task", "language_modeling", "--arch", arch,
-                                  *flags, "--optimizer", "nag", "--lr", "1", "--cpu"])
+    return setup_from_train_args(
+        [
+            str(data),
+            "--user-dir",
+            USER_DIR,
+            "--task",
+            "language_modeling",
+            "--arch",
+            arch,
+            *flags,
+            "--optimizer",
+            "nag",
+            "--lr",
+            "1",
+            "--cpu",
+        ]
+    )
 
 
 # -- the layer specification -------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("spec,blocks,convs,field", [
-    (gcnn_lm.GCNN_8, 8, 8, 25),
-    (gcnn_lm.GCNN_14, 14, 14, 47),
-    (gcnn_lm.GCNN_13, 13, 13, 40),
-    (gcnn_lm.GCNN_8B, 8, 22, 25),
-    (gcnn_lm.GCNN_14B, 14, 40, 57),
-])
+
+@pytest.mark.parametrize(
+    "spec,blocks,convs,field",
+    [
+        (gcnn_lm.GCNN_8, 8, 8, 25),
+        (gcnn_lm.GCNN_14, 14, 14, 47),
+        (gcnn_lm.GCNN_13, 13, 13, 40),
+        (gcnn_lm.GCNN_8B, 8, 22, 25),
+        (gcnn_lm.GCNN_14B, 14, 40, 57),
+    ],
+)
 def test_arch_tables_give_the_papers_depths_and_receptive_fields(spec, blocks, convs, field):
     parsed = parse_layer_spec(spec)
     assert len(parsed) == blocks and sum(len(b) for b in parsed) == convs
@@ -44,22 +89,28 @@ def test_arch_tables_give_the_papers_depths_and_receptive_fields(spec, blocks, c
 
 
 def test_spec_forms():
-    assert parse_layer_spec("[(8, 3)] * 2 + [[(4, 1), (4, 3), (8, 1)]]") == [[(8, 3)], [(8, 3)],
-                                                                            [(4, 1), (4, 3), (8, 1)]]
+    assert parse_layer_spec("[(8, 3)] * 2 + [[(4, 1), (4, 3), (8, 1)]]") == [
+        [(8, 3)],
+        [(8, 3)],
+        [(4, 1), (4, 3), (8, 1)],
+    ]
     assert parse_layer_spec([(8, 3), [(4, 1), (8, 1)]]) == [[(8, 3)], [(4, 1), (8, 1)]]
     assert parse_layer_spec("(8, 2)") == [[(8, 2)]]
 
 
-@pytest.mark.parametrize("spec,message", [
-    ("[(8, 0)]", "kernel width 0"),
-    ("[(0, 3)]", "width 0"),
-    ("[[(16, 1), (16, 3), (8, 1)]]", "bottleneck block 0 widens to 16"),
-    ("[(8, 3, 1)]", "a layer is a (width, kernel) tuple"),
-    ("[(8, 3)] * 2 + __import__('os')", "only integers"),
-    ("[(8, 3)", "is not a Python list"),
-    ("[]", "non-empty list"),
-    ("[[]]", "block 0 is empty"),
-])
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ("[(8, 0)]", "kernel width 0"),
+        ("[(0, 3)]", "width 0"),
+        ("[[(16, 1), (16, 3), (8, 1)]]", "bottleneck block 0 widens to 16"),
+        ("[(8, 3, 1)]", "a layer is a (width, kernel) tuple"),
+        ("[(8, 3)] * 2 + __import__('os')", "only integers"),
+        ("[(8, 3)", "is not a Python list"),
+        ("[]", "non-empty list"),
+        ("[[]]", "block 0 is empty"),
+    ],
+)
 def test_impossible_specs_raise_naming_the_argument(spec, message):
     with pytest.raises(ValueError, match=re.escape(message)) as error:
         parse_layer_spec(spec)
@@ -67,6 +118,7 @@ def test_impossible_specs_raise_naming_the_argument(spec, message):
 
 
 # -- numerics against a plain re-computation ---------------------------------------------------------------------
+
 
 def reference_conv(x, v, g, bias, kernel):
     """y[t] = bias + sum_j W_j x[t - (kernel - 1) + j], zeros before the start; W = g v / ||v|| per output row."""
@@ -78,7 +130,7 @@ def reference_conv(x, v, g, bias, kernel):
         for j in range(kernel):
             s = t - (kernel - 1) + j
             if s >= 0:
-                acc = acc + x[:, s] @ weight[:, j * C:(j + 1) * C].T
+                acc = acc + x[:, s] @ weight[:, j * C : (j + 1) * C].T
         out.append(acc)
     return torch.stack(out, dim=1)
 
@@ -171,8 +223,20 @@ def test_without_weight_norm_the_weight_is_the_parameter():
 CASES = {
     "full softmax": TINY,
     "adaptive softmax, bottleneck": TINY + ["--adaptive-softmax-cutoff", "20,40"],
-    "DeFINE input, gtu": TINY + ["--gcnn-define-input", "--define-n", "8", "--define-k", "32", "--define-depth",
-                                 "2", "--gcnn-activation", "gtu", "--gcnn-residual-scale", "0.7071"],
+    "DeFINE input, gtu": TINY
+    + [
+        "--gcnn-define-input",
+        "--define-n",
+        "8",
+        "--define-k",
+        "32",
+        "--define-depth",
+        "2",
+        "--gcnn-activation",
+        "gtu",
+        "--gcnn-residual-scale",
+        "0.7071",
+    ],
 }
 
 
@@ -191,7 +255,7 @@ def test_changing_a_token_never_changes_an_earlier_output(lm_data, case):
         assert torch.equal(out[:, :t], base[:, :t])
         assert (out[:, t] - base[:, t]).abs().max() > 1e-4  # the output at t reads token t ...
         if t + field < tokens.shape[1]:
-            assert torch.equal(out[:, t + field:], base[:, t + field:])  # ... and nothing beyond its field does
+            assert torch.equal(out[:, t + field :], base[:, t + field :])  # ... and nothing beyond its field does
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -206,6 +270,7 @@ def test_beam_search_scores_equal_the_full_pass(lm_data):
 
 
 # -- parameter counts and the arch defaults ----------------------------------------------------------------------
+
 
 def gated_conv_params(in_dim, width, kernel, gated=True):
     out = 2 * width if gated else width
@@ -231,13 +296,16 @@ def big_dictionary_dir(tmp_path_factory):
     return directory
 
 
-@pytest.mark.parametrize("arch,embed,spec,cutoff", [
-    ("gcnn_lm_8", 280, gcnn_lm.GCNN_8, [10000, 20000, 200000]),
-    ("gcnn_lm_14", 280, gcnn_lm.GCNN_14, [10000, 20000, 200000]),
-    ("gcnn_lm_13", 128, gcnn_lm.GCNN_13, [10000, 50000, 200000]),
-    ("gcnn_lm_8b", 128, gcnn_lm.GCNN_8B, [10000, 50000, 200000]),
-    ("gcnn_lm_14b", 128, gcnn_lm.GCNN_14B, [10000, 50000, 200000]),
-])
+@pytest.mark.parametrize(
+    "arch,embed,spec,cutoff",
+    [
+        ("gcnn_lm_8", 280, gcnn_lm.GCNN_8, [10000, 20000, 200000]),
+        ("gcnn_lm_14", 280, gcnn_lm.GCNN_14, [10000, 20000, 200000]),
+        ("gcnn_lm_13", 128, gcnn_lm.GCNN_13, [10000, 50000, 200000]),
+        ("gcnn_lm_8b", 128, gcnn_lm.GCNN_8B, [10000, 50000, 200000]),
+        ("gcnn_lm_14b", 128, gcnn_lm.GCNN_14B, [10000, 50000, 200000]),
+    ],
+)
 def test_arch_parameter_counts(big_dictionary_dir, arch, embed, spec, cutoff):
     with torch.device("meta"):
         _, task, model = parsed_model(big_dictionary_dir, arch)
@@ -257,8 +325,14 @@ def test_gcnn_lm_14_has_fairseqs_wikitext103_layers_with_the_first_reading_the_l
     projection instead (the size of fc1)."""
     with torch.device("meta"):
         _, _, ours = parsed_model(big_dictionary_dir, "gcnn_lm_14")
-        _, _, theirs = parsed_model(big_dictionary_dir, "fconv_lm_dauphin_wikitext103", "--criterion",
-                                    "adaptive_loss", "--adaptive-softmax-cutoff", "10000,20000,200000")
+        _, _, theirs = parsed_model(
+            big_dictionary_dir,
+            "fconv_lm_dauphin_wikitext103",
+            "--criterion",
+            "adaptive_loss",
+            "--adaptive-softmax-cutoff",
+            "10000,20000,200000",
+        )
     layers = ours.decoder.convolutions.layers()
     assert len(layers) == len(theirs.decoder.convolutions) == 14
     for i, (layer, conv) in enumerate(zip(layers, theirs.decoder.convolutions)):
@@ -272,12 +346,32 @@ def test_gcnn_lm_14_has_fairseqs_wikitext103_layers_with_the_first_reading_the_l
 
 # -- the fairseq programs ----------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def checkpoint(lm_data, tmp_path_factory):
     save_dir = tmp_path_factory.mktemp("gcnn")
-    proc = run_cli("fairseq-train", lm_data, "--user-dir", USER_DIR, "--task", "language_modeling",
-                   "--arch", "gcnn_lm", *TINY, *ADAPTIVE, *COMMON, "--tokens-per-sample", "32",
-                   "--max-tokens", "256", "--max-update", "4", "--save-dir", save_dir, "--no-save-optimizer-state")
+    proc = run_cli(
+        "fairseq-train",
+        lm_data,
+        "--user-dir",
+        USER_DIR,
+        "--task",
+        "language_modeling",
+        "--arch",
+        "gcnn_lm",
+        *TINY,
+        *ADAPTIVE,
+        *COMMON,
+        "--tokens-per-sample",
+        "32",
+        "--max-tokens",
+        "256",
+        "--max-update",
+        "4",
+        "--save-dir",
+        save_dir,
+        "--no-save-optimizer-state",
+    )
     out = proc.stdout + proc.stderr
     assert math.isfinite(float(re.findall(r"valid on 'valid' subset \| loss ([\d.]+)", out)[-1]))
     return save_dir / "checkpoint_last.pt"
@@ -286,8 +380,23 @@ def checkpoint(lm_data, tmp_path_factory):
 def test_eval_lm_equals_scoring_each_block_in_process(lm_data, checkpoint):
     from fairseq.data import data_utils
 
-    proc = run_cli("fairseq-eval-lm", lm_data, "--user-dir", USER_DIR, "--path", checkpoint, "--gen-subset", "test",
-                   "--cpu", "--num-workers", "0", "--tokens-per-sample", "32", "--max-tokens", "256")
+    proc = run_cli(
+        "fairseq-eval-lm",
+        lm_data,
+        "--user-dir",
+        USER_DIR,
+        "--path",
+        checkpoint,
+        "--gen-subset",
+        "test",
+        "--cpu",
+        "--num-workers",
+        "0",
+        "--tokens-per-sample",
+        "32",
+        "--max-tokens",
+        "256",
+    )
     loss = float(re.findall(r"Loss \(base 2\): ([\d.]+)", proc.stdout + proc.stderr)[-1])
     model, task = load(checkpoint)
     dictionary = task.target_dictionary
@@ -296,7 +405,7 @@ def test_eval_lm_equals_scoring_each_block_in_process(lm_data, checkpoint):
     inputs = torch.cat([stream.new_tensor([dictionary.eos()]), stream[:-1]])
     nll = 0.0
     for start in range(0, len(stream), 32):  # eval-lm's blocks of 32 tokens, each from a zero-padded start
-        block_in, block_out = inputs[None, start:start + 32], stream[None, start:start + 32]
+        block_in, block_out = inputs[None, start : start + 32], stream[None, start : start + 32]
         lp = model.get_normalized_probs(model(block_in), log_probs=True, sample={"target": block_out})
         nll -= lp.gather(-1, block_out[..., None]).sum().item()
     assert loss == pytest.approx(nll / len(stream) / math.log(2), abs=2e-4)
@@ -325,23 +434,43 @@ def test_checkpoint_round_trip(lm_data, checkpoint, tmp_path):
     torch.testing.assert_close(log_probs(fresh, tokens), before, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("flags,message", [
-    (["--gcnn-layers", "[(16, 0)]"], "kernel width 0"),
-    (["--gcnn-layers", "[[(32, 1), (32, 3), (16, 1)]]"], "inner layers of a bottleneck"),
-    (["--adaptive-softmax-cutoff", "20,400"], "--adaptive-softmax-cutoff"),
-    (["--dropout", "1.0"], "--dropout"),
-    (["--gcnn-residual-scale", "0"], "--gcnn-residual-scale"),
-    (["--gcnn-define-input", "--define-depth", "0"], "--gcnn-define-input needs --define-depth"),
-])
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--gcnn-layers", "[(16, 0)]"], "kernel width 0"),
+        (["--gcnn-layers", "[[(32, 1), (32, 3), (16, 1)]]"], "inner layers of a bottleneck"),
+        (["--adaptive-softmax-cutoff", "20,400"], "--adaptive-softmax-cutoff"),
+        (["--dropout", "1.0"], "--dropout"),
+        (["--gcnn-residual-scale", "0"], "--gcnn-residual-scale"),
+        (["--gcnn-define-input", "--define-depth", "0"], "--gcnn-define-input needs --define-depth"),
+    ],
+)
 def test_impossible_configs_fail_clearly(lm_data, flags, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         parsed_model(lm_data, "gcnn_lm", "--decoder-embed-dim", "16", *flags)
 
 
 def test_fairseq_train_reports_a_bad_spec_by_its_flag(lm_data, tmp_path):
-    proc = run_cli("fairseq-train", lm_data, "--user-dir", USER_DIR, "--task", "language_modeling", "--arch",
-                   "gcnn_lm_8", "--gcnn-layers", "[(16, 0)]", *COMMON, "--max-tokens", "256", "--max-update", "1", "--save-dir", tmp_path,
-                   check=False)
+    proc = run_cli(
+        "fairseq-train",
+        lm_data,
+        "--user-dir",
+        USER_DIR,
+        "--task",
+        "language_modeling",
+        "--arch",
+        "gcnn_lm_8",
+        "--gcnn-layers",
+        "[(16, 0)]",
+        *COMMON,
+        "--max-tokens",
+        "256",
+        "--max-update",
+        "1",
+        "--save-dir",
+        tmp_path,
+        check=False,
+    )
     assert proc.returncode != 0
     assert "--gcnn-layers" in proc.stderr and "kernel width 0" in proc.stderr
 
@@ -349,9 +478,28 @@ def test_fairseq_train_reports_a_bad_spec_by_its_flag(lm_data, tmp_path):
 @pytest.mark.parametrize("arch", ["gcnn_lm_8", "gcnn_lm_14", "gcnn_lm_13", "gcnn_lm_8b", "gcnn_lm_14b"])
 def test_every_arch_trains_through_fairseq_train(lm_data, tmp_path, arch):
     """Each registered arch by name, its sizes overridden to fit the toy corpus."""
-    proc = run_cli("fairseq-train", lm_data, "--user-dir", USER_DIR, "--task", "language_modeling", "--arch", arch,
-                   *TINY, *ADAPTIVE, *COMMON, "--tokens-per-sample", "32", "--max-tokens", "256", "--max-update", "2",
-                   "--save-dir", tmp_path, "--no-save-optimizer-state")
+    proc = run_cli(
+        "fairseq-train",
+        lm_data,
+        "--user-dir",
+        USER_DIR,
+        "--task",
+        "language_modeling",
+        "--arch",
+        arch,
+        *TINY,
+        *ADAPTIVE,
+        *COMMON,
+        "--tokens-per-sample",
+        "32",
+        "--max-tokens",
+        "256",
+        "--max-update",
+        "2",
+        "--save-dir",
+        tmp_path,
+        "--no-save-optimizer-state",
+    )
     out = proc.stdout + proc.stderr
     assert math.isfinite(float(re.findall(r"valid on 'valid' subset \| loss ([\d.]+)", out)[-1]))
     state = torch.load(tmp_path / "checkpoint_last.pt", map_location="cpu", weights_only=False)

@@ -7,14 +7,6 @@ from argparse import Namespace
 
 import pytest
 import torch
-
-import define_fairseq  # noqa: F401  (registers the models, tasks and criteria)
-from define_fairseq.models.lstm_lm_define import LSTMLMDefineModel, RecurrentLMDecoder
-from define_fairseq.modules import DeFINEEmbedding
-from define_fairseq.modules.adaptive_input import AdaptiveInput
-from define_fairseq.modules.lstm_stack import LSTMStack
-from define_fairseq.tools.params import parameter_breakdown, setup_from_train_args
-
 from conftest import USER_DIR, needs_fairseq_eos_blocks, run_cli
 from lm_helpers import (
     check_beam_search_scores,
@@ -29,15 +21,34 @@ from lm_helpers import (
     tokens_batch,
 )
 
+import define_fairseq  # noqa: F401  (registers the models, tasks and criteria)
+from define_fairseq.models.lstm_lm_define import LSTMLMDefineModel, RecurrentLMDecoder
+from define_fairseq.modules import DeFINEEmbedding
+from define_fairseq.modules.adaptive_input import AdaptiveInput
+from define_fairseq.modules.lstm_stack import LSTMStack
+from define_fairseq.tools.params import parameter_breakdown, setup_from_train_args
+
 WT103_VOCAB = 267_735
-COMMON = ["--optimizer", "adam", "--lr", "0.005", "--cpu", "--num-workers", "0", "--no-progress-bar",
-          "--log-format", "simple", "--seed", "1"]
+COMMON = [
+    "--optimizer",
+    "adam",
+    "--lr",
+    "0.005",
+    "--cpu",
+    "--num-workers",
+    "0",
+    "--no-progress-bar",
+    "--log-format",
+    "simple",
+    "--seed",
+    "1",
+]
 ADAPTIVE = ["--adaptive-input-cutoff", "10,30", "--adaptive-softmax-cutoff", "10,30"]
 TINY = ["--define-n", "16", "--define-k", "32", "--decoder-hidden-size", "24", "--decoder-layers", "2"]
 # Each registered arch on tiny dims, with a criterion that fits its output layer.
 ARCH_FLAGS = {
-    "lstm_lm_define": TINY + ["--decoder-embed-dim", "24", "--decoder-output-dim", "12",
-                              "--share-decoder-input-output-embed"],
+    "lstm_lm_define": TINY
+    + ["--decoder-embed-dim", "24", "--decoder-output-dim", "12", "--share-decoder-input-output-embed"],
     "lstm_lm_standard_wt103": TINY + ["--criterion", "lm_regularized_loss"],
     "lstm_lm_adaptive_wt103": TINY + ADAPTIVE + ["--criterion", "adaptive_loss", "--ddp-backend", "legacy_ddp"],
     "lstm_lm_define_wt103_n3": TINY + ADAPTIVE + ["--criterion", "lm_regularized_loss"],
@@ -56,19 +67,49 @@ def adaptive_io_params(vocab: int, d: int, cutoff=(20000, 40000, 200000), factor
     bounds = [0, *cutoff, vocab]
     total = 0
     for band in range(len(bounds) - 1):
-        dim = d // factor ** band
+        dim = d // factor**band
         total += (bounds[band + 1] - bounds[band]) * dim + (dim * d if band else 0)
     return total + len(cutoff) * d
 
 
 def parsed_model(data, arch, *flags, task="language_modeling"):
-    return setup_from_train_args([str(data), "--user-dir", USER_DIR, "--task", task, "--arch", arch, *flags,
-                                  "--optimizer", "adam", "--lr", "0.001", "--cpu"])
+    return setup_from_train_args(
+        [
+            str(data),
+            "--user-dir",
+            USER_DIR,
+            "--task",
+            task,
+            "--arch",
+            arch,
+            *flags,
+            "--optimizer",
+            "adam",
+            "--lr",
+            "0.001",
+            "--cpu",
+        ]
+    )
 
 
 def train(data, save_dir, arch, *flags, task="language_modeling", updates=3):
-    proc = run_cli("fairseq-train", data, "--user-dir", USER_DIR, "--task", task, "--arch", arch, *flags, *COMMON,
-                   "--max-update", updates, "--save-dir", save_dir, "--no-save-optimizer-state")
+    proc = run_cli(
+        "fairseq-train",
+        data,
+        "--user-dir",
+        USER_DIR,
+        "--task",
+        task,
+        "--arch",
+        arch,
+        *flags,
+        *COMMON,
+        "--max-update",
+        updates,
+        "--save-dir",
+        save_dir,
+        "--no-save-optimizer-state",
+    )
     valid_loss = last_float(r"valid on 'valid' subset \| loss ([\d.]+)", proc.stdout + proc.stderr)
     assert math.isfinite(valid_loss)
     return save_dir / "checkpoint_last.pt"
@@ -117,13 +158,16 @@ def check_structure(arch, decoder):
         assert tail[0].weight is projection and tail[2].weight is table  # ... projections included
 
 
-@pytest.mark.parametrize("arch,m,io", [
-    ("lstm_lm_standard_wt103", 256, 68.81),
-    ("lstm_lm_adaptive_wt103", 256, 9.25),
-    ("lstm_lm_define_wt103_n3", 256, 9.25),
-    ("lstm_lm_define_wt103_n7", 384, 13.90),
-    ("lstm_lm_define_wt103_n11", 512, 18.55),
-])
+@pytest.mark.parametrize(
+    "arch,m,io",
+    [
+        ("lstm_lm_standard_wt103", 256, 68.81),
+        ("lstm_lm_adaptive_wt103", 256, 9.25),
+        ("lstm_lm_define_wt103_n3", 256, 9.25),
+        ("lstm_lm_define_wt103_n7", 384, 13.90),
+        ("lstm_lm_define_wt103_n11", 512, 18.55),
+    ],
+)
 def test_paper_parameter_counts(wt103_dictionary_dir, arch, m, io):
     paper_context = {256: 23.36, 384: 24.73, 512: 26.24}[m]
     with torch.device("meta"):  # counts only: no memory, no initialisation
@@ -139,8 +183,10 @@ def test_paper_parameter_counts(wt103_dictionary_dir, arch, m, io):
     assert round(counts["input/output"] / 1e6, 2) == io
     assert counts["total"] == sum(p.numel() for p in model.parameters())
     check_structure(arch, model.decoder)
-    print(f"{arch}: DeFINE {counts['DeFINE'] / 1e6:.2f}M, context {counts['context'] / 1e6:.2f}M, "
-          f"I/O {counts['input/output'] / 1e6:.2f}M, total {counts['total'] / 1e6:.2f}M")
+    print(
+        f"{arch}: DeFINE {counts['DeFINE'] / 1e6:.2f}M, context {counts['context'] / 1e6:.2f}M, "
+        f"I/O {counts['input/output'] / 1e6:.2f}M, total {counts['total'] / 1e6:.2f}M"
+    )
 
 
 # -- the fairseq programs ----------------------------------------------------------------------------------------
@@ -153,8 +199,16 @@ def trained(lm_data, tmp_path_factory):
 
     def get(arch):
         if arch not in checkpoints:
-            checkpoints[arch] = train(lm_data, tmp_path_factory.mktemp(arch), arch, *ARCH_FLAGS[arch],
-                                      "--tokens-per-sample", "32", "--max-tokens", "256")
+            checkpoints[arch] = train(
+                lm_data,
+                tmp_path_factory.mktemp(arch),
+                arch,
+                *ARCH_FLAGS[arch],
+                "--tokens-per-sample",
+                "32",
+                "--max-tokens",
+                "256",
+            )
         return checkpoints[arch]
 
     return get
@@ -164,7 +218,7 @@ def trained(lm_data, tmp_path_factory):
 def test_train_and_eval_lm(lm_data, trained, arch):
     checkpoint = trained(arch)
     loss, ppl = eval_lm(lm_data, checkpoint, "--tokens-per-sample", "32", "--max-tokens", "256")
-    assert ppl == pytest.approx(2 ** loss, rel=1e-3)
+    assert ppl == pytest.approx(2**loss, rel=1e-3)
     if arch in ("lstm_lm_define", "lstm_lm_adaptive_wt103"):
         # eval-lm scores blocks of 32 tokens of the stream, each block from a zero state
         model, task = load(checkpoint)
@@ -180,8 +234,18 @@ def test_train_and_eval_lm(lm_data, trained, arch):
 def test_stateful_training_and_eval(lm_data, tmp_path):
     """--task stateful_lm: state carried across batches; eval-lm with one stream equals one pass over the split."""
     arch = "lstm_lm_define_wt103_n3"
-    checkpoint = train(lm_data, tmp_path, arch, *ARCH_FLAGS[arch], "--batch-size", "4", "--tokens-per-sample", "8",
-                       task="stateful_lm", updates=6)
+    checkpoint = train(
+        lm_data,
+        tmp_path,
+        arch,
+        *ARCH_FLAGS[arch],
+        "--batch-size",
+        "4",
+        "--tokens-per-sample",
+        "8",
+        task="stateful_lm",
+        updates=6,
+    )
     loss, _ = eval_lm(lm_data, checkpoint, "--task", "stateful_lm", "--batch-size", "1", "--tokens-per-sample", "8")
     model, task = load(checkpoint)
     stream = split_stream(lm_data, task.target_dictionary)
@@ -191,8 +255,9 @@ def test_stateful_training_and_eval(lm_data, tmp_path):
 
 @needs_fairseq_eos_blocks
 def test_fairseq_generate_samples_after_a_prefix(lm_data, trained):
-    check_generate_continues_a_prefix(lm_data, trained("lstm_lm_define"), "--sampling", "--sampling-topk", "5",
-                                      "--beam", "2", "--seed", "3")
+    check_generate_continues_a_prefix(
+        lm_data, trained("lstm_lm_define"), "--sampling", "--sampling-topk", "5", "--beam", "2", "--seed", "3"
+    )
 
 
 def test_folded_checkpoint_scores_identically(lm_data, trained, tmp_path):
@@ -216,8 +281,10 @@ def test_folded_checkpoint_scores_identically(lm_data, trained, tmp_path):
 IN_PROCESS = {
     "tied full softmax with a projection": ("lstm_lm_define", ARCH_FLAGS["lstm_lm_define"]),
     "adaptive + DeFINE": ("lstm_lm_define_wt103_n3", TINY + ADAPTIVE + ["--decoder-output-dim", "20"]),
-    "untied adaptive softmax": ("lstm_lm_define", TINY + ["--decoder-embed-dim", "24", "--adaptive-softmax-cutoff",
-                                                          "10,30"]),
+    "untied adaptive softmax": (
+        "lstm_lm_define",
+        TINY + ["--decoder-embed-dim", "24", "--adaptive-softmax-cutoff", "10,30"],
+    ),
 }
 
 
@@ -244,8 +311,9 @@ def test_checkpoint_round_trip(lm_data, tmp_path, case):
     _, _, fresh = parsed_model(lm_data, arch, *flags, "--seed", "7")
     assert not torch.allclose(log_probs(fresh.eval(), tokens), before)  # the comparison can fail
     if loaded.decoder.adaptive_softmax is not None:
-        assert loaded.decoder.adaptive_softmax.head.word_proj.weight is \
-            loaded.decoder.embed_tokens.weights_for_band(0)[0]
+        assert (
+            loaded.decoder.adaptive_softmax.head.word_proj.weight is loaded.decoder.embed_tokens.weights_for_band(0)[0]
+        )
     else:
         assert loaded.decoder.output_projection.weight is loaded.decoder.embed_tokens.weight
 
@@ -262,8 +330,12 @@ def test_carried_state(lm_data, caplog):
         windows = torch.cat([model.get_normalized_probs(o, log_probs=True) for o in (first, second)], dim=1)
     torch.testing.assert_close(windows, full, rtol=1e-5, atol=1e-5)
     with torch.no_grad():  # reset_state=True starts from zeros again
-        torch.testing.assert_close(model.get_normalized_probs(model(tokens[:, 5:], reset_state=True), True),
-                                   log_probs(model, tokens[:, 5:]), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            model.get_normalized_probs(model(tokens[:, 5:], reset_state=True), True),
+            log_probs(model, tokens[:, 5:]),
+            rtol=1e-5,
+            atol=1e-5,
+        )
     kept = decoder.carried_state.kept_state(False)
     assert all(not h.requires_grad and not c.requires_grad for h, c in kept)
 
@@ -277,8 +349,9 @@ def test_carried_state(lm_data, caplog):
         out = model(tokens[:, 5:], reset_state=False)[0]
         model(tokens[:2], reset_state=False)
     assert len([r for r in caplog.records if "starting from zeros" in r.getMessage()]) == 1
-    torch.testing.assert_close(torch.log_softmax(out.detach(), -1), log_probs(model.eval(), tokens[:, 5:]),
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        torch.log_softmax(out.detach(), -1), log_probs(model.eval(), tokens[:, 5:]), rtol=1e-5, atol=1e-5
+    )
     assert decoder.carried_state.has_state(True) and not decoder.carried_state.has_state(False)
     assert [key for key in model.state_dict() if "carried" in key] == ["decoder.carried_state._extra_state"]
 
@@ -300,27 +373,40 @@ def lm_task(lm_data):
 ADAPTIVE_BOTH = dict(adaptive_input=True, adaptive_input_cutoff="10,30", adaptive_softmax_cutoff="10,30")
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (dict(adaptive_softmax_cutoff="30,10"), "--adaptive-softmax-cutoff 30,10: the cutoffs must be positive and increasing"),
-    (dict(adaptive_softmax_cutoff="10,100"), "--adaptive-softmax-cutoff 10,100: the last cutoff must be below"),
-    (dict(adaptive_softmax_cutoff="ten"), "--adaptive-softmax-cutoff 'ten': give comma separated integers"),
-    (dict(adaptive_input=True, adaptive_input_cutoff="10,80"), "--adaptive-input-cutoff 10,80"),
-    (dict(adaptive_input=True), "--adaptive-input needs --adaptive-input-cutoff"),
-    (dict(adaptive_input_cutoff="10"), "without --adaptive-input"),
-    (dict(define_depth=0), "--define-n (16) must equal --decoder-embed-dim (24)"),
-    (dict(adaptive_input=True, adaptive_input_cutoff="10,30", share_decoder_input_output_embed=True),
-     "cannot be tied to an adaptive input"),
-    (dict(**ADAPTIVE_BOTH, share_decoder_input_output_embed=True), "use --tie-adaptive-weights"),
-    (dict(adaptive_softmax_cutoff="10,30", tie_adaptive_weights=True), "--tie-adaptive-weights needs --adaptive-input"),
-    (dict(**{**ADAPTIVE_BOTH, "adaptive_softmax_cutoff": "10,40"}, tie_adaptive_weights=True),
-     "--adaptive-softmax-cutoff 10,40 differs from --adaptive-input-cutoff 10,30"),
-    (dict(**ADAPTIVE_BOTH, tie_adaptive_weights=True, adaptive_softmax_factor=2), "--adaptive-softmax-factor"),
-    (dict(tie_adaptive_weights=True), "needs an adaptive softmax"),
-    (dict(tie_adaptive_proj=True), "--tie-adaptive-proj needs --tie-adaptive-weights"),
-    (dict(dropout=1.5), "--dropout=1.5: a dropout probability must be in [0, 1)"),
-    (dict(awd_weight_drop=-0.1), "--awd-weight-drop=-0.1"),
-    (dict(decoder_layers=0), "--decoder-layers=0 must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (
+            dict(adaptive_softmax_cutoff="30,10"),
+            "--adaptive-softmax-cutoff 30,10: the cutoffs must be positive and increasing",
+        ),
+        (dict(adaptive_softmax_cutoff="10,100"), "--adaptive-softmax-cutoff 10,100: the last cutoff must be below"),
+        (dict(adaptive_softmax_cutoff="ten"), "--adaptive-softmax-cutoff 'ten': give comma separated integers"),
+        (dict(adaptive_input=True, adaptive_input_cutoff="10,80"), "--adaptive-input-cutoff 10,80"),
+        (dict(adaptive_input=True), "--adaptive-input needs --adaptive-input-cutoff"),
+        (dict(adaptive_input_cutoff="10"), "without --adaptive-input"),
+        (dict(define_depth=0), "--define-n (16) must equal --decoder-embed-dim (24)"),
+        (
+            dict(adaptive_input=True, adaptive_input_cutoff="10,30", share_decoder_input_output_embed=True),
+            "cannot be tied to an adaptive input",
+        ),
+        (dict(**ADAPTIVE_BOTH, share_decoder_input_output_embed=True), "use --tie-adaptive-weights"),
+        (
+            dict(adaptive_softmax_cutoff="10,30", tie_adaptive_weights=True),
+            "--tie-adaptive-weights needs --adaptive-input",
+        ),
+        (
+            dict(**{**ADAPTIVE_BOTH, "adaptive_softmax_cutoff": "10,40"}, tie_adaptive_weights=True),
+            "--adaptive-softmax-cutoff 10,40 differs from --adaptive-input-cutoff 10,30",
+        ),
+        (dict(**ADAPTIVE_BOTH, tie_adaptive_weights=True, adaptive_softmax_factor=2), "--adaptive-softmax-factor"),
+        (dict(tie_adaptive_weights=True), "needs an adaptive softmax"),
+        (dict(tie_adaptive_proj=True), "--tie-adaptive-proj needs --tie-adaptive-weights"),
+        (dict(dropout=1.5), "--dropout=1.5: a dropout probability must be in [0, 1)"),
+        (dict(awd_weight_drop=-0.1), "--awd-weight-drop=-0.1"),
+        (dict(decoder_layers=0), "--decoder-layers=0 must be at least 1"),
+    ],
+)
 def test_bad_configurations_raise_clear_errors(lm_task, overrides, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         build_lstm_lm(lm_task, **overrides)
@@ -328,13 +414,21 @@ def test_bad_configurations_raise_clear_errors(lm_task, overrides, message):
 
 def test_errors_reach_the_command_line(lm_data):
     with pytest.raises(ValueError, match=re.escape("--adaptive-softmax-cutoff 30,10")):
-        parsed_model(lm_data, "lstm_lm_adaptive_wt103", *TINY, "--adaptive-input-cutoff", "10,30",
-                     "--adaptive-softmax-cutoff", "30,10")
+        parsed_model(
+            lm_data,
+            "lstm_lm_adaptive_wt103",
+            *TINY,
+            "--adaptive-input-cutoff",
+            "10,30",
+            "--adaptive-softmax-cutoff",
+            "30,10",
+        )
 
 
 def test_embedding_width_must_match_the_lstm_input(lm_task):
     dictionary = lm_task.target_dictionary
     embed = DeFINEEmbedding(len(dictionary), n=16, k=32, m=24, padding_idx=dictionary.pad())
     with pytest.raises(ValueError, match="DeFINE output width m"):
-        RecurrentLMDecoder(dictionary, embed, LSTMStack(16, [16]),
-                           output_projection=torch.nn.Linear(16, len(dictionary)))
+        RecurrentLMDecoder(
+            dictionary, embed, LSTMStack(16, [16]), output_projection=torch.nn.Linear(16, len(dictionary))
+        )

@@ -4,11 +4,21 @@ gradcheck, on every path: rounds, rank, cap, dropout masks, float32 and float64.
 import pytest
 import torch
 import torch.nn as nn
+from mogrifier_reference import (
+    B,
+    M,
+    N,
+    T,
+    assert_same,
+    literal_mogrifier,
+    make_inputs,
+    outputs_and_grads,
+    random_masks,
+    randomize,
+    scalar_loss,
+)
 
 from define_fairseq.modules.mogrifier_lstm import MogrifierDropoutMasks, MogrifierLSTM
-
-from mogrifier_reference import (B, M, N, T, assert_same, literal_mogrifier, make_inputs, outputs_and_grads,
-                                 random_masks, randomize, scalar_loss)
 
 
 @pytest.mark.parametrize("dropout", [None, "shared", "per-step"], ids=["no-dropout", "masks", "per-step-masks"])
@@ -20,8 +30,9 @@ def test_matches_literal_equations(rounds, rank, cap, dropout):
     2 layers (m != n in layer 1), random weights and initial state, summed layer outputs for odd ``rounds``; no
     dropout, masks shared by all steps, or a new mask (state mask included) at every step."""
     torch.manual_seed(0)
-    model = MogrifierLSTM(M, N, num_layers=2, rounds=rounds, rank=rank, cap_input_gate=cap,
-                          sum_layer_outputs=rounds % 2 == 1).double()
+    model = MogrifierLSTM(
+        M, N, num_layers=2, rounds=rounds, rank=rank, cap_input_gate=cap, sum_layer_outputs=rounds % 2 == 1
+    ).double()
     randomize(model, seed=rounds)
     x, state = make_inputs(model)
     masks = None if dropout is None else random_masks(model, B, steps=T if dropout == "per-step" else None)
@@ -47,8 +58,9 @@ def test_float32_fast_path_matches_float64_equations(rank):
     model32 = model.float()
     x32 = x.detach().float().requires_grad_(True)
     state32 = [(h.detach().float().requires_grad_(True), c.detach().float().requires_grad_(True)) for h, c in state]
-    masks32 = MogrifierDropoutMasks([m.float() for m in masks.inputs], [m.float() for m in masks.states],
-                                    masks.output.float())
+    masks32 = MogrifierDropoutMasks(
+        [m.float() for m in masks.inputs], [m.float() for m in masks.states], masks.output.float()
+    )
     out, new_state, grads = outputs_and_grads(model32.forward, model32, x32, state32, masks32)
     got = (out.double(), [(h.double(), c.double()) for h, c in new_state], [g.double() for g in grads])
     assert_same(got, expected, "float32", atol=1e-4, rtol=1e-4)
@@ -202,8 +214,7 @@ def test_gradcheck(path, rank, per_step):
     """torch.autograd.gradcheck in float64 on a tiny 2-layer model with capped input gate, state and dropout masks
     (shared by the steps, or one per step): gradients of the input, the initial state and every parameter."""
     torch.manual_seed(0)
-    model = MogrifierLSTM(4, 3, num_layers=2, rounds=5, rank=rank, cap_input_gate=True,
-                          sum_layer_outputs=True).double()
+    model = MogrifierLSTM(4, 3, num_layers=2, rounds=5, rank=rank, cap_input_gate=True, sum_layer_outputs=True).double()
     randomize(model, std=0.7)
     module = model if path == "fast" else _Reference(model)
     names = [name for name, _ in module.named_parameters()]

@@ -8,14 +8,21 @@ from argparse import Namespace
 
 import pytest
 import torch
+from lm_helpers import (
+    check_beam_search_scores,
+    check_incremental_decoding,
+    eval_lm,
+    load,
+    log_probs,
+    saved_and_loaded,
+    split_stream,
+    tokens_batch,
+)
+from test_lstm_lm import mean_nll_base2, parsed_model, train
 
 import define_fairseq  # noqa: F401  (registers the models, tasks and criteria)
 from define_fairseq.models.mogrifier_lstm_lm import MogrifierLSTMLMModel, TiedOutput
 from define_fairseq.modules import DeFINEEmbedding
-
-from lm_helpers import (check_beam_search_scores, check_incremental_decoding, eval_lm, load, log_probs,
-                        saved_and_loaded, split_stream, tokens_batch)
-from test_lstm_lm import mean_nll_base2, parsed_model, train
 
 # Each arch on tiny dims (the arch's structure: rounds, mixture, projection, dropouts, kept).
 TINY = {
@@ -25,15 +32,28 @@ TINY = {
     "lstm_lm_wt2": ["--mogrifier-hidden-size", "16", "--mogrifier-embed-dim", "8"],
 }
 LAMB_OPTIMIZER = ["--adam-betas", "(0, 0.999)", "--clip-norm", "10"]
-NO_DROPOUT = ["--mogrifier-input-dropout", "0", "--mogrifier-inter-layer-dropout", "0", "--mogrifier-state-dropout",
-              "0", "--mogrifier-output-dropout", "0", "--mogrifier-drop-state-probability", "0"]
+NO_DROPOUT = [
+    "--mogrifier-input-dropout",
+    "0",
+    "--mogrifier-inter-layer-dropout",
+    "0",
+    "--mogrifier-state-dropout",
+    "0",
+    "--mogrifier-output-dropout",
+    "0",
+    "--mogrifier-drop-state-probability",
+    "0",
+]
 # In-process cases: one softmax without / with a projection, the mixture, a DeFINE input.
 CASES = {
     "one softmax, e = H": ("mogrifier_lstm_lm_ptb", TINY["mogrifier_lstm_lm_ptb"]),
     "one softmax, projection H -> e": ("mogrifier_lstm_lm_ptb", TINY["mogrifier_lstm_lm_wt2"]),
     "mixture of 2 softmaxes": ("mogrifier_lstm_lm_wt2", TINY["mogrifier_lstm_lm_wt2"]),
-    "DeFINE input": ("mogrifier_lstm_lm_ptb", TINY["mogrifier_lstm_lm_ptb"] + [
-        "--define-depth", "2", "--define-n", "8", "--define-k", "16", "--mogrifier-embed-dim", "12"]),
+    "DeFINE input": (
+        "mogrifier_lstm_lm_ptb",
+        TINY["mogrifier_lstm_lm_ptb"]
+        + ["--define-depth", "2", "--define-n", "8", "--define-k", "16", "--mogrifier-embed-dim", "12"],
+    ),
 }
 
 
@@ -88,13 +108,21 @@ def test_fairseq_train_and_eval_lm(lm_data, tmp_path, arch):
     by --model-overrides."""
     train_task, eval_tasks = CLI_RUNS[arch]
     if train_task == "stateful_lm":
-        flags = ["--criterion", "lm_regularized_loss", "--sentence-avg", "--mogrifier-l2-penalty", "1e-4",
-                 "--batch-size", "4", "--tokens-per-sample", "8"]
+        flags = [
+            "--criterion",
+            "lm_regularized_loss",
+            "--sentence-avg",
+            "--mogrifier-l2-penalty",
+            "1e-4",
+            "--batch-size",
+            "4",
+            "--tokens-per-sample",
+            "8",
+        ]
         updates = 4
     else:
         flags, updates = ["--tokens-per-sample", "16", "--max-tokens", "256"], 3
-    checkpoint = train(lm_data, tmp_path, arch, *TINY[arch], *LAMB_OPTIMIZER, *flags, task=train_task,
-                       updates=updates)
+    checkpoint = train(lm_data, tmp_path, arch, *TINY[arch], *LAMB_OPTIMIZER, *flags, task=train_task, updates=updates)
     model, task = load(checkpoint)
     stream = split_stream(lm_data, task.target_dictionary)
     inputs = stream_inputs(stream, task.target_dictionary.eos())
@@ -107,12 +135,17 @@ def test_fairseq_train_and_eval_lm(lm_data, tmp_path, arch):
             loss, ppl = eval_lm(lm_data, checkpoint, *stateful)
             assert loss == pytest.approx(reference_nll_base2(model, inputs[None], stream[None]), abs=2e-4)
         else:
-            loss, ppl = eval_lm(lm_data, checkpoint, *stateful, "--model-overrides",
-                                f"{{'mogrifier_softmax_temperature': {TEMPERATURE}}}")
+            loss, ppl = eval_lm(
+                lm_data,
+                checkpoint,
+                *stateful,
+                "--model-overrides",
+                f"{{'mogrifier_softmax_temperature': {TEMPERATURE}}}",
+            )
             expected = reference_nll_base2(model, inputs[None], stream[None], TEMPERATURE)
             assert loss == pytest.approx(expected, abs=2e-4)
             assert abs(expected - reference_nll_base2(model, inputs[None], stream[None])) > 1e-3
-        assert ppl == pytest.approx(2 ** loss, rel=1e-3)
+        assert ppl == pytest.approx(2**loss, rel=1e-3)
 
 
 def check_blockwise(model, stream, inputs, loss, block):
@@ -196,9 +229,10 @@ def test_projection_dropout_draws_a_mask_per_step_or_one_per_sequence(shared):
 
 def test_dropout_mask_flags_reach_the_stack_and_the_output_layer(lm_data):
     for arch, flags, shared, per_step in [
-            ("mogrifier_lstm_lm_ptb", ["--mogrifier-state-dropout-mask", "step"], False, True),
-            ("mogrifier_lstm_lm_wt2", ["--mogrifier-state-dropout-mask", "window"], False, False),
-            ("lstm_lm_wt2", ["--mogrifier-shared-mask-dropout"], True, True)]:
+        ("mogrifier_lstm_lm_ptb", ["--mogrifier-state-dropout-mask", "step"], False, True),
+        ("mogrifier_lstm_lm_wt2", ["--mogrifier-state-dropout-mask", "window"], False, False),
+        ("lstm_lm_wt2", ["--mogrifier-shared-mask-dropout"], True, True),
+    ]:
         _, _, model = parsed_model(lm_data, arch, *TINY[arch], *flags)
         lstm = model.decoder.lstm
         assert (lstm.shared_mask_dropout, lstm.state_dropout_per_step) == (shared, per_step), arch
@@ -255,8 +289,10 @@ def test_carried_state(lm_task):
     model.eval()
     full = log_probs(model, tokens)
     with torch.no_grad():
-        windows = [model.get_normalized_probs(model(part, reset_state=first), log_probs=True)
-                   for part, first in ((tokens[:, :5], True), (tokens[:, 5:9], False), (tokens[:, 9:], False))]
+        windows = [
+            model.get_normalized_probs(model(part, reset_state=first), log_probs=True)
+            for part, first in ((tokens[:, :5], True), (tokens[:, 5:9], False), (tokens[:, 9:], False))
+        ]
         torch.testing.assert_close(torch.cat(windows, 1), full, rtol=1e-5, atol=1e-5)
         restarted = model.get_normalized_probs(model(tokens[:, 5:], reset_state=True), log_probs=True)
     torch.testing.assert_close(restarted, log_probs(model, tokens[:, 5:]), rtol=1e-5, atol=1e-5)
@@ -307,10 +343,12 @@ def test_checkpoint_round_trip(lm_data, tmp_path, case):
     _, _, fresh = parsed_model(lm_data, arch, *flags, "--seed", "7")
     assert not torch.allclose(log_probs(fresh.eval(), tokens), before)  # the comparison can fail
     (overridden,), _ = checkpoint_utils.load_model_ensemble(
-        [path], arg_overrides={"mogrifier_softmax_temperature": TEMPERATURE})
+        [path], arg_overrides={"mogrifier_softmax_temperature": TEMPERATURE}
+    )
     assert overridden.decoder.softmax_temperature == TEMPERATURE
-    torch.testing.assert_close(log_probs(overridden.eval(), tokens),
-                               reference_log_probs(loaded, tokens, TEMPERATURE), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        log_probs(overridden.eval(), tokens), reference_log_probs(loaded, tokens, TEMPERATURE), rtol=1e-5, atol=1e-5
+    )
     if case == "DeFINE input":  # define_fairseq.tools.fold_define: the DeFINE unit folded into a V x e table
         from define_fairseq.modules import FoldedDeFINEEmbedding
         from define_fairseq.tools.fold_define import fold_checkpoint
@@ -325,28 +363,34 @@ def test_checkpoint_round_trip(lm_data, tmp_path, case):
 # -- errors ---------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (dict(mogrifier_layers=0), "--mogrifier-layers=0 must be at least 1"),
-    (dict(mogrifier_hidden_size=0), "--mogrifier-hidden-size=0 must be at least 1"),
-    (dict(mogrifier_embed_dim=0), "--mogrifier-embed-dim=0 must be at least 1"),
-    (dict(mogrifier_rounds=-1), "--mogrifier-rounds=-1 must be >= 0"),
-    (dict(mogrifier_rank=-2), "--mogrifier-rank=-2: give 0 (full rank) or a rank below"),
-    (dict(mogrifier_embed_dim=8, mogrifier_rank=8), "--mogrifier-rank=8: give 0 (full rank) or a rank below "
-                                                    "min(--mogrifier-embed-dim, --mogrifier-hidden-size) = 8"),
-    (dict(mogrifier_input_dropout=1.0), "--mogrifier-input-dropout=1.0: a dropout probability must be in [0, 1)"),
-    (dict(mogrifier_inter_layer_dropout=-0.1), "--mogrifier-inter-layer-dropout=-0.1"),
-    (dict(mogrifier_state_dropout=1.5), "--mogrifier-state-dropout=1.5"),
-    (dict(mogrifier_output_dropout=1.0), "--mogrifier-output-dropout=1.0"),
-    (dict(mogrifier_projection_dropout=1.0), "--mogrifier-projection-dropout=1.0"),
-    (dict(mogrifier_drop_state_probability=1.0), "--mogrifier-drop-state-probability=1.0"),
-    (dict(mogrifier_softmax_temperature=0.0), "--mogrifier-softmax-temperature=0.0 must be a positive number"),
-    (dict(mogrifier_softmax_temperature=-1.0), "--mogrifier-softmax-temperature=-1.0"),
-    (dict(mogrifier_mos_components=0), "--mogrifier-mos-components=0 must be at least 1"),
-    (dict(mogrifier_state_dropout_mask="time"), "--mogrifier-state-dropout-mask=time: give window"),
-    (dict(mogrifier_l2_penalty=-1e-4), "--mogrifier-l2-penalty=-0.0001 must be >= 0"),
-    (dict(define_depth=-1), "--define-depth=-1 must be >= 0"),
-    (dict(define_folded=True), "--define-folded needs a DeFINE unit (--define-depth > 0)"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (dict(mogrifier_layers=0), "--mogrifier-layers=0 must be at least 1"),
+        (dict(mogrifier_hidden_size=0), "--mogrifier-hidden-size=0 must be at least 1"),
+        (dict(mogrifier_embed_dim=0), "--mogrifier-embed-dim=0 must be at least 1"),
+        (dict(mogrifier_rounds=-1), "--mogrifier-rounds=-1 must be >= 0"),
+        (dict(mogrifier_rank=-2), "--mogrifier-rank=-2: give 0 (full rank) or a rank below"),
+        (
+            dict(mogrifier_embed_dim=8, mogrifier_rank=8),
+            "--mogrifier-rank=8: give 0 (full rank) or a rank below "
+            "min(--mogrifier-embed-dim, --mogrifier-hidden-size) = 8",
+        ),
+        (dict(mogrifier_input_dropout=1.0), "--mogrifier-input-dropout=1.0: a dropout probability must be in [0, 1)"),
+        (dict(mogrifier_inter_layer_dropout=-0.1), "--mogrifier-inter-layer-dropout=-0.1"),
+        (dict(mogrifier_state_dropout=1.5), "--mogrifier-state-dropout=1.5"),
+        (dict(mogrifier_output_dropout=1.0), "--mogrifier-output-dropout=1.0"),
+        (dict(mogrifier_projection_dropout=1.0), "--mogrifier-projection-dropout=1.0"),
+        (dict(mogrifier_drop_state_probability=1.0), "--mogrifier-drop-state-probability=1.0"),
+        (dict(mogrifier_softmax_temperature=0.0), "--mogrifier-softmax-temperature=0.0 must be a positive number"),
+        (dict(mogrifier_softmax_temperature=-1.0), "--mogrifier-softmax-temperature=-1.0"),
+        (dict(mogrifier_mos_components=0), "--mogrifier-mos-components=0 must be at least 1"),
+        (dict(mogrifier_state_dropout_mask="time"), "--mogrifier-state-dropout-mask=time: give window"),
+        (dict(mogrifier_l2_penalty=-1e-4), "--mogrifier-l2-penalty=-0.0001 must be >= 0"),
+        (dict(define_depth=-1), "--define-depth=-1 must be >= 0"),
+        (dict(define_folded=True), "--define-folded needs a DeFINE unit (--define-depth > 0)"),
+    ],
+)
 def test_bad_settings_raise_clear_errors(lm_task, overrides, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         build(lm_task, **overrides)
@@ -354,5 +398,6 @@ def test_bad_settings_raise_clear_errors(lm_task, overrides, message):
 
 def test_errors_reach_the_command_line(lm_data):
     with pytest.raises(ValueError, match=re.escape("--mogrifier-mos-components=0")):
-        parsed_model(lm_data, "mogrifier_lstm_lm_wt2", *TINY["mogrifier_lstm_lm_wt2"], "--mogrifier-mos-components",
-                     "0")
+        parsed_model(
+            lm_data, "mogrifier_lstm_lm_wt2", *TINY["mogrifier_lstm_lm_wt2"], "--mogrifier-mos-components", "0"
+        )

@@ -3,10 +3,9 @@ that fits, counted as the official code counts them, and carry lamb's tuned drop
 
 import pytest
 import torch
+from test_lstm_lm import parsed_model
 
 import define_fairseq  # noqa: F401  (registers the models, tasks and criteria)
-
-from test_lstm_lm import parsed_model
 
 PTB_VOCAB, WT2_VOCAB = 10_000, 33_278
 
@@ -65,15 +64,22 @@ def test_parameter_budget_is_filled_by_the_largest_hidden_size(dictionary_dirs, 
         assert total == lamb_count(vocab, n, e, rounds, rank, components)
         assert 0.99 * budget <= total <= budget
         bigger_e = e if ratio is None else round(ratio * (n + 1))
-        _, _, bigger = parsed_model(dictionary_dirs[vocab], arch, "--mogrifier-hidden-size", str(n + 1),
-                                    "--mogrifier-embed-dim", str(bigger_e if ratio else n + 1))
+        _, _, bigger = parsed_model(
+            dictionary_dirs[vocab],
+            arch,
+            "--mogrifier-hidden-size",
+            str(n + 1),
+            "--mogrifier-embed-dim",
+            str(bigger_e if ratio else n + 1),
+        )
         assert sum(p.numel() for p in bigger.parameters()) > budget  # n is the largest hidden size that fits
     decoder = model.decoder
     lstm = decoder.lstm
     assert (lstm.num_layers, lstm.hidden_size, lstm.input_size, lstm.rounds, lstm.rank) == (2, n, e, rounds, rank)
     assert lstm.sum_layer_outputs and lstm.cap_input_gate and lstm.layers[0].forget_bias == 1.0
-    assert (lstm.input_dropout, lstm.inter_layer_dropout, lstm.state_dropout, lstm.output_dropout) == \
-        TUNED_DROPOUTS[arch]
+    assert (lstm.input_dropout, lstm.inter_layer_dropout, lstm.state_dropout, lstm.output_dropout) == TUNED_DROPOUTS[
+        arch
+    ]
     # lamb's configs: shared_mask_dropout False; the state mask per window (static_rnn, PTB) or per step
     # (dynamic_rnn, WikiText-2)
     assert not lstm.shared_mask_dropout and lstm.state_dropout_per_step == (vocab == WT2_VOCAB)

@@ -10,18 +10,35 @@ import sys
 import pytest
 import torch
 import torch.nn as nn
+from mogrifier_reference import B, M, N, T, assert_same, literal_mogrifier, make_inputs, outputs_and_grads, randomize
 
 from define_fairseq.modules import mogrifier_recurrence
-from define_fairseq.modules.mogrifier_lstm import (MogrifierDropoutMasks, MogrifierLSTM, MogrifierLSTMLayer,
-                                                   MogrifierRound)
-
-from mogrifier_reference import B, M, N, T, assert_same, literal_mogrifier, make_inputs, outputs_and_grads, randomize
+from define_fairseq.modules.mogrifier_lstm import (
+    MogrifierDropoutMasks,
+    MogrifierLSTM,
+    MogrifierLSTMLayer,
+    MogrifierRound,
+)
 
 
 def test_dropout_masks_are_shared_over_time_and_come_before_the_rounds():
     torch.manual_seed(0)
-    model = MogrifierLSTM(M, N, num_layers=2, rounds=5, rank=3, input_dropout=0.5, inter_layer_dropout=0.4,
-                          state_dropout=0.3, output_dropout=0.6, shared_mask_dropout=True).double().train()
+    model = (
+        MogrifierLSTM(
+            M,
+            N,
+            num_layers=2,
+            rounds=5,
+            rank=3,
+            input_dropout=0.5,
+            inter_layer_dropout=0.4,
+            state_dropout=0.3,
+            output_dropout=0.6,
+            shared_mask_dropout=True,
+        )
+        .double()
+        .train()
+    )
     randomize(model)
     x, state = make_inputs(model)
     # one mask per sequence: [B, features], no time dimension
@@ -53,10 +70,15 @@ def literal_after_rounds(model, x, state, masks):
     outs = []
     for t in range(x.shape[1]):
         x_up, h_up = layer.mogrify(x[:, t], h)
-        pre = (x_up * masks.inputs[0]) @ layer.weight_ih.t() + (h_up * masks.states[0]) @ layer.weight_hh.t() \
-            + layer.bias
-        i, f, j, o = torch.sigmoid(pre[:, :n]), torch.sigmoid(pre[:, n:2 * n]), torch.tanh(pre[:, 2 * n:3 * n]), \
-            torch.sigmoid(pre[:, 3 * n:])
+        pre = (
+            (x_up * masks.inputs[0]) @ layer.weight_ih.t() + (h_up * masks.states[0]) @ layer.weight_hh.t() + layer.bias
+        )
+        i, f, j, o = (
+            torch.sigmoid(pre[:, :n]),
+            torch.sigmoid(pre[:, n : 2 * n]),
+            torch.tanh(pre[:, 2 * n : 3 * n]),
+            torch.sigmoid(pre[:, 3 * n :]),
+        )
         c = f * c + torch.minimum(i, 1 - f) * j
         h = o * torch.tanh(c)
         outs.append(h)
@@ -111,8 +133,18 @@ def test_training_draws_masks_per_step_and_eval_none(state_per_step):
     state mask shared by the steps of a call (PTB) or new at every step (WikiText-2); forward (the fast path) uses
     exactly the masks it draws. Eval mode: no dropout at all."""
     torch.manual_seed(0)
-    model = MogrifierLSTM(M, N, num_layers=2, rounds=5, rank=3, input_dropout=0.5, inter_layer_dropout=0.4,
-                          state_dropout=0.3, output_dropout=0.6, state_dropout_per_step=state_per_step)
+    model = MogrifierLSTM(
+        M,
+        N,
+        num_layers=2,
+        rounds=5,
+        rank=3,
+        input_dropout=0.5,
+        inter_layer_dropout=0.4,
+        state_dropout=0.3,
+        output_dropout=0.6,
+        state_dropout_per_step=state_per_step,
+    )
     model = randomize(model.double()).train()
     steps = 6
     x, state = make_inputs(model, steps=steps)
@@ -150,7 +182,7 @@ def test_gate_biases_follow_the_official_initialisation():
     cut = 2 * math.sqrt(1.3 / n)
     std = 0.87962566 * math.sqrt(1.3 / n)
     for k, (gate, mean) in enumerate(zip("ifjo", (0.0, forget_bias, 0.0, 0.0))):
-        values = bias[k * n: (k + 1) * n]
+        values = bias[k * n : (k + 1) * n]
         assert abs(values.mean().item() - mean) < 5 * std / math.sqrt(n), gate
         assert abs(values.std().item() / std - 1) < 0.1, gate
         assert (values - mean).abs().max().item() <= cut * (1 + 1e-6), gate
@@ -196,19 +228,22 @@ def test_initialisation():
     assert abs(layer.weight_hh.var().item() * 200 - 1) < 0.05
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(rounds=-1), "rounds=-1: must be an integer >= 0 (0: a plain LSTM)"),
-    (dict(rank=-2), "rank=-2: must be an integer >= 0 (0: full rank)"),
-    (dict(rank=N), "rank=5: give 0 (full rank) or a rank below min(input_size, hidden_size) = 5"),
-    (dict(rank=1.5), "rank=1.5: must be an integer"),
-    (dict(input_dropout=1.0), "input_dropout=1.0: a dropout probability must be in [0, 1)"),
-    (dict(inter_layer_dropout=-0.1), "inter_layer_dropout=-0.1: "),
-    (dict(state_dropout=1.5), "state_dropout=1.5: "),
-    (dict(output_dropout=1.0), "output_dropout=1.0: "),
-    (dict(num_layers=0), "num_layers=0: must be an integer >= 1"),
-    (dict(hidden_size=0), "hidden_size=0: "),
-    (dict(input_size=0), "input_size=0: "),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(rounds=-1), "rounds=-1: must be an integer >= 0 (0: a plain LSTM)"),
+        (dict(rank=-2), "rank=-2: must be an integer >= 0 (0: full rank)"),
+        (dict(rank=N), "rank=5: give 0 (full rank) or a rank below min(input_size, hidden_size) = 5"),
+        (dict(rank=1.5), "rank=1.5: must be an integer"),
+        (dict(input_dropout=1.0), "input_dropout=1.0: a dropout probability must be in [0, 1)"),
+        (dict(inter_layer_dropout=-0.1), "inter_layer_dropout=-0.1: "),
+        (dict(state_dropout=1.5), "state_dropout=1.5: "),
+        (dict(output_dropout=1.0), "output_dropout=1.0: "),
+        (dict(num_layers=0), "num_layers=0: must be an integer >= 1"),
+        (dict(hidden_size=0), "hidden_size=0: "),
+        (dict(input_size=0), "input_size=0: "),
+    ],
+)
 def test_invalid_settings_raise_naming_the_argument(kwargs, message):
     args = dict(input_size=M, hidden_size=N)
     args.update(kwargs)
@@ -231,8 +266,17 @@ def test_bad_input_shapes_raise():
 
 
 def test_attributes_and_float32_training_step():
-    model = MogrifierLSTM(M, N, num_layers=2, rounds=5, rank=3, input_dropout=0.2, inter_layer_dropout=0.2,
-                          state_dropout=0.2, output_dropout=0.2)
+    model = MogrifierLSTM(
+        M,
+        N,
+        num_layers=2,
+        rounds=5,
+        rank=3,
+        input_dropout=0.2,
+        inter_layer_dropout=0.2,
+        state_dropout=0.2,
+        output_dropout=0.2,
+    )
     assert (model.input_size, model.hidden_size, model.num_layers, model.rounds, model.rank) == (M, N, 2, 5, 3)
     x = torch.randn(B, T, M, requires_grad=True)
     out, state = model(x)
@@ -255,29 +299,35 @@ def test_gpu_matches_cpu():
     xg = x.detach().cuda().requires_grad_(True)
     sg = [(h.detach().cuda().requires_grad_(True), c.detach().cuda().requires_grad_(True)) for h, c in state]
     got = outputs_and_grads(gpu.forward, gpu, xg, sg, None)
-    assert_same((got[0].cpu(), [(h.cpu(), c.cpu()) for h, c in got[1]], [g.cpu() for g in got[2]]), expected,
-                "gpu", atol=1e-9)
+    assert_same(
+        (got[0].cpu(), [(h.cpu(), c.cpu()) for h, c in got[1]], [g.cpu() for g in got[2]]), expected, "gpu", atol=1e-9
+    )
     assert math.isfinite(got[0].sum().item())
 
 
-@pytest.mark.parametrize("policy, one_thread", [("PASSIVE", "True"), ("passive", "True"), ("ACTIVE", "False"),
-                                                (None, "False")])
+@pytest.mark.parametrize(
+    "policy, one_thread", [("PASSIVE", "True"), ("passive", "True"), ("ACTIVE", "False"), (None, "False")]
+)
 def test_small_work_runs_on_one_thread_only_under_the_passive_wait_policy(policy, one_thread):
     """The switch to one thread pays where waking OpenMP's sleeping threads is expensive (PASSIVE) and costs time
     otherwise; the OpenMP runtime reads the policy at start-up, so a fresh process decides."""
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     if policy is not None:
         env["OMP_WAIT_POLICY"] = policy
-    code = ("from define_fairseq.modules import mogrifier_recurrence; "
-            "print(mogrifier_recurrence.small_work_on_one_thread())")
+    code = (
+        "from define_fairseq.modules import mogrifier_recurrence; "
+        "print(mogrifier_recurrence.small_work_on_one_thread())"
+    )
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert proc.stdout.split()[-1] == one_thread
 
 
 def test_wait_policy_is_read_when_first_needed_not_at_import():
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    code = ("import os; from define_fairseq.modules import mogrifier_recurrence; "
-            "os.environ['OMP_WAIT_POLICY'] = 'PASSIVE'; print(mogrifier_recurrence.small_work_on_one_thread())")
+    code = (
+        "import os; from define_fairseq.modules import mogrifier_recurrence; "
+        "os.environ['OMP_WAIT_POLICY'] = 'PASSIVE'; print(mogrifier_recurrence.small_work_on_one_thread())"
+    )
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert proc.stdout.split()[-1] == "True"
 

@@ -4,12 +4,11 @@ whose cuts are kept as in training, bad flags, and a failure that keeps the old 
 import re
 
 import pytest
-
 from conftest import run_module
+from test_char_noise import make_words
+
 from define_fairseq.data.char_noise import CharNoise, NoiseStats, sample_rng
 from define_fairseq.tools import noise_text
-
-from test_char_noise import make_words
 
 
 def test_noise_text_writes_the_noised_copy_and_prints_the_rate(tmp_path, capsys):
@@ -27,8 +26,9 @@ def test_noise_text_writes_the_noised_copy_and_prints_the_rate(tmp_path, capsys)
     noise, stats, expected = CharNoise(0.1, min_chars=2), NoiseStats(), []
     for i, line in enumerate(lines):
         rng = sample_rng(3, 0, i)
-        expected.append("".join(p if p.isspace() or not p else noise.noise_word(p, rng, stats)
-                                for p in re.split(r"(\s+)", line)))
+        expected.append(
+            "".join(p if p.isspace() or not p else noise.noise_word(p, rng, stats) for p in re.split(r"(\s+)", line))
+        )
     got = target.read_text(encoding="utf-8").split("\n")
     assert got == expected + [""]
     assert got[3] == "" and re.findall(r"\s+", got[7]) == ["\t", "  ", " "]
@@ -55,8 +55,10 @@ def test_noise_text_segmented_keeps_the_cuts_and_matches_the_training_noise(tmp_
     out = capsys.readouterr().out
     got = target.read_text(encoding="utf-8").split("\n")[:-1]
     noise, stats = CharNoise(0.1), NoiseStats()
-    expected = [" ".join(noise.noise_tokens(line.split(), sample_rng(3, 0, i), stats)) if line else ""
-                for i, line in enumerate(segmented)]
+    expected = [
+        " ".join(noise.noise_tokens(line.split(), sample_rng(3, 0, i), stats)) if line else ""
+        for i, line in enumerate(segmented)
+    ]
     assert got == expected and got != segmented and got[5] == ""
     assert f"words changed: {stats.words_changed} of {stats.words}" in out
     # the same edits as on the unsegmented text: joining the pieces gives the plain run's output
@@ -71,8 +73,11 @@ def test_noise_text_segmented_keeps_the_cuts_and_matches_the_training_noise(tmp_
 def test_noise_text_rejects_bad_flags(tmp_path, capsys):
     source = tmp_path / "in.txt"
     source.write_text("hello world\n")
-    for flags, message in ((["--rate", "1.5"], "--rate"), (["--rate", "0.1", "--types", "typo"], "substitute"),
-                           (["--rate", "0.1", "--min-chars", "0"], "--min-chars")):
+    for flags, message in (
+        (["--rate", "1.5"], "--rate"),
+        (["--rate", "0.1", "--types", "typo"], "substitute"),
+        (["--rate", "0.1", "--min-chars", "0"], "--min-chars"),
+    ):
         with pytest.raises(SystemExit) as error:
             noise_text.main(flags + ["--seed", "1", str(source), str(tmp_path / "out.txt")])
         assert error.value.code == 2 and message in capsys.readouterr().err
@@ -82,8 +87,7 @@ def test_noise_text_rejects_bad_flags(tmp_path, capsys):
 def test_noise_text_fails_cleanly_and_keeps_the_old_output(tmp_path):
     target = tmp_path / "out.txt"
     missing = tmp_path / "no-such-file.txt"
-    proc = run_module("define_fairseq.tools.noise_text", "--rate", "0.1", "--seed", "1", missing, target,
-                      check=False)
+    proc = run_module("define_fairseq.tools.noise_text", "--rate", "0.1", "--seed", "1", missing, target, check=False)
     assert proc.returncode != 0 and str(missing) in proc.stderr and "Traceback" not in proc.stderr
     assert not target.exists() and not (tmp_path / "out.txt.tmp").exists()
     # A failure half-way (invalid UTF-8 after good lines) leaves an existing OUTPUT as it was.

@@ -48,16 +48,37 @@ def write_page(root, language, name, **texts):
 
 
 def test_help_pairs_elements_by_id_and_leaves_hidden_variants_out(tmp_path):
-    write_page(tmp_path, "en-US", "a.html", title="Load options", first="Choose ", mac="LibreOffice - Preferences",
-               rest="Tools - Options.", same="OK", ignored="Menu")
-    write_page(tmp_path, "de", "a.html", title="Ladeoptionen", first="Wählen Sie ", mac="LibreOffice - Einstellungen",
-               rest="Extras - Optionen.", same="OK", ignored="Menü")
-    write_page(tmp_path, "en-US", "only_english.html", title="Lonely", first="x", mac="", rest="y", same="z",
-               ignored="")
+    write_page(
+        tmp_path,
+        "en-US",
+        "a.html",
+        title="Load options",
+        first="Choose ",
+        mac="LibreOffice - Preferences",
+        rest="Tools - Options.",
+        same="OK",
+        ignored="Menu",
+    )
+    write_page(
+        tmp_path,
+        "de",
+        "a.html",
+        title="Ladeoptionen",
+        first="Wählen Sie ",
+        mac="LibreOffice - Einstellungen",
+        rest="Extras - Optionen.",
+        same="OK",
+        ignored="Menü",
+    )
+    write_page(
+        tmp_path, "en-US", "only_english.html", title="Lonely", first="x", mac="", rest="y", same="z", ignored=""
+    )
     assert help_texts(str(tmp_path / "de" / "text" / "a.html"))["par_id2"] == "Wählen Sie Extras - Optionen."
     # par_id3's translation equals its source, so it is skipped; the element without a par_/hd_id too
-    assert list(help_pairs(str(tmp_path))) == [("Load options", "Ladeoptionen"),
-                                               ("Choose Tools - Options.", "Wählen Sie Extras - Optionen.")]
+    assert list(help_pairs(str(tmp_path))) == [
+        ("Load options", "Ladeoptionen"),
+        ("Choose Tools - Options.", "Wählen Sie Extras - Optionen."),
+    ]
 
 
 def test_build_writes_hash_splits_and_ding_holds_out_more(tmp_path):

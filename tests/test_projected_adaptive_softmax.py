@@ -7,8 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from define_fairseq.modules import projected_adaptive_softmax
-from define_fairseq.modules import ProjectedAdaptiveSoftmax, ProjectiveEmbedding
+from define_fairseq.modules import ProjectedAdaptiveSoftmax, ProjectiveEmbedding, projected_adaptive_softmax
 
 WT103_VOCAB = 267735
 WT103_CUTOFF = [20000, 40000, 200000]
@@ -45,8 +44,9 @@ def test_log_prob_normalises_and_matches_the_definition(n, d):
     torch.testing.assert_close(lp.exp().sum(-1), torch.ones(2, 3, dtype=torch.float64))
     flat = h.view(-1, d)
     proj = [torch.eye(d, dtype=torch.float64) if p is None else p for p in sm.projections]
-    head = torch.cat([flat @ proj[0] @ sm.table[:4].T + sm.bias[:4],
-                      flat @ proj[0] @ sm.cluster_weight.T + sm.cluster_bias], -1).log_softmax(-1)
+    head = torch.cat(
+        [flat @ proj[0] @ sm.table[:4].T + sm.bias[:4], flat @ proj[0] @ sm.cluster_weight.T + sm.cluster_bias], -1
+    ).log_softmax(-1)
     bounds = [0, 4, 9, 15, 20]
     for w in [0, 3, 4, 8, 9, 14, 15, 19]:
         c = next(i for i in range(4) if bounds[i] <= w < bounds[i + 1])
@@ -80,18 +80,26 @@ def test_forward_targets_give_the_same_loss_as_get_log_prob():
 def reference_log_prob(sm, flat):
     """``[N, 20]`` log-probabilities of ``small_softmax`` written out from the definition, slice by slice."""
     proj = [torch.eye(flat.size(1), dtype=flat.dtype) if p is None else p for p in sm.projections]
-    head = torch.cat([flat @ proj[0] @ sm.table[:4].T + sm.bias[:4],
-                      flat @ proj[0] @ sm.cluster_weight.T + sm.cluster_bias], -1).log_softmax(-1)
+    head = torch.cat(
+        [flat @ proj[0] @ sm.table[:4].T + sm.bias[:4], flat @ proj[0] @ sm.cluster_weight.T + sm.cluster_bias], -1
+    ).log_softmax(-1)
     bounds = [0, 4, 9, 15, 20]
     columns = [head[:, :4]]
     for c in range(1, 4):
         lo, hi = bounds[c], bounds[c + 1]
-        columns.append(head[:, 4 + c - 1:4 + c] + (flat @ proj[c] @ sm.table[lo:hi].T + sm.bias[lo:hi]).log_softmax(-1))
+        columns.append(
+            head[:, 4 + c - 1 : 4 + c] + (flat @ proj[c] @ sm.table[lo:hi].T + sm.bias[lo:hi]).log_softmax(-1)
+        )
     return torch.cat(columns, -1)
 
 
-@pytest.mark.parametrize("target", [[[0, 1, 3, 4, 8, 9, 19], [2, 2, 3, 1, 0, 5, 6], [15, 16, 1, 0, 3, 2, 9]],
-                                    [[0, 1, 3, 4, 8, 19, 19], [2, 2, 3, 1, 0, 5, 6], [15, 16, 1, 0, 3, 2, 4]]])
+@pytest.mark.parametrize(
+    "target",
+    [
+        [[0, 1, 3, 4, 8, 9, 19], [2, 2, 3, 1, 0, 5, 6], [15, 16, 1, 0, 3, 2, 9]],
+        [[0, 1, 3, 4, 8, 19, 19], [2, 2, 3, 1, 0, 5, 6], [15, 16, 1, 0, 3, 2, 4]],
+    ],
+)
 def test_training_loss_gradients_match_the_definition(target):
     """Every parameter's gradient through the training path (the table as well, used as the input embedding
     too, as when tied), also when a cluster has no target (the second case has none in cluster 2)."""
@@ -108,22 +116,27 @@ def test_training_loss_gradients_match_the_definition(target):
     loss = sum(F.cross_entropy(lg, tg, reduction="sum") for lg, tg in zip(logits, targets) if lg is not None)
     expected = -reference_log_prob(sm, h.view(-1, 5)).gather(-1, target.view(-1, 1)).sum()
     torch.testing.assert_close(loss, expected)
-    for p, got, want in zip(params, torch.autograd.grad(with_embedding(loss), params, allow_unused=True),
-                            torch.autograd.grad(with_embedding(expected), params)):
+    for p, got, want in zip(
+        params,
+        torch.autograd.grad(with_embedding(loss), params, allow_unused=True),
+        torch.autograd.grad(with_embedding(expected), params),
+    ):
         torch.testing.assert_close(torch.zeros_like(p) if got is None else got, want)  # None: a cluster unused
     lprobs = sm.get_log_prob(h)  # the autograd path of the full log-probabilities
     weights = torch.randn_like(lprobs)
-    for got, want in zip(torch.autograd.grad((lprobs * weights).sum(), params),
-                         torch.autograd.grad((reference_log_prob(sm, h.view(-1, 5)).view_as(lprobs) * weights).sum(),
-                                             params)):
+    for got, want in zip(
+        torch.autograd.grad((lprobs * weights).sum(), params),
+        torch.autograd.grad((reference_log_prob(sm, h.view(-1, 5)).view_as(lprobs) * weights).sum(), params),
+    ):
         torch.testing.assert_close(got, want)
 
 
 def test_ties_and_parameter_sharing():
     emb = ProjectiveEmbedding(20, 6, 5, padding_idx=1)
     shared = torch.nn.Parameter(torch.randn(5, 6))
-    sm = ProjectedAdaptiveSoftmax(20, 6, 5, [4, 9, 15], table=emb.weight,
-                                  projections=[emb.projection, None, shared, shared])
+    sm = ProjectedAdaptiveSoftmax(
+        20, 6, 5, [4, 9, 15], table=emb.weight, projections=[emb.projection, None, shared, shared]
+    )
     assert sm.table is emb.weight and sm.projections[0] is emb.projection
     assert sm.projections[2] is sm.projections[3] is shared
     assert sm.projections[1] is not None and sm.projections[1] is not emb.projection
@@ -205,8 +218,9 @@ def test_projective_embedding_output():
 def test_projective_io_parameter_count(n, millions):
     with torch.device("meta"):
         emb = ProjectiveEmbedding(WT103_VOCAB, n, 384)
-        sm = ProjectedAdaptiveSoftmax(WT103_VOCAB, n, 384, WT103_CUTOFF, table=emb.weight,
-                                      projections=[emb.projection, None, None, None])
+        sm = ProjectedAdaptiveSoftmax(
+            WT103_VOCAB, n, 384, WT103_CUTOFF, table=emb.weight, projections=[emb.projection, None, None, None]
+        )
     total = count(emb, sm)
     assert total == WT103_VOCAB * n + WT103_VOCAB + 4 * n * 384 + 3 * n + 3
     assert round(total / 1e6, 2) == millions

@@ -11,13 +11,21 @@ import sys
 
 import pytest
 import torch
-
 from conftest import BIN, REPO, training_arguments
 from recipe_runs import leftovers, ok
-from wmt14_recipe import (BPE_SIZE, TESTSETS, TINY, TINY_DEFINE, binarized, mirror_env, normalize, read_lines,
-                          run_script)
-from wmt14_recipe import mirror, prepared  # noqa: F401 - fixtures
-
+from wmt14_recipe import (  # noqa: F401 - fixtures
+    BPE_SIZE,
+    TESTSETS,
+    TINY,
+    TINY_DEFINE,
+    binarized,
+    mirror,
+    mirror_env,
+    normalize,
+    prepared,
+    read_lines,
+    run_script,
+)
 
 # ------------------------------------------------------------------------------------------ train.sh commands
 
@@ -45,13 +53,21 @@ def dry_run(*args):
 
 
 def test_train_commands_keep_the_batch_and_the_papers_settings():
-    commands = {f"{config}-{gpus}": dry_run("-g", gpus, config) for config in ("transformer_wmt_en_de",
-                                                                                "transformer_define")
-                for gpus in (1, 2, 4, 8)}
+    commands = {
+        f"{config}-{gpus}": dry_run("-g", gpus, config)
+        for config in ("transformer_wmt_en_de", "transformer_define")
+        for gpus in (1, 2, 4, 8)
+    }
     commands["bf16"] = dry_run("-g", 2, "-p", "bf16", "transformer_define")
     commands["fp32"] = dry_run("-g", 1, "-p", "fp32", "transformer_define", "--max-update", "7", "--lr", "0.002")
-    proc = subprocess.run([sys.executable, "-c", PARSE], input=json.dumps(commands), capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    proc = subprocess.run(
+        [sys.executable, "-c", PARSE],
+        input=json.dumps(commands),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     parsed = json.loads(proc.stdout.strip().splitlines()[-1])
     for name, info in parsed.items():
@@ -63,12 +79,17 @@ def test_train_commands_keep_the_batch_and_the_papers_settings():
         assert int(info["max_tokens"]) * world * update_freq == 8 * 4096, name
         # OpenNMT-py's Transformer-base recipe: Adam (0.9, 0.998), noam = inverse sqrt from 0, peak after 8000
         assert (info["optimizer"], info["adam_betas"], info["adam_eps"]) == ("adam", "(0.9, 0.998)", "1e-09")
-        assert (info["lr_scheduler"], info["warmup_updates"], info["warmup_init_lr"]) == ("inverse_sqrt", "8000",
-                                                                                         "0.0")
-        assert (info["criterion"], info["label_smoothing"], info["dropout"]) == ("label_smoothed_cross_entropy",
-                                                                                 "0.1", "0.1")
-        assert (info["clip_norm"], info["save_interval_updates"], info["keep_interval_updates"]) == ("0.0", "2000",
-                                                                                                     "10")
+        assert (info["lr_scheduler"], info["warmup_updates"], info["warmup_init_lr"]) == ("inverse_sqrt", "8000", "0.0")
+        assert (info["criterion"], info["label_smoothing"], info["dropout"]) == (
+            "label_smoothed_cross_entropy",
+            "0.1",
+            "0.1",
+        )
+        assert (info["clip_norm"], info["save_interval_updates"], info["keep_interval_updates"]) == (
+            "0.0",
+            "2000",
+            "10",
+        )
         if name != "fp32":
             assert eval(info["lr"]) == [0.000988] and info["max_update"] == "200000"
             assert abs(2 / (512 * 8000) ** 0.5 - 0.000988) < 1e-6  # noam's peak: 2 * 512^-0.5 * 8000^-0.5
@@ -84,7 +105,9 @@ def test_train_commands_keep_the_batch_and_the_papers_settings():
 def test_fairseq_trains_own_bf16_flag_asks_for_a_tpu():
     """Why bf16 goes through define_fairseq.tools.train: fairseq-train's parser turns --bf16 into --tpu."""
     from fairseq import options
+
     from define_fairseq.tools.train import parse_args
+
     argv = ["data", "--task", "translation", "--arch", "transformer", "--bf16"]
     assert options.parse_args_and_arch(options.get_training_parser(), argv).tpu is True
     args = parse_args(argv)
@@ -98,9 +121,11 @@ def test_train_bad_options_fail_clearly(tmp_path):
     assert "--distributed-world-size 3" in proc.stdout and "--update-freq 3 --save-dir" in proc.stdout
     proc = run_script("eval.sh", "-s", tmp_path, "transformer_define", "--nbest", "2")
     assert proc.returncode != 0 and "do not pass --nbest" in proc.stderr
-    for args, message in ((["-g", "3", "transformer_define"], "-g 3 does not divide 8"),
-                          (["-g", "1", "-p", "fp8", "transformer_define"], "-p fp8: give fp16, bf16 or fp32"),
-                          (["-g", "1", "transformer"], "unknown CONFIG 'transformer'")):
+    for args, message in (
+        (["-g", "3", "transformer_define"], "-g 3 does not divide 8"),
+        (["-g", "1", "-p", "fp8", "transformer_define"], "-p fp8: give fp16, bf16 or fp32"),
+        (["-g", "1", "transformer"], "unknown CONFIG 'transformer'"),
+    ):
         proc = run_script("train.sh", "-n", *args)
         assert proc.returncode != 0 and message in proc.stderr, args
     proc = run_script("train.sh", "-d", tmp_path, "-s", tmp_path / "ck", "-g", "1", "transformer_define")
@@ -113,15 +138,20 @@ def test_train_bad_options_fail_clearly(tmp_path):
 
 # ----------------------------------------------------------------------------- the chain: train, average, eval
 
+
 @pytest.fixture(scope="module")
 def trained(prepared, tmp_path_factory):
     """transformer_define in float32 and the baseline in bfloat16, 6 updates each, a checkpoint every 2."""
     data_dir, _ = prepared
     save_root = tmp_path_factory.mktemp("checkpoints")
     outputs = {}
-    for config, precision, extra in (("transformer_define", "fp32", TINY_DEFINE), ("transformer_wmt_en_de", "bf16", [])):
-        proc = ok(run_script("train.sh", "-d", data_dir, "-s", save_root, "-g", 1, "-p", precision, config,
-                             *TINY, *extra))
+    for config, precision, extra in (
+        ("transformer_define", "fp32", TINY_DEFINE),
+        ("transformer_wmt_en_de", "bf16", []),
+    ):
+        proc = ok(
+            run_script("train.sh", "-d", data_dir, "-s", save_root, "-g", 1, "-p", precision, config, *TINY, *extra)
+        )
         outputs[config] = proc.stdout
     return save_root, outputs
 
@@ -175,20 +205,26 @@ def test_average_is_the_mean_of_the_last_checkpoints(averaged, trained):
     assert proc.returncode != 0 and not (path.parent / "checkpoint_avg4.pt").exists()
 
 
-BLEU_LINE = re.compile(r"^(newstest201[47]) +sacreBLEU +([0-9.]+) +tokenized compound-split BLEU +([0-9.]+) +"
-                       r"\((\d+) sentences; (nrefs:1\|case:mixed\|eff:no\|tok:13a\|smooth:exp\|version:[0-9.]+)\)$")
+BLEU_LINE = re.compile(
+    r"^(newstest201[47]) +sacreBLEU +([0-9.]+) +tokenized compound-split BLEU +([0-9.]+) +"
+    r"\((\d+) sentences; (nrefs:1\|case:mixed\|eff:no\|tok:13a\|smooth:exp\|version:[0-9.]+)\)$"
+)
 
 
 def moses_tokenize(lines, lang="de"):
     from sacremoses import MosesPunctNormalizer, MosesTokenizer
+
     tokenizer, normalizer = MosesTokenizer(lang), MosesPunctNormalizer(lang)
-    return [tokenizer.tokenize(normalize(normalizer, line), aggressive_dash_splits=True, escape=True,
-                               return_str=True) for line in lines]
+    return [
+        tokenizer.tokenize(normalize(normalizer, line), aggressive_dash_splits=True, escape=True, return_str=True)
+        for line in lines
+    ]
 
 
 def check_bleu_folder(folder, data_dir, checkpoint, bpe="subword-nmt", beam=2, testsets=tuple(TESTSETS)):
-    from sacremoses import MosesDetokenizer
     import sacrebleu
+    from sacremoses import MosesDetokenizer
+
     lines = (folder / "bleu.txt").read_text().splitlines()
     assert lines[0].startswith(f"# BLEU of {checkpoint} on {data_dir} ({bpe}): beam {beam}, lenpen 0.6")
     assert len(lines) == 1 + len(testsets)
@@ -220,7 +256,8 @@ def check_bleu_folder(folder, data_dir, checkpoint, bpe="subword-nmt", beam=2, t
         assert read_lines(folder / f"{testset}.ref.tok.split") == split
         assert any("##AT##-##AT##" in r for r in split)  # the stand-in has hyphenated compounds
         assert read_lines(folder / f"{testset}.hyp.tok.split") == [
-            re.sub(r"(\S)-(\S)", r"\1 ##AT##-##AT## \2", h) for h in tokenized]
+            re.sub(r"(\S)-(\S)", r"\1 ##AT##-##AT## \2", h) for h in tokenized
+        ]
         fairseq_score = (folder / f"{testset}.fairseq-score.txt").read_text()
         assert f"BLEU4 = {float(match.group(3)):.2f}" in fairseq_score
 
@@ -246,18 +283,22 @@ def test_eval_chain_writes_well_formed_bleu(averaged, prepared, trained):
 
 # ------------------------------------------------------------------------------------------ the SentencePiece option
 
+
 @pytest.mark.slow
 def test_sentencepiece_option_prepares_trains_and_evaluates(mirror, tmp_path):
     import sentencepiece
+
     data_dir = tmp_path / "spm"
-    proc = ok(run_script("prepare.sh", "-b", "sentencepiece", "-v", BPE_SIZE, "-j", "2", data_dir,
-                         env=mirror_env(mirror)))
+    proc = ok(
+        run_script("prepare.sh", "-b", "sentencepiece", "-v", BPE_SIZE, "-j", "2", data_dir, env=mirror_env(mirror))
+    )
     assert "SentencePiece BPE, vocabulary 300" in proc.stdout
     assert (data_dir / "settings").read_text() == f"bpe=sentencepiece size={BPE_SIZE}\n"
     assert not (data_dir / "bpe" / "code").exists()
     model = sentencepiece.SentencePieceProcessor(model_file=str(data_dir / "bpe" / "spm.model"))
     assert model.get_piece_size() == int(BPE_SIZE)
     from sacremoses import MosesPunctNormalizer
+
     for lang in ("en", "de"):
         # normalised only (SentencePiece segments raw text): no Moses tokenisation, no XML escapes
         raw = read_lines(data_dir / "raw" / f"newstest2014.{lang}")
@@ -271,42 +312,108 @@ def test_sentencepiece_option_prepares_trains_and_evaluates(mirror, tmp_path):
             vocabulary = {row.split(" ")[0] for row in read_lines(data_dir / "data-bin" / f"dict.{lang}.txt")}
             subset = "test" if split == "newstest2014" else split
             assert binarized(data_dir / "data-bin", subset, lang) == [
-                " ".join(piece if piece in vocabulary else "<unk>" for piece in line.split()) for line in expected]
+                " ".join(piece if piece in vocabulary else "<unk>" for piece in line.split()) for line in expected
+            ]
     save_root = tmp_path / "checkpoints"
-    ok(run_script("train.sh", "-d", data_dir, "-s", save_root, "-g", 1, "-p", "fp32", "transformer_define",
-                  *TINY, *TINY_DEFINE, "--max-update", "2"))
-    ok(run_script("eval.sh", "-d", data_dir, "-s", save_root, "-b", 2, "-t", "newstest2014", "transformer_define",
-                  "--cpu", "--max-len-b", "20"))
+    ok(
+        run_script(
+            "train.sh",
+            "-d",
+            data_dir,
+            "-s",
+            save_root,
+            "-g",
+            1,
+            "-p",
+            "fp32",
+            "transformer_define",
+            *TINY,
+            *TINY_DEFINE,
+            "--max-update",
+            "2",
+        )
+    )
+    ok(
+        run_script(
+            "eval.sh",
+            "-d",
+            data_dir,
+            "-s",
+            save_root,
+            "-b",
+            2,
+            "-t",
+            "newstest2014",
+            "transformer_define",
+            "--cpu",
+            "--max-len-b",
+            "20",
+        )
+    )
     best = save_root / "transformer_define" / "checkpoint_best.pt"
-    check_bleu_folder(best.parent / "bleu.checkpoint_best.beam2.lenpen0.6", data_dir, best, bpe="sentencepiece",
-                      testsets=("newstest2014",))
+    check_bleu_folder(
+        best.parent / "bleu.checkpoint_best.beam2.lenpen0.6",
+        data_dir,
+        best,
+        bpe="sentencepiece",
+        testsets=("newstest2014",),
+    )
 
 
 # ------------------------------------------------------------------------- the recipe's model from Python and CLI
+
 
 @pytest.mark.slow
 def test_recipe_checkpoint_translates_raw_text_from_python_and_interactive(prepared, trained):
     """The hub interface and fairseq-interactive on the recipe's outputs, with the Moses tokenizer (the data
     are Moses-tokenised) and the BPE codes: raw sentences in, detokenised translations out, the same both ways."""
     from define_fairseq.models.transformer_define import TransformerDefineModel
+
     data_dir, _ = prepared
     save_root, _ = trained
-    sentences = ["The Commission's well-known report & the \"new\" road.", "Mr President, we must not forget it."]
+    sentences = ['The Commission\'s well-known report & the "new" road.', "Mr President, we must not forget it."]
     hub = TransformerDefineModel.from_pretrained(
-        str(save_root / "transformer_define"), "checkpoint_best.pt", data_name_or_path=str(data_dir / "data-bin"),
-        tokenizer="moses", bpe="subword_nmt", bpe_codes=str(data_dir / "bpe" / "code"),
-        user_dir=str(REPO / "define_fairseq"))
+        str(save_root / "transformer_define"),
+        "checkpoint_best.pt",
+        data_name_or_path=str(data_dir / "data-bin"),
+        tokenizer="moses",
+        bpe="subword_nmt",
+        bpe_codes=str(data_dir / "bpe" / "code"),
+        user_dir=str(REPO / "define_fairseq"),
+    )
     hub.eval()
     encoded = hub.apply_bpe(hub.tokenize(sentences[0]))
     assert "@-@" in encoded and "&amp;" in encoded and "@@" in encoded  # tokenised as the data, then segmented
     from_python = hub.translate(sentences, beam=2, max_len_b=20)
     assert len(from_python) == 2 and all("@@" not in text and "&amp;" not in text for text in from_python)
     proc = subprocess.run(
-        [str(BIN / "fairseq-interactive"), str(data_dir / "data-bin"), "--user-dir", str(REPO / "define_fairseq"),
-         "--path", str(save_root / "transformer_define" / "checkpoint_best.pt"), "--source-lang", "en",
-         "--target-lang", "de", "--tokenizer", "moses", "--bpe", "subword_nmt",
-         "--bpe-codes", str(data_dir / "bpe" / "code"), "--beam", "2", "--max-len-b", "20", "--cpu"],
-        input="".join(s + "\n" for s in sentences), capture_output=True, text=True)
+        [
+            str(BIN / "fairseq-interactive"),
+            str(data_dir / "data-bin"),
+            "--user-dir",
+            str(REPO / "define_fairseq"),
+            "--path",
+            str(save_root / "transformer_define" / "checkpoint_best.pt"),
+            "--source-lang",
+            "en",
+            "--target-lang",
+            "de",
+            "--tokenizer",
+            "moses",
+            "--bpe",
+            "subword_nmt",
+            "--bpe-codes",
+            str(data_dir / "bpe" / "code"),
+            "--beam",
+            "2",
+            "--max-len-b",
+            "20",
+            "--cpu",
+        ],
+        input="".join(s + "\n" for s in sentences),
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     detokenized = dict(re.findall(r"^D-(\d+)\t[^\t]*\t(.*)$", proc.stdout, flags=re.M))
     assert [detokenized[str(i)] for i in range(2)] == from_python

@@ -7,15 +7,13 @@ import os
 import signal
 
 import pytest
-
 from recipe_mirror import closed_port_url
 from recipe_runs import leftovers, md5, ok
 from wmt14_mirror import expected_text, write_wmt14
-from wmt14_recipe import BPE_SIZE, binarized, mirror_env, normalize, read_lines, run_script
-from wmt14_recipe import mirror, prepared  # noqa: F401 - fixtures
-
+from wmt14_recipe import BPE_SIZE, binarized, mirror, mirror_env, normalize, prepared, read_lines, run_script  # noqa: F401 - fixtures
 
 # ------------------------------------------------------------------------------------------------ prepare.sh
+
 
 def test_prepare_extracts_the_right_members(prepared, mirror):
     data_dir, output = prepared
@@ -34,21 +32,32 @@ def test_prepare_extracts_the_right_members(prepared, mirror):
 def test_prepare_tokenises_cleans_and_segments_as_moses_and_subword_nmt(prepared):
     from sacremoses import MosesPunctNormalizer, MosesTokenizer
     from subword_nmt.apply_bpe import BPE
+
     data_dir, output = prepared
     for lang in ("en", "de"):
         normalizer, tokenizer = MosesPunctNormalizer(lang=lang), MosesTokenizer(lang)
         for split in ("train", "valid", "newstest2014", "newstest2017"):
-            expected = [tokenizer.tokenize(normalize(normalizer, line), aggressive_dash_splits=True, escape=True,
-                                           return_str=True) for line in read_lines(data_dir / "raw" / f"{split}.{lang}")]
+            expected = [
+                tokenizer.tokenize(
+                    normalize(normalizer, line), aggressive_dash_splits=True, escape=True, return_str=True
+                )
+                for line in read_lines(data_dir / "raw" / f"{split}.{lang}")
+            ]
             assert read_lines(data_dir / "tok" / f"{split}.{lang}") == expected, (split, lang)
     # cleaning: 1 to 250 words a side, ratio at most 1.5
     pairs = list(zip(read_lines(data_dir / "tok" / "train.en"), read_lines(data_dir / "tok" / "train.de")))
-    kept = [(en, de) for en, de in pairs
-            if 1 <= len(en.split()) <= 250 and 1 <= len(de.split()) <= 250
-            and max(len(en.split()), len(de.split())) <= 1.5 * min(len(en.split()), len(de.split()))]
+    kept = [
+        (en, de)
+        for en, de in pairs
+        if 1 <= len(en.split()) <= 250
+        and 1 <= len(de.split()) <= 250
+        and max(len(en.split()), len(de.split())) <= 1.5 * min(len(en.split()), len(de.split()))
+    ]
     assert len(pairs) - len(kept) >= 4  # at least the stand-in's four bad pairs went
-    assert list(zip(read_lines(data_dir / "tok" / "train.clean.en"),
-                    read_lines(data_dir / "tok" / "train.clean.de"))) == kept
+    assert (
+        list(zip(read_lines(data_dir / "tok" / "train.clean.en"), read_lines(data_dir / "tok" / "train.clean.de")))
+        == kept
+    )
     assert f"kept {len(kept)} of {len(pairs)} sentence pairs" in output
     # one BPE code for both languages, applied to every split
     codes = read_lines(data_dir / "bpe" / "code")
@@ -73,12 +82,20 @@ def test_prepare_binarizes_every_split_with_one_dictionary(prepared):
 
 def test_prepare_rerun_skips_finished_steps(prepared, tmp_path):
     import shutil
+
     data_dir = tmp_path / "data"
     shutil.copytree(prepared[0], data_dir)
     before = {p: p.stat().st_mtime_ns for p in data_dir.rglob("*") if p.is_file()}
     proc = ok(run_script("prepare.sh", "-v", BPE_SIZE, data_dir, env={"WMT14_MIRROR": closed_port_url("wmt")}))
-    for step in ("download training-parallel-europarl-v7.tgz", "extract", "tokenize", "clean", "learn BPE",
-                 "apply BPE", "binarize"):
+    for step in (
+        "download training-parallel-europarl-v7.tgz",
+        "extract",
+        "tokenize",
+        "clean",
+        "learn BPE",
+        "apply BPE",
+        "binarize",
+    ):
         assert f"skip {step}" in proc.stdout, step
     assert {p: p.stat().st_mtime_ns for p in data_dir.rglob("*") if p.is_file()} == before
     # other BPE settings for the same folder are refused: they would mix two preparations
@@ -102,8 +119,12 @@ def test_prepare_killed_midway_and_rerun_gives_identical_data(kill_at, prepared,
             break
     proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL, "".join(seen)
-    step = {"sacremoses tokenize": "tokenize", "    train.en:": "tokenize", "apply the BPE": "bpe-apply",
-            "fairseq-preprocess": "binarize"}[kill_at]
+    step = {
+        "sacremoses tokenize": "tokenize",
+        "    train.en:": "tokenize",
+        "apply the BPE": "bpe-apply",
+        "fairseq-preprocess": "binarize",
+    }[kill_at]
     assert (data_dir / ".done" / "extract").exists()  # earlier steps had finished ...
     assert not (data_dir / ".done" / step).exists()  # ... the killed one had not
     rerun = ok(run_script("prepare.sh", "-v", BPE_SIZE, "-j", "2", data_dir, env=env))
@@ -123,13 +144,24 @@ def test_prepare_redoes_the_later_steps_when_an_archive_changes(prepared, mirror
     """An archive downloaded again (here: another News Commentary) is extracted again, and every later step is
     redone from the new text: no tokenised file of the old text is trusted."""
     import shutil
+
     from sacremoses import MosesPunctNormalizer, MosesTokenizer
+
     data_dir = tmp_path / "data"
     shutil.copytree(prepared[0], data_dir)
     other = write_wmt14(tmp_path / "other-mirror", seed=7)["news_commentary"]
     (data_dir / "orig" / "training-parallel-nc-v9.tgz").unlink()
-    proc = ok(run_script("prepare.sh", "-v", BPE_SIZE, "-j", "2", data_dir,
-                         env={"WMT14_MIRROR": closed_port_url("wmt"), "WMT14_NEWS_COMMENTARY_URL": str(other)}))
+    proc = ok(
+        run_script(
+            "prepare.sh",
+            "-v",
+            BPE_SIZE,
+            "-j",
+            "2",
+            data_dir,
+            env={"WMT14_MIRROR": closed_port_url("wmt"), "WMT14_NEWS_COMMENTARY_URL": str(other)},
+        )
+    )
     assert "skip download training-parallel-europarl-v7.tgz" in proc.stdout
     assert "skip extract" not in proc.stdout and "train.en: already done" not in proc.stdout
     raw = read_lines(data_dir / "raw" / "train.en")
@@ -137,7 +169,8 @@ def test_prepare_redoes_the_later_steps_when_an_archive_changes(prepared, mirror
     normalizer, tokenizer = MosesPunctNormalizer(lang="en"), MosesTokenizer("en")
     assert read_lines(data_dir / "tok" / "train.en") == [
         tokenizer.tokenize(normalize(normalizer, line), aggressive_dash_splits=True, escape=True, return_str=True)
-        for line in raw]
+        for line in raw
+    ]
     assert binarized(data_dir / "data-bin", "train", "en") == read_lines(data_dir / "bpe" / "train.en")
     assert len(read_lines(data_dir / "bpe" / "train.en")) == len(read_lines(data_dir / "tok" / "train.clean.en"))
 
@@ -147,8 +180,9 @@ def test_prepare_wrong_archive_or_checksum_fails_clearly(mirror, tmp_path):
     env = mirror_env(mirror)
     # an archive without the expected members: named in the error, deleted, and downloaded again by a rerun
     data_dir = tmp_path / "broken"
-    proc = run_script("prepare.sh", data_dir, env={**env, "WMT14_TEST_URL": f"{url}/broken/test-full.tgz",
-                                                   "WMT14_TEST_MD5": ""})
+    proc = run_script(
+        "prepare.sh", data_dir, env={**env, "WMT14_TEST_URL": f"{url}/broken/test-full.tgz", "WMT14_TEST_MD5": ""}
+    )
     assert proc.returncode != 0
     assert "test-full.tgz does not hold the expected test-full/newstest2014-deen-src.en.sgm" in proc.stderr
     assert "WMT14_TEST_URL" in proc.stderr
@@ -159,8 +193,10 @@ def test_prepare_wrong_archive_or_checksum_fails_clearly(mirror, tmp_path):
     data_dir = tmp_path / "new" / "checksum"
     proc = run_script("prepare.sh", data_dir, env={"WMT14_MIRROR": url})
     assert proc.returncode != 0
-    assert (f"checksum mismatch for {url}/test-full.tgz: MD5 {md5(archives['test'])}, expected "
-            "a8cd784e006feb32ac6f3d9ec7eb389a") in proc.stderr
+    assert (
+        f"checksum mismatch for {url}/test-full.tgz: MD5 {md5(archives['test'])}, expected "
+        "a8cd784e006feb32ac6f3d9ec7eb389a"
+    ) in proc.stderr
     assert "WMT14_TEST_MD5" in proc.stderr
     # an unreachable mirror: nothing is left of a folder this run created
     data_dir = tmp_path / "unreachable" / "data"
@@ -168,7 +204,10 @@ def test_prepare_wrong_archive_or_checksum_fails_clearly(mirror, tmp_path):
     assert proc.returncode != 0 and "error: download of" in proc.stderr and "WMT14_EUROPARL_URL" in proc.stderr
     assert not (tmp_path / "unreachable").exists()
     # bad options
-    for args, message in ((["-b", "wordpiece"], "give subword-nmt or sentencepiece"),
-                          (["-v", "0"], "-v 0: give the BPE size"), (["-j", "x"], "-j x: give the number")):
+    for args, message in (
+        (["-b", "wordpiece"], "give subword-nmt or sentencepiece"),
+        (["-v", "0"], "-v 0: give the BPE size"),
+        (["-j", "x"], "-j x: give the number"),
+    ):
         proc = run_script("prepare.sh", *args, tmp_path / "unused")
         assert proc.returncode != 0 and message in proc.stderr, args

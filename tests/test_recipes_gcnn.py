@@ -20,18 +20,30 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from conftest import needs_fairseq_eos_blocks, training_arguments
-from recipe_mirror import (GBW_HELDOUT_SHARDS, GBW_LONG_SENTENCE, GBW_TOP, GBW_TRAIN_SHARDS, closed_port_url,
-                           serve_directory, write_gbw_tgz, write_wikitext_zip)
+from recipe_mirror import (
+    GBW_HELDOUT_SHARDS,
+    GBW_LONG_SENTENCE,
+    GBW_TOP,
+    GBW_TRAIN_SHARDS,
+    closed_port_url,
+    serve_directory,
+    write_gbw_tgz,
+    write_wikitext_zip,
+)
 from recipe_runs import leftovers, md5, ok, run_recipe
 
 GBW_ARCHIVE = f"{GBW_TOP}.tar.gz"
+
+
 def gbw_members(archive):
     """{path below the top folder: text} of a GBW archive, read with Python's tarfile."""
     with tarfile.open(archive) as tar:
-        return {member.name.split("/", 1)[1]: tar.extractfile(member).read().decode()
-                for member in tar.getmembers() if member.isfile()}
+        return {
+            member.name.split("/", 1)[1]: tar.extractfile(member).read().decode()
+            for member in tar.getmembers()
+            if member.isfile()
+        }
 
 
 def evaluated_tokens(log):
@@ -45,6 +57,7 @@ def split_results(stdout):
 
 
 # ------------------------------------------------------------------------------------------------ fixtures
+
 
 @pytest.fixture(scope="module")
 def mirror(tmp_path_factory):
@@ -63,8 +76,11 @@ def gbw_data(mirror, tmp_path_factory):
     """recipes/gbw/prepare.sh run once over HTTP with the stand-in's MD5: (data dir, its output)."""
     url, folder = mirror
     data_dir = tmp_path_factory.mktemp("data") / "gbw"
-    proc = ok(run_recipe("gbw/prepare.sh", data_dir,
-                         env={"GBW_URL": f"{url}/{GBW_ARCHIVE}", "GBW_MD5": md5(folder / GBW_ARCHIVE)}))
+    proc = ok(
+        run_recipe(
+            "gbw/prepare.sh", data_dir, env={"GBW_URL": f"{url}/{GBW_ARCHIVE}", "GBW_MD5": md5(folder / GBW_ARCHIVE)}
+        )
+    )
     return data_dir, proc.stdout + proc.stderr
 
 
@@ -72,12 +88,21 @@ def gbw_data(mirror, tmp_path_factory):
 def wt103_data(mirror, tmp_path_factory):
     url, folder = mirror
     data_dir = tmp_path_factory.mktemp("data") / "wikitext-103"
-    ok(run_recipe("wikitext-103/prepare.sh", data_dir, env={"WIKITEXT103_URL": f"{url}/wikitext-103-v1.zip",
-                                                            "WIKITEXT103_MD5": md5(folder / "wikitext-103-v1.zip")}))
+    ok(
+        run_recipe(
+            "wikitext-103/prepare.sh",
+            data_dir,
+            env={
+                "WIKITEXT103_URL": f"{url}/wikitext-103-v1.zip",
+                "WIKITEXT103_MD5": md5(folder / "wikitext-103-v1.zip"),
+            },
+        )
+    )
     return data_dir
 
 
 # ------------------------------------------------------------------------------------------- gbw/prepare.sh
+
 
 def test_gbw_prepare_assembles_the_splits_and_keeps_words_seen_three_times(gbw_data, mirror):
     from fairseq.data import Dictionary, data_utils
@@ -119,12 +144,15 @@ def test_gbw_prepare_assembles_the_splits_and_keeps_words_seen_three_times(gbw_d
     assert all(f"skip {step}" in proc.stdout for step in ("download", "unpack", "binarize"))
 
 
-@pytest.mark.parametrize("served, message", [
-    (None, "error: download of {url} failed"),
-    ("gbw-missing-shard.tar.gz", f"{GBW_TOP}/{GBW_TRAIN_SHARDS[56]} is missing or empty"),
-    ("gbw-error-page.tar.gz", "cannot unpack"),
-    (GBW_ARCHIVE, "checksum mismatch for {url}"),
-])
+@pytest.mark.parametrize(
+    "served, message",
+    [
+        (None, "error: download of {url} failed"),
+        ("gbw-missing-shard.tar.gz", f"{GBW_TOP}/{GBW_TRAIN_SHARDS[56]} is missing or empty"),
+        ("gbw-error-page.tar.gz", "cannot unpack"),
+        (GBW_ARCHIVE, "checksum mismatch for {url}"),
+    ],
+)
 def test_gbw_prepare_failures_leave_nothing_behind(served, message, mirror, tmp_path):
     base, _ = mirror
     url = closed_port_url(GBW_ARCHIVE) if served is None else f"{base}/{served}"
@@ -185,13 +213,23 @@ def test_every_config_carries_the_papers_settings():
     commands = {f"wikitext-103/{c}": dry_run("wikitext-103", c) for c in WT103_CONFIGS}
     commands.update({f"gbw/{c}": dry_run("gbw", c) for c in GBW_CONFIGS})
     commands["override"] = dry_run("gbw", "gcnn_lm_13", "--max-tokens", "2048", "--lr", "2", "--update-freq", "8")
-    proc = subprocess.run([sys.executable, "-c", PARSE_COMMANDS], input=json.dumps(commands), capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    proc = subprocess.run(
+        [sys.executable, "-c", PARSE_COMMANDS],
+        input=json.dumps(commands),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     parsed = json.loads(proc.stdout.strip().splitlines()[-1])
-    layers = {"gcnn_lm_8": (280, gcnn_lm.GCNN_8), "gcnn_lm_14": (280, gcnn_lm.GCNN_14),
-              "gcnn_lm_13": (128, gcnn_lm.GCNN_13), "gcnn_lm_14b": (128, gcnn_lm.GCNN_14B),
-              "gcnn_lm_8b": (128, gcnn_lm.GCNN_8B)}
+    layers = {
+        "gcnn_lm_8": (280, gcnn_lm.GCNN_8),
+        "gcnn_lm_14": (280, gcnn_lm.GCNN_14),
+        "gcnn_lm_13": (128, gcnn_lm.GCNN_13),
+        "gcnn_lm_14b": (128, gcnn_lm.GCNN_14B),
+        "gcnn_lm_8b": (128, gcnn_lm.GCNN_8B),
+    }
     for name, info in parsed.items():
         if name == "override":
             continue
@@ -199,8 +237,11 @@ def test_every_config_carries_the_papers_settings():
         assert info["arch"] == config and info["save_dir"] == f"ck/{config}"
         # the paper: Nesterov momentum 0.99, lr 1, gradient norm clipped at 0.1; adaptive softmax
         assert (info["optimizer"], info["momentum"], info["lr"], info["clip_norm"]) == ("nag", 0.99, [1.0], 0.1)
-        assert (info["criterion"], info["ddp_backend"], info["task"]) == ("adaptive_loss", "legacy_ddp",
-                                                                          "language_modeling")
+        assert (info["criterion"], info["ddp_backend"], info["task"]) == (
+            "adaptive_loss",
+            "legacy_ddp",
+            "language_modeling",
+        )
         assert (info["lr_scheduler"], info["lr_shrink"], info["max_epoch"]) == ("reduce_lr_on_plateau", 0.5, 35)
         if config.startswith("fconv"):  # fairseq's README.conv.md command
             assert (info["dropout"], info["weight_decay"]) == (0.2, 5e-06)
@@ -210,8 +251,11 @@ def test_every_config_carries_the_papers_settings():
             continue
         # our model as the paper draws it: weight norm, GLU, unscaled residuals, no dropout or weight decay
         assert (info["dropout"], info["weight_decay"]) == (0.0, 0.0)
-        assert (info["gcnn_no_weight_norm"], info["gcnn_activation"], info["gcnn_residual_scale"]) == (False, "glu",
-                                                                                                         1.0)
+        assert (info["gcnn_no_weight_norm"], info["gcnn_activation"], info["gcnn_residual_scale"]) == (
+            False,
+            "glu",
+            1.0,
+        )
         assert (info["decoder_embed_dim"], info["gcnn_layers"]) == layers[config]
         if corpus == "wikitext-103":  # contiguous 1024-token blocks, 1024 tokens per GPU (README.conv.md)
             assert info["adaptive_softmax_cutoff"] == "10000,20000,200000"
@@ -227,9 +271,22 @@ def test_every_config_carries_the_papers_settings():
 # ------------------------------------------------------------------------------------- train.sh + eval.sh
 
 # (--data-buffer-size 0: batches collated in the main thread, see SHUTDOWN_ABORT in conftest.py)
-TINY = ["--decoder-embed-dim", "16", "--gcnn-layers", "[(16, 3)] * 2 + [[(8, 1), (8, 3), (24, 1)]]",
-        "--adaptive-softmax-cutoff", "20,40", "--max-update", "2", "--cpu", "--num-workers", "0",
-        "--no-save-optimizer-state", "--data-buffer-size", "0"]
+TINY = [
+    "--decoder-embed-dim",
+    "16",
+    "--gcnn-layers",
+    "[(16, 3)] * 2 + [[(8, 1), (8, 3), (24, 1)]]",
+    "--adaptive-softmax-cutoff",
+    "20,40",
+    "--max-update",
+    "2",
+    "--cpu",
+    "--num-workers",
+    "0",
+    "--no-save-optimizer-state",
+    "--data-buffer-size",
+    "0",
+]
 
 
 def load_model(checkpoint):
@@ -256,7 +313,7 @@ def train_then_eval(corpus, config, data_dir, save_root, *train_args):
     results = split_results(proc.stdout)
     assert list(results) == ["valid", "test"]
     for ppl, loss in results.values():
-        assert ppl == pytest.approx(2 ** loss, rel=1e-3) and 1 < ppl < 1000
+        assert ppl == pytest.approx(2**loss, rel=1e-3) and 1 < ppl < 1000
     assert not leftovers(save_dir)
     signature = (save_dir / "checkpoint_best.eval.txt").read_text().splitlines()[0]
     return save_dir, results, signature
@@ -270,8 +327,9 @@ def test_gbw_scores_every_sentence_on_its_own(gbw_data, tmp_path):
     from fairseq.data import data_utils
 
     data_dir = gbw_data[0]
-    save_dir, results, signature = train_then_eval("gbw", "gcnn_lm_14b", data_dir, tmp_path / "ck",
-                                                   "--tokens-per-sample", "32", "--max-tokens", "256")
+    save_dir, results, signature = train_then_eval(
+        "gbw", "gcnn_lm_14b", data_dir, tmp_path / "ck", "--tokens-per-sample", "32", "--max-tokens", "256"
+    )
     assert "--sample-break-mode eos" in signature and "skip-invalid" not in signature
     model, dictionary = load_model(save_dir / "checkpoint_best.pt")
     for split in ("valid", "test"):
@@ -279,7 +337,8 @@ def test_gbw_scores_every_sentence_on_its_own(gbw_data, tmp_path):
         assert max(len(line.split()) for line in lines) == GBW_LONG_SENTENCE
         # every word and every end of sentence was scored: nothing dropped, however long
         assert evaluated_tokens(save_dir / f"checkpoint_best.eval.{split}.log") == sum(
-            len(line.split()) + 1 for line in lines)
+            len(line.split()) + 1 for line in lines
+        )
         # = each sentence scored on its own from a zero-padded start, the end of sentence as its first input
         dataset = data_utils.load_indexed_dataset(str(data_dir / "data-bin" / split), dictionary)
         total = tokens = 0
@@ -297,15 +356,19 @@ def test_wikitext103_gcnn_scores_the_split_as_one_stream(wt103_data, tmp_path):
     import torch
     from fairseq.data import data_utils
 
-    save_dir, results, signature = train_then_eval("wikitext-103", "gcnn_lm_14", wt103_data, tmp_path / "ck",
-                                                   "--tokens-per-sample", "64", "--max-tokens", "128")
+    save_dir, results, signature = train_then_eval(
+        "wikitext-103", "gcnn_lm_14", wt103_data, tmp_path / "ck", "--tokens-per-sample", "64", "--max-tokens", "128"
+    )
     assert "--context-window 64" in signature and "--tokens-per-sample 1024" in signature
     model, dictionary = load_model(save_dir / "checkpoint_best.pt")
     dataset = data_utils.load_indexed_dataset(str(wt103_data / "data-bin" / "test"), dictionary)
     stream = torch.cat([dataset[i] for i in range(len(dataset))]).long()
     assert len(stream) > 960  # more than one row, so the context window matters
     raw = (wt103_data / "wikitext-103" / "wiki.test.tokens").read_text().splitlines()
-    assert evaluated_tokens(save_dir / "checkpoint_best.eval.test.log") == len(stream) == sum(
-        len(line.split()) + 1 for line in raw)
+    assert (
+        evaluated_tokens(save_dir / "checkpoint_best.eval.test.log")
+        == len(stream)
+        == sum(len(line.split()) + 1 for line in raw)
+    )
     inputs = torch.cat([stream.new_tensor([dictionary.eos()]), stream[:-1]])
     assert results["test"][1] == pytest.approx(nll_bits(model, inputs, stream) / len(stream), abs=2e-4)

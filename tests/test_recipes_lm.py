@@ -9,23 +9,31 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import training_arguments
-from lm_recipe import CORPORA, raw_token_count
-from lm_recipe import mirror, prepared  # noqa: F401 - fixtures
+from lm_recipe import CORPORA, mirror, prepared, raw_token_count  # noqa: F401 - fixtures
 from recipe_runs import leftovers, ok, run_recipe
-
 
 # ------------------------------------------------------------------------------------------ train.sh configs
 
 # Every config of the three recipes' train.sh.
-CONFIGS = [*(f"wikitext-103/{c}" for c in ("r1", "r2", "r3", "r4", "r5", "transformer_lm_wiki103",
-                                            "transformer_lm_define_wiki103")),
-           *(f"{corpus}/{c}" for corpus in ("ptb", "wikitext-2") for c in ("awd_lstm_lm", "awd_lstm_lm_define")),
-           "ptb/mogrifier_lstm_lm_ptb", "ptb/lstm_lm_ptb", "wikitext-2/mogrifier_lstm_lm_wt2", "wikitext-2/lstm_lm_wt2"]
+CONFIGS = [
+    *(
+        f"wikitext-103/{c}"
+        for c in ("r1", "r2", "r3", "r4", "r5", "transformer_lm_wiki103", "transformer_lm_define_wiki103")
+    ),
+    *(f"{corpus}/{c}" for corpus in ("ptb", "wikitext-2") for c in ("awd_lstm_lm", "awd_lstm_lm_define")),
+    "ptb/mogrifier_lstm_lm_ptb",
+    "ptb/lstm_lm_ptb",
+    "wikitext-2/mogrifier_lstm_lm_wt2",
+    "wikitext-2/lstm_lm_wt2",
+]
 # The official code's learning rate and L2 penalty of each Mogrifier-paper config (lamb's tuned trials).
-LAMB_LR_L2 = {"mogrifier_lstm_lm_ptb": ("0.0023", "0.000252"), "lstm_lm_ptb": ("0.00304", "0.000249"),
-              "mogrifier_lstm_lm_wt2": ("0.00329", "0.00019"), "lstm_lm_wt2": ("0.00318", "0.000231")}
+LAMB_LR_L2 = {
+    "mogrifier_lstm_lm_ptb": ("0.0023", "0.000252"),
+    "lstm_lm_ptb": ("0.00304", "0.000249"),
+    "mogrifier_lstm_lm_wt2": ("0.00329", "0.00019"),
+    "lstm_lm_wt2": ("0.00318", "0.000231"),
+}
 
 # Parses each config's fairseq-train command with fairseq's own parser (arch defaults applied, then the
 # dataclass config built), and reads the learning rate per epoch from the scheduler the command asks for.
@@ -70,8 +78,14 @@ def dry_run(config, *extra, save_root="ck"):
 
 
 def parse_commands(commands):
-    proc = subprocess.run([sys.executable, "-c", PARSE_COMMANDS], input=json.dumps(commands), capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    proc = subprocess.run(
+        [sys.executable, "-c", PARSE_COMMANDS],
+        input=json.dumps(commands),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -103,16 +117,21 @@ def test_every_config_is_a_valid_fairseq_command_with_the_papers_settings():
             assert (info["max_update"], info["tokens_per_sample"], info["max_tokens"]) == ("286000", "3072", "3072")
         elif name in LAMB_LR_L2:  # the official Mogrifier code's settings (lamb's tuned configs)
             lr, l2 = LAMB_LR_L2[name]
-            assert (info["task"], info["criterion"], info["sentence_avg"]) == ("stateful_lm", "lm_regularized_loss",
-                                                                               "True")
+            assert (info["task"], info["criterion"], info["sentence_avg"]) == (
+                "stateful_lm",
+                "lm_regularized_loss",
+                "True",
+            )
             assert (info["optimizer"], info["adam_betas"], info["adam_eps"]) == ("adam", "(0, 0.999)", "1e-08")
             assert (info["weight_decay"], info["clip_norm"], info["lr_scheduler"]) == ("0.0", "10.0", "fixed")
             assert info["lr_by_epoch"] == [float(lr)] * 20 and info["mogrifier_l2_penalty"] == l2
             assert (info["batch_size"], info["tokens_per_sample"], info["max_update"]) == ("64", "70", "200000")
             assert (info["seed"], info["mogrifier_drop_state_probability"]) == ("1", "0.01")
         else:  # AWD-LSTM's settings for the corpus
-            batch, dropouti, dropouth, epochs, seed = {"ptb": ("20", "0.4", "0.25", "500", "141"),
-                                                       "wikitext-2": ("80", "0.65", "0.2", "750", "1882")}[corpus]
+            batch, dropouti, dropouth, epochs, seed = {
+                "ptb": ("20", "0.4", "0.25", "500", "141"),
+                "wikitext-2": ("80", "0.65", "0.2", "750", "1882"),
+            }[corpus]
             assert (info["task"], info["criterion"]) == ("stateful_lm", "lm_regularized_loss")
             assert (info["optimizer"], info["momentum"]) == ("nag", "0.0")
             assert info["lr"] == [30.0] and info["lr_scheduler"] == "reduce_lr_on_plateau"
@@ -135,6 +154,7 @@ def test_nag_without_momentum_is_plain_sgd():
     near 100, larger than a float32 tolerance for the smaller entries."""
     import torch
     from fairseq.optim.nag import NAG
+
     torch.manual_seed(0)
     start = torch.randn(5, 3, dtype=torch.float64)
     ours, reference = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())
@@ -154,27 +174,100 @@ def test_nag_without_momentum_is_plain_sgd():
 
 # Tiny models: the arch's structure with small widths, the recipe's optimisation settings, one epoch on CPU.
 TINY = {
-    "wikitext-103/r3": ["--define-n", "16", "--decoder-embed-dim", "16", "--define-k", "32",
-                        "--decoder-hidden-size", "32", "--decoder-layers", "2",
-                        "--adaptive-input-cutoff", "20,40", "--adaptive-softmax-cutoff", "20,40",
-                        "--batch-size", "4", "--tokens-per-sample", "35", "--max-epoch", "1"],
+    "wikitext-103/r3": [
+        "--define-n",
+        "16",
+        "--decoder-embed-dim",
+        "16",
+        "--define-k",
+        "32",
+        "--decoder-hidden-size",
+        "32",
+        "--decoder-layers",
+        "2",
+        "--adaptive-input-cutoff",
+        "20,40",
+        "--adaptive-softmax-cutoff",
+        "20,40",
+        "--batch-size",
+        "4",
+        "--tokens-per-sample",
+        "35",
+        "--max-epoch",
+        "1",
+    ],
     "wikitext-103/transformer_lm_define_wiki103": [
-        "--decoder-layers", "1", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
-        "--decoder-attention-heads", "2", "--define-n", "16", "--define-k", "32",
-        "--adaptive-input-cutoff", "20,40", "--adaptive-softmax-cutoff", "20,40",
-        "--tokens-per-sample", "64", "--max-tokens", "256", "--update-freq", "1", "--max-update", "2",
-        "--warmup-updates", "1"],
-    "ptb/awd_lstm_lm": ["--define-n", "16", "--decoder-embed-dim", "16", "--decoder-hidden-size", "32",
-                        "--decoder-layers", "2", "--max-epoch", "1"],
-    "wikitext-2/awd_lstm_lm_define": ["--define-n", "16", "--define-k", "32", "--define-depth", "3",
-                                      "--decoder-embed-dim", "16", "--decoder-hidden-size", "32",
-                                      "--decoder-layers", "2", "--batch-size", "10", "--max-epoch", "1"],
+        "--decoder-layers",
+        "1",
+        "--decoder-embed-dim",
+        "32",
+        "--decoder-ffn-embed-dim",
+        "64",
+        "--decoder-attention-heads",
+        "2",
+        "--define-n",
+        "16",
+        "--define-k",
+        "32",
+        "--adaptive-input-cutoff",
+        "20,40",
+        "--adaptive-softmax-cutoff",
+        "20,40",
+        "--tokens-per-sample",
+        "64",
+        "--max-tokens",
+        "256",
+        "--update-freq",
+        "1",
+        "--max-update",
+        "2",
+        "--warmup-updates",
+        "1",
+    ],
+    "ptb/awd_lstm_lm": [
+        "--define-n",
+        "16",
+        "--decoder-embed-dim",
+        "16",
+        "--decoder-hidden-size",
+        "32",
+        "--decoder-layers",
+        "2",
+        "--max-epoch",
+        "1",
+    ],
+    "wikitext-2/awd_lstm_lm_define": [
+        "--define-n",
+        "16",
+        "--define-k",
+        "32",
+        "--define-depth",
+        "3",
+        "--decoder-embed-dim",
+        "16",
+        "--decoder-hidden-size",
+        "32",
+        "--decoder-layers",
+        "2",
+        "--batch-size",
+        "10",
+        "--max-epoch",
+        "1",
+    ],
 }
 # (--data-buffer-size 0: batches collated in the main thread, see SHUTDOWN_ABORT in conftest.py)
 CPU = ["--cpu", "--num-workers", "0", "--data-buffer-size", "0"]
 # the transformer's evaluation blocks (3072 tokens, context 2560) shrunk to the tiny model's 64 positions
-EVAL_EXTRA = {"wikitext-103/transformer_lm_define_wiki103": ["--tokens-per-sample", "64", "--context-window", "32",
-                                                            "--max-tokens", "256"]}
+EVAL_EXTRA = {
+    "wikitext-103/transformer_lm_define_wiki103": [
+        "--tokens-per-sample",
+        "64",
+        "--context-window",
+        "32",
+        "--max-tokens",
+        "256",
+    ]
+}
 
 
 @pytest.mark.slow
@@ -195,8 +288,11 @@ def test_train_then_eval(config, prepared, tmp_path):
     assert (save_dir / "checkpoint_last.pt").stat().st_mtime_ns == stamp
     if config == "ptb/awd_lstm_lm":  # an unfinished run (no marker) resumes from checkpoint_last.pt
         (save_dir / ".done" / "train").unlink()
-        ok(run_recipe(f"{corpus}/train.sh", "-d", data_dir, "-s", save_root, name, *TINY[config], *CPU,
-                      "--max-epoch", "2"))
+        ok(
+            run_recipe(
+                f"{corpus}/train.sh", "-d", data_dir, "-s", save_root, name, *TINY[config], *CPU, "--max-epoch", "2"
+            )
+        )
         log = (save_dir / "train.log").read_text()
         assert "Loaded checkpoint" in log and "| epoch 002 |" in log and "| epoch 001 |" in log
         assert log.count("done training") == 2 and (save_dir / ".done" / "train").is_file()
@@ -210,7 +306,7 @@ def test_train_then_eval(config, prepared, tmp_path):
         match = re.search(rf"^{split} +perplexity ([0-9.]+) +\(loss ([0-9.]+) bits/token", proc.stdout, re.M)
         assert match, proc.stdout
         ppl, loss = map(float, match.groups())
-        assert ppl == pytest.approx(2 ** loss, rel=1e-3)
+        assert ppl == pytest.approx(2**loss, rel=1e-3)
         assert 1 < ppl < 10 * 200  # a barely trained model on a ~200-word vocabulary
         # every token of the split was scored once, as a plain count of the raw text says
         log = (save_dir / f"checkpoint_best.eval.{split}.log").read_text()
@@ -223,16 +319,27 @@ def test_train_then_eval(config, prepared, tmp_path):
     assert "skip evaluation" in again.stdout
     assert again.stdout.strip().splitlines()[-2:] == proc.stdout.strip().splitlines()[-2:]
     if config == "ptb/awd_lstm_lm":
-        forced = ok(run_recipe(f"{corpus}/eval.sh", "-d", data_dir, "-s", save_root, name, *extra,
-                               env={"FORCE": "1"}))
+        forced = ok(run_recipe(f"{corpus}/eval.sh", "-d", data_dir, "-s", save_root, name, *extra, env={"FORCE": "1"}))
         assert "skip" not in forced.stdout
         assert forced.stdout.strip().splitlines()[-2:] == proc.stdout.strip().splitlines()[-2:]
     assert not leftovers(save_dir)
 
 
 # A Mogrifier config, tiny: train.sh, then eval.sh with and without the softmax temperature tuned on valid.
-MOGRIFIER_TINY = ["--mogrifier-hidden-size", "16", "--mogrifier-rank", "4", "--batch-size", "8",
-                  "--batch-size-valid", "8", "--tokens-per-sample", "35", "--max-update", "3"]
+MOGRIFIER_TINY = [
+    "--mogrifier-hidden-size",
+    "16",
+    "--mogrifier-rank",
+    "4",
+    "--batch-size",
+    "8",
+    "--batch-size-valid",
+    "8",
+    "--tokens-per-sample",
+    "35",
+    "--max-update",
+    "3",
+]
 
 
 @pytest.mark.slow
@@ -244,8 +351,10 @@ def test_mogrifier_eval_reports_perplexity_without_and_with_the_tuned_temperatur
     assert "done training" in (save_dir / "train.log").read_text()
     env = {"TEMPERATURES": "1.0 1.7"}
     proc = ok(run_recipe("ptb/eval.sh", "-d", data_dir, "-s", save_root, "mogrifier_lstm_lm_ptb", "--cpu", env=env))
-    searched = {float(t): float(ppl) for t, ppl in re.findall(r"^ +T = ([0-9.]+): valid perplexity ([0-9.]+)$",
-                                                              proc.stdout, re.M)}
+    searched = {
+        float(t): float(ppl)
+        for t, ppl in re.findall(r"^ +T = ([0-9.]+): valid perplexity ([0-9.]+)$", proc.stdout, re.M)
+    }
     assert set(searched) == {1.0, 1.7}
     best = min(searched, key=searched.get)
     tail = proc.stdout.strip().splitlines()[-7:]

@@ -6,14 +6,12 @@ script has a usage and runs in strict mode."""
 import shutil
 
 import pytest
-
-from lm_recipe import CORPORA, SPLITS, read_binarized
-from lm_recipe import mirror, prepared  # noqa: F401 - fixtures
+from lm_recipe import CORPORA, SPLITS, mirror, prepared, read_binarized  # noqa: F401 - fixtures
 from recipe_mirror import closed_port_url
 from recipe_runs import RECIPES, leftovers, md5, ok, run_recipe
 
-
 # ------------------------------------------------------------------------------------------------ prepare.sh
+
 
 @pytest.mark.parametrize("corpus", list(CORPORA))
 def test_prepare_downloads_checks_and_binarizes(corpus, prepared, mirror, tmp_path):
@@ -77,15 +75,19 @@ def test_prepare_unreachable_url_fails_clearly_and_leaves_nothing(tmp_path):
     assert list(existing.iterdir()) == []
 
 
-@pytest.mark.parametrize("served, message", [
-    ("flat.zip", "unexpected layout of wikitext-103-v1.zip"),
-    ("error-page.zip", "cannot unpack"),
-])
+@pytest.mark.parametrize(
+    "served, message",
+    [
+        ("flat.zip", "unexpected layout of wikitext-103-v1.zip"),
+        ("error-page.zip", "cannot unpack"),
+    ],
+)
 def test_prepare_wrong_archive_fails_clearly_and_leaves_nothing(served, message, mirror, tmp_path):
     url, _, _ = mirror
     data_dir = tmp_path / "wt103"
-    proc = run_recipe("wikitext-103/prepare.sh", data_dir,
-                      env={"WIKITEXT103_URL": f"{url}/{served}", "WIKITEXT103_MD5": ""})
+    proc = run_recipe(
+        "wikitext-103/prepare.sh", data_dir, env={"WIKITEXT103_URL": f"{url}/{served}", "WIKITEXT103_MD5": ""}
+    )
     assert proc.returncode != 0
     assert message in proc.stderr
     if served == "flat.zip":  # names the file it expected and what it found instead
@@ -100,8 +102,10 @@ def test_prepare_checks_the_known_checksum_by_default(mirror, tmp_path):
     # no WIKITEXT2_MD5: the original release's MD5 applies, which the stand-in does not have
     proc = run_recipe("wikitext-2/prepare.sh", data_dir, env={"WIKITEXT2_URL": f"{url}/wikitext-2-v1.zip"})
     assert proc.returncode != 0
-    assert f"checksum mismatch for {url}/wikitext-2-v1.zip: MD5 {md5(archives['wikitext-2'])}, expected " \
-           f"542ccefacc6c27f945fb54453812b3cd" in proc.stderr
+    assert (
+        f"checksum mismatch for {url}/wikitext-2-v1.zip: MD5 {md5(archives['wikitext-2'])}, expected "
+        f"542ccefacc6c27f945fb54453812b3cd" in proc.stderr
+    )
     assert "WIKITEXT2_MD5" in proc.stderr
     assert not data_dir.exists()
 

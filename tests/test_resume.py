@@ -12,7 +12,6 @@ import sys
 
 import pytest
 import torch
-
 from conftest import REPO, TINY_MODEL, TRAIN_FLAGS, USER_DIR, run_cli
 from test_data_parallel import free_port
 
@@ -23,9 +22,23 @@ FLAGS = TRAIN_FLAGS[:-2] + ["--dropout", "0.2"]  # dropout on: the per-update se
 
 
 def train(data, save_dir, max_update, *extra):
-    return run_cli("fairseq-train", data, "--user-dir", USER_DIR, "--arch", "transformer_define", *TINY_MODEL,
-                   *FLAGS, "--max-update", str(max_update), "--save-dir", save_dir, "--no-epoch-checkpoints",
-                   "--disable-validation", *extra)
+    return run_cli(
+        "fairseq-train",
+        data,
+        "--user-dir",
+        USER_DIR,
+        "--arch",
+        "transformer_define",
+        *TINY_MODEL,
+        *FLAGS,
+        "--max-update",
+        str(max_update),
+        "--save-dir",
+        save_dir,
+        "--no-epoch-checkpoints",
+        "--disable-validation",
+        *extra,
+    )
 
 
 def load(path):
@@ -61,32 +74,131 @@ def test_resumed_training_matches_an_uninterrupted_run(translation_data, tmp_pat
 
 # -- the stateful language models ---------------------------------------------------------------------------------
 
-LM_FLAGS = ["--task", "stateful_lm", "--batch-size", "4", "--tokens-per-sample", "10", "--optimizer", "adam",
-            "--lr", "0.005", "--cpu", "--num-workers", "0", "--no-progress-bar", "--log-format", "simple",
-            "--seed", "1"]
+LM_FLAGS = [
+    "--task",
+    "stateful_lm",
+    "--batch-size",
+    "4",
+    "--tokens-per-sample",
+    "10",
+    "--optimizer",
+    "adam",
+    "--lr",
+    "0.005",
+    "--cpu",
+    "--num-workers",
+    "0",
+    "--no-progress-bar",
+    "--log-format",
+    "simple",
+    "--seed",
+    "1",
+]
 # Each model on tiny dims with its regularisers on (every random draw must repeat after the interruption).
 # model -> (its arguments, the name of its decoder's CarriedState)
 STATEFUL = {
-    "lstm_lm_define": (["--arch", "lstm_lm_define", "--define-n", "16", "--define-k", "32", "--decoder-embed-dim",
-                        "24", "--decoder-hidden-size", "24", "--decoder-layers", "2", "--dropout", "0.2",
-                        "--awd-weight-drop", "0.2", "--criterion", "cross_entropy"], "carried_state"),
-    "awd_lstm_lm, variable BPTT": (["--arch", "awd_lstm_lm", "--decoder-embed-dim", "24", "--decoder-hidden-size",
-                                    "32", "--define-n", "24", "--criterion", "lm_regularized_loss",
-                                    "--variable-bptt", "--bptt-std", "2"], "carried_state"),
-    "mogrifier_lstm_lm": (["--arch", "mogrifier_lstm_lm_ptb", "--mogrifier-hidden-size", "16", "--mogrifier-rank",
-                           "4", "--mogrifier-drop-state-probability", "0.3", "--criterion", "lm_regularized_loss"],
-                          "carried_state"),
-    "transformer_xl_lm": (["--arch", "transformer_xl_lm", "--decoder-layers", "2", "--decoder-embed-dim", "16",
-                           "--decoder-attention-heads", "2", "--txl-head-dim", "6", "--decoder-ffn-embed-dim", "24",
-                           "--adaptive-softmax-cutoff", "20,40", "--dropout", "0.1", "--txl-mem-len", "8",
-                           "--criterion", "lm_regularized_loss", "--ddp-backend", "legacy_ddp"], "memory"),
+    "lstm_lm_define": (
+        [
+            "--arch",
+            "lstm_lm_define",
+            "--define-n",
+            "16",
+            "--define-k",
+            "32",
+            "--decoder-embed-dim",
+            "24",
+            "--decoder-hidden-size",
+            "24",
+            "--decoder-layers",
+            "2",
+            "--dropout",
+            "0.2",
+            "--awd-weight-drop",
+            "0.2",
+            "--criterion",
+            "cross_entropy",
+        ],
+        "carried_state",
+    ),
+    "awd_lstm_lm, variable BPTT": (
+        [
+            "--arch",
+            "awd_lstm_lm",
+            "--decoder-embed-dim",
+            "24",
+            "--decoder-hidden-size",
+            "32",
+            "--define-n",
+            "24",
+            "--criterion",
+            "lm_regularized_loss",
+            "--variable-bptt",
+            "--bptt-std",
+            "2",
+        ],
+        "carried_state",
+    ),
+    "mogrifier_lstm_lm": (
+        [
+            "--arch",
+            "mogrifier_lstm_lm_ptb",
+            "--mogrifier-hidden-size",
+            "16",
+            "--mogrifier-rank",
+            "4",
+            "--mogrifier-drop-state-probability",
+            "0.3",
+            "--criterion",
+            "lm_regularized_loss",
+        ],
+        "carried_state",
+    ),
+    "transformer_xl_lm": (
+        [
+            "--arch",
+            "transformer_xl_lm",
+            "--decoder-layers",
+            "2",
+            "--decoder-embed-dim",
+            "16",
+            "--decoder-attention-heads",
+            "2",
+            "--txl-head-dim",
+            "6",
+            "--decoder-ffn-embed-dim",
+            "24",
+            "--adaptive-softmax-cutoff",
+            "20,40",
+            "--dropout",
+            "0.1",
+            "--txl-mem-len",
+            "8",
+            "--criterion",
+            "lm_regularized_loss",
+            "--ddp-backend",
+            "legacy_ddp",
+        ],
+        "memory",
+    ),
 }
 ZEROS_WARNING = "starting from zeros"
 
 
 def train_lm(data, save_dir, max_update, flags):
-    proc = run_cli("fairseq-train", data, "--user-dir", USER_DIR, *LM_FLAGS, *flags, "--max-update", str(max_update),
-                   "--save-dir", save_dir, "--no-epoch-checkpoints", "--disable-validation")
+    proc = run_cli(
+        "fairseq-train",
+        data,
+        "--user-dir",
+        USER_DIR,
+        *LM_FLAGS,
+        *flags,
+        "--max-update",
+        str(max_update),
+        "--save-dir",
+        save_dir,
+        "--no-epoch-checkpoints",
+        "--disable-validation",
+    )
     return proc.stdout + proc.stderr
 
 
@@ -129,14 +241,45 @@ def test_two_ranks_resume_without_taking_each_others_rows(lm_data, tmp_path):
 
     def run_ranks(max_update):
         port = free_port()
-        procs = [subprocess.Popen(
-            [sys.executable, "-m", "define_fairseq.tools.train", str(lm_data), "--user-dir", USER_DIR, *LM_FLAGS,
-             *flags, "--max-update", str(max_update), "--save-dir", str(save_dir), "--no-epoch-checkpoints",
-             "--disable-validation", "--data-buffer-size", "0", "--ddp-backend", "legacy_ddp",
-             "--distributed-backend", "gloo", "--distributed-world-size", "2", "--distributed-init-method",
-             f"tcp://127.0.0.1:{port}", "--distributed-no-spawn", "--distributed-rank", str(rank),
-             "--load-checkpoint-on-all-dp-ranks"],
-            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "define_fairseq.tools.train",
+                    str(lm_data),
+                    "--user-dir",
+                    USER_DIR,
+                    *LM_FLAGS,
+                    *flags,
+                    "--max-update",
+                    str(max_update),
+                    "--save-dir",
+                    str(save_dir),
+                    "--no-epoch-checkpoints",
+                    "--disable-validation",
+                    "--data-buffer-size",
+                    "0",
+                    "--ddp-backend",
+                    "legacy_ddp",
+                    "--distributed-backend",
+                    "gloo",
+                    "--distributed-world-size",
+                    "2",
+                    "--distributed-init-method",
+                    f"tcp://127.0.0.1:{port}",
+                    "--distributed-no-spawn",
+                    "--distributed-rank",
+                    str(rank),
+                    "--load-checkpoint-on-all-dp-ranks",
+                ],
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for rank in (0, 1)
+        ]
         outputs = [p.communicate(timeout=300)[0] for p in procs]
         assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outputs)
         return outputs

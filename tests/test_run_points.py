@@ -5,16 +5,21 @@ import json
 
 import pytest
 import torch
-
-from define_fairseq.tools.run_points import at_updates, index, main, within_seconds
-
 from arch_cases import case_argv
 from conftest import run_cli
 
+from define_fairseq.tools.run_points import at_updates, index, main, within_seconds
+
 
 def fake_checkpoint(path, updates, seconds):
-    torch.save({"optimizer_history": [{"num_updates": updates}],
-                "extra_state": {"previous_training_time": seconds}, "model": {}}, path)
+    torch.save(
+        {
+            "optimizer_history": [{"num_updates": updates}],
+            "extra_state": {"previous_training_time": seconds},
+            "model": {},
+        },
+        path,
+    )
 
 
 def test_index_reads_every_checkpoint_once_and_is_written(tmp_path):
@@ -24,8 +29,11 @@ def test_index_reads_every_checkpoint_once_and_is_written(tmp_path):
     fake_checkpoint(tmp_path / "checkpoint_last.pt", 200, 61.0)
     fake_checkpoint(tmp_path / "checkpoint_best.pt", 100, 30.0)  # not a point of the run
     points = index(str(tmp_path))
-    assert points == [(100, 30.0, "checkpoint_1_100.pt"), (150, 46.0, "checkpoint2.pt"),
-                      (200, 61.0, "checkpoint_2_200.pt")]
+    assert points == [
+        (100, 30.0, "checkpoint_1_100.pt"),
+        (150, 46.0, "checkpoint2.pt"),
+        (200, 61.0, "checkpoint_2_200.pt"),
+    ]
     assert json.loads((tmp_path / "points.json").read_text()) == [list(p) for p in points]
     (tmp_path / "checkpoint_1_100.pt").unlink()  # pruned later: the index still names it
     assert index(str(tmp_path)) == points
@@ -53,11 +61,33 @@ def test_a_missing_run_is_named(tmp_path):
 @pytest.mark.slow  # two fairseq-train runs: make test-all and CI's second stack run it
 def test_the_checkpoint_after_u_updates_of_a_longer_run_is_the_run_stopped_at_u(translation_data, tmp_path):
     """What makes one run serve every point: the schedule and the data order do not depend on --max-update."""
+
     def train(save_dir, updates, *flags):
-        run_cli("fairseq-train", *case_argv(translation_data, "transformer_define_iwslt_de_en"),
-                "--max-tokens", "256", "--optimizer", "adam", "--lr", "0.003", "--lr-scheduler", "inverse_sqrt",
-                "--warmup-updates", "3", "--seed", "1", "--cpu", "--num-workers", "0", "--max-update", str(updates),
-                "--save-dir", str(save_dir), "--no-progress-bar", *flags)
+        run_cli(
+            "fairseq-train",
+            *case_argv(translation_data, "transformer_define_iwslt_de_en"),
+            "--max-tokens",
+            "256",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "0.003",
+            "--lr-scheduler",
+            "inverse_sqrt",
+            "--warmup-updates",
+            "3",
+            "--seed",
+            "1",
+            "--cpu",
+            "--num-workers",
+            "0",
+            "--max-update",
+            str(updates),
+            "--save-dir",
+            str(save_dir),
+            "--no-progress-bar",
+            *flags,
+        )
 
     train(tmp_path / "short", 6)
     train(tmp_path / "long", 12, "--save-interval-updates", "3", "--validate-interval-updates", "3")

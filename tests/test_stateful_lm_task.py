@@ -8,12 +8,11 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from conftest import USER_DIR, run_cli
 
 import define_fairseq  # noqa: F401  (registers the task)
 from define_fairseq.tasks.bptt_windows import BPTTWindows
 from define_fairseq.tasks.stateful_lm import check_model_carries_state, window_schedule
-
-from conftest import USER_DIR, run_cli
 
 
 def setup_task(data, *argv, arch="lstm_lm"):
@@ -23,7 +22,8 @@ def setup_task(data, *argv, arch="lstm_lm"):
 
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(
-        parser, [str(data), "--user-dir", USER_DIR, "--task", "stateful_lm", "--arch", arch, *map(str, argv)])
+        parser, [str(data), "--user-dir", USER_DIR, "--task", "stateful_lm", "--arch", arch, *map(str, argv)]
+    )
     cfg = convert_namespace_to_omegaconf(args)
     return cfg, tasks.setup_task(cfg.task)
 
@@ -46,14 +46,15 @@ def reference_rows(tokens, num_rows, keep_remainder, eos, pad):
     length = math.ceil(n / num_rows) if keep_remainder else n // num_rows
     stream = [eos] + list(tokens)
     stream += [pad] * max(0, num_rows * length + 1 - len(stream))
-    inputs = [stream[j * length:(j + 1) * length] for j in range(num_rows)]
-    targets = [stream[j * length + 1:(j + 1) * length + 1] for j in range(num_rows)]
+    inputs = [stream[j * length : (j + 1) * length] for j in range(num_rows)]
+    targets = [stream[j * length + 1 : (j + 1) * length + 1] for j in range(num_rows)]
     return torch.tensor(inputs), torch.tensor(targets)
 
 
 def epoch_batches(task, split, rows, epoch=1, num_shards=1, shard_id=0):
-    itr = task.get_batch_iterator(task.dataset(split), max_sentences=rows, num_shards=num_shards,
-                                  shard_id=shard_id, epoch=epoch)
+    itr = task.get_batch_iterator(
+        task.dataset(split), max_sentences=rows, num_shards=num_shards, shard_id=shard_id, epoch=epoch
+    )
     return list(itr.next_epoch_itr(shuffle=True))  # shuffle=True is what fairseq-train asks for
 
 
@@ -84,8 +85,9 @@ class TinyLSTMLM(nn.Module):
 
 
 def summed_nll(logits, target, pad):
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1), ignore_index=pad,
-                           reduction="sum").item()
+    return F.cross_entropy(
+        logits.reshape(-1, logits.size(-1)), target.reshape(-1), ignore_index=pad, reduction="sum"
+    ).item()
 
 
 @pytest.fixture(scope="module")
@@ -112,8 +114,8 @@ def test_fixed_windows_reproduce_the_rows(lm_data, split, rows):
         width = min(7, length - 7 * i)  # the last window is shorter
         src = batch["net_input"]["src_tokens"]
         assert src.shape == batch["target"].shape == (rows, width)
-        assert torch.equal(src, inputs[:, 7 * i:7 * i + width])
-        assert torch.equal(batch["target"], targets[:, 7 * i:7 * i + width])
+        assert torch.equal(src, inputs[:, 7 * i : 7 * i + width])
+        assert torch.equal(batch["target"], targets[:, 7 * i : 7 * i + width])
         assert batch["net_input"]["reset_state"] is (i == 0)
         assert batch["net_input"]["src_lengths"].tolist() == [width] * rows
         assert batch["nsentences"] == rows and batch["id"].tolist() == list(range(rows))
@@ -125,7 +127,7 @@ def test_fixed_windows_reproduce_the_rows(lm_data, split, rows):
     assert torch.equal(all_targets[:, :-1], all_inputs[:, 1:])
     real = all_targets[all_targets.ne(d.pad())].tolist()  # row-major: row 0, then row 1, ...
     if training:  # AWD-LSTM's batchify: the remainder (< rows tokens) is dropped
-        assert real == tokens[:rows * length] and len(tokens) - len(real) < rows
+        assert real == tokens[: rows * length] and len(tokens) - len(real) < rows
     else:  # evaluation: every token of the split is a target exactly once, in order
         assert real == tokens
 
@@ -149,8 +151,7 @@ def test_variable_bptt_is_deterministic_per_epoch_and_tiles_the_rows(lm_data, ta
         assert torch.equal(torch.cat([b["target"] for b in batches], dim=1), targets)
 
     # another seed, another schedule; validation never varies
-    _, other = setup_task(lm_data, "--batch-size", 4, "--tokens-per-sample", 10, "--variable-bptt",
-                          "--seed", 7)
+    _, other = setup_task(lm_data, "--batch-size", 4, "--tokens-per-sample", 10, "--variable-bptt", "--seed", 7)
     other.load_dataset("train")
     assert [b["net_input"]["src_tokens"].size(1) for b in epoch_batches(other, "train", 4)] != lengths[0]
     valid = [b["net_input"]["src_tokens"].size(1) for b in epoch_batches(task, "valid", 4, epoch=3)]
@@ -181,8 +182,7 @@ def test_resuming_mid_epoch_gives_the_remaining_batches(task):
     resumed = task.get_batch_iterator(dataset, max_sentences=4, epoch=1)
     resumed.load_state_dict(state)
     again = list(resumed.next_epoch_itr(shuffle=True))
-    assert len(again) == len(rest) and all(torch.equal(a["net_input"]["src_tokens"], b)
-                                           for a, b in zip(again, rest))
+    assert len(again) == len(rest) and all(torch.equal(a["net_input"]["src_tokens"], b) for a, b in zip(again, rest))
     assert not any(b["net_input"]["reset_state"] for b in again)
 
 
@@ -197,8 +197,8 @@ def test_two_shards_partition_the_global_rows(lm_data, task, split):
         assert a["net_input"]["reset_state"] == b["net_input"]["reset_state"]
     for r, batches in enumerate(shards):
         assert batches[0]["id"].tolist() == [2 * r, 2 * r + 1]
-        assert torch.equal(torch.cat([b["net_input"]["src_tokens"] for b in batches], dim=1), inputs[2 * r:2 * r + 2])
-        assert torch.equal(torch.cat([b["target"] for b in batches], dim=1), targets[2 * r:2 * r + 2])
+        assert torch.equal(torch.cat([b["net_input"]["src_tokens"] for b in batches], dim=1), inputs[2 * r : 2 * r + 2])
+        assert torch.equal(torch.cat([b["target"] for b in batches], dim=1), targets[2 * r : 2 * r + 2])
 
 
 @pytest.mark.parametrize("split,rows", [("train", 4), ("valid", 3)])
@@ -209,12 +209,13 @@ def test_carried_state_equals_one_pass_over_each_row(lm_data, task, split, rows)
     check_model_carries_state(model)
     inputs, targets = reference_rows(split_tokens(lm_data, split), rows, split != "train", d.eos(), d.pad())
     with torch.no_grad():
-        whole = sum(summed_nll(model(inputs[j:j + 1])[0], targets[j:j + 1], d.pad()) for j in range(rows))
+        whole = sum(summed_nll(model(inputs[j : j + 1])[0], targets[j : j + 1], d.pad()) for j in range(rows))
         batches = epoch_batches(task, split, rows, epoch=2)
         assert len(batches) > 5
         carried = sum(summed_nll(model(**b["net_input"])[0], b["target"], d.pad()) for b in batches)
-        reset = sum(summed_nll(model(**{**b["net_input"], "reset_state": True})[0], b["target"], d.pad())
-                    for b in batches)
+        reset = sum(
+            summed_nll(model(**{**b["net_input"], "reset_state": True})[0], b["target"], d.pad()) for b in batches
+        )
     assert carried == pytest.approx(whole, rel=1e-10)
     assert abs(reset - whole) > 1e-2 * whole
 
@@ -258,22 +259,72 @@ def test_bad_inputs_raise_clear_errors(lm_data, tmp_path, task):
         unbatched.eval_lm_dataloader(unbatched.dataset("test"), batch_size=None)
 
     # fairseq's own LSTM LM has no reset_state: it cannot carry state, so build_model refuses it
-    cfg, stateless = setup_task(lm_data, "--batch-size", 2, "--decoder-embed-dim", 8, "--decoder-hidden-size", 8,
-                                "--decoder-out-embed-dim", 8, arch="lstm_lm")
+    cfg, stateless = setup_task(
+        lm_data,
+        "--batch-size",
+        2,
+        "--decoder-embed-dim",
+        8,
+        "--decoder-hidden-size",
+        8,
+        "--decoder-out-embed-dim",
+        8,
+        arch="lstm_lm",
+    )
     with pytest.raises(ValueError, match="stateful_lm.*reset_state.*--task language_modeling"):
         stateless.build_model(cfg.model)
 
 
-TINY_LSTM = ["--arch", "lstm_lm_define", "--decoder-embed-dim", "16", "--decoder-hidden-size", "32",
-             "--decoder-layers", "2", "--define-n", "16", "--define-depth", "0"]
+TINY_LSTM = [
+    "--arch",
+    "lstm_lm_define",
+    "--decoder-embed-dim",
+    "16",
+    "--decoder-hidden-size",
+    "32",
+    "--decoder-layers",
+    "2",
+    "--define-n",
+    "16",
+    "--define-depth",
+    "0",
+]
 
 
 def test_train_and_eval_lm_through_the_cli(lm_data, tmp_path):
-    out = run_cli("fairseq-train", lm_data, "--user-dir", USER_DIR, "--task", "stateful_lm", *TINY_LSTM,
-                  "--criterion", "cross_entropy", "--optimizer", "adam", "--lr", "0.005", "--batch-size", 32,
-                  "--tokens-per-sample", 30, "--variable-bptt", "--max-epoch", 2, "--seed", 1,
-                  "--save-dir", tmp_path, "--no-save-optimizer-state", "--cpu", "--num-workers", 0,
-                  "--no-progress-bar", "--log-format", "simple").stdout
+    out = run_cli(
+        "fairseq-train",
+        lm_data,
+        "--user-dir",
+        USER_DIR,
+        "--task",
+        "stateful_lm",
+        *TINY_LSTM,
+        "--criterion",
+        "cross_entropy",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "0.005",
+        "--batch-size",
+        32,
+        "--tokens-per-sample",
+        30,
+        "--variable-bptt",
+        "--max-epoch",
+        2,
+        "--seed",
+        1,
+        "--save-dir",
+        tmp_path,
+        "--no-save-optimizer-state",
+        "--cpu",
+        "--num-workers",
+        0,
+        "--no-progress-bar",
+        "--log-format",
+        "simple",
+    ).stdout
     # fairseq-train ran exactly the task's schedule of each epoch
     row_length = len(split_tokens(lm_data, "train")) // 32
     per_epoch = [len(window_schedule(row_length, 30, True, 5.0, seed=1, epoch=e)) for e in (1, 2)]
@@ -282,9 +333,23 @@ def test_train_and_eval_lm_through_the_cli(lm_data, tmp_path):
     assert len(re.findall(r"\| valid \| epoch \d+ .*\| loss [\d.]+", out)) == 2
 
     def eval_lm(*flags):
-        proc = run_cli("fairseq-eval-lm", lm_data, "--user-dir", USER_DIR, "--task", "stateful_lm", "--path",
-                       tmp_path / "checkpoint_last.pt", "--gen-subset", "test", "--cpu", "--num-workers", 0,
-                       "--no-progress-bar", *flags)
+        proc = run_cli(
+            "fairseq-eval-lm",
+            lm_data,
+            "--user-dir",
+            USER_DIR,
+            "--task",
+            "stateful_lm",
+            "--path",
+            tmp_path / "checkpoint_last.pt",
+            "--gen-subset",
+            "test",
+            "--cpu",
+            "--num-workers",
+            0,
+            "--no-progress-bar",
+            *flags,
+        )
         text = proc.stdout + proc.stderr
         evaluated = int(re.search(r"Evaluated ([\d,]+) tokens", text).group(1).replace(",", ""))
         return evaluated, float(re.search(r"Loss \(base 2\): ([\d.]+)", text).group(1))
@@ -320,8 +385,9 @@ def test_deprecated_bptt_spellings_work_and_warn(lm_data):
     _, fixed = setup_task(lm_data, *common, "--variable-bptt")
     for task in (old, new, fixed):
         task.load_dataset("train")
-    lengths = [[b["net_input"]["src_tokens"].size(1) for b in epoch_batches(task, "train", 4)]
-               for task in (old, new, fixed)]
+    lengths = [
+        [b["net_input"]["src_tokens"].size(1) for b in epoch_batches(task, "train", 4)] for task in (old, new, fixed)
+    ]
     assert lengths[0] == lengths[1] != lengths[2] and len(set(lengths[0])) > 3
     with pytest.raises(ValueError, match=r"--define-bptt-std 3.0 and --bptt-std 4.0 disagree"):
         setup_task(lm_data, *common, "--define-bptt-std", 3.0, "--bptt-std", 4.0)

@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO
 
 TOOLS = REPO / "define_fairseq" / "tools"
@@ -14,15 +13,21 @@ TOOLS = REPO / "define_fairseq" / "tools"
 
 def run_script(tool, *args, stdin=""):
     """Run TOOL.py as a script with -X importtime: (exit code, stdout, the names of the modules it imported)."""
-    proc = subprocess.run([sys.executable, "-X", "importtime", str(TOOLS / f"{tool}.py"), *map(str, args)],
-                          input=stdin, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", str(TOOLS / f"{tool}.py"), *map(str, args)],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     imported = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
     return proc.returncode, proc.stdout, imported
 
 
 def test_the_tokenizer_runs_as_a_script_without_fairseq():
-    code, out, imported = run_script("moses_text", "tokenize", "-l", "en", "-j", "2",
-                                     stdin="Hello, well-known world!\n")
+    code, out, imported = run_script(
+        "moses_text", "tokenize", "-l", "en", "-j", "2", stdin="Hello, well-known world!\n"
+    )
     assert code == 0
     assert out == "Hello , well @-@ known world !\n"
     assert "sacremoses" in imported  # the check sees the imports ...

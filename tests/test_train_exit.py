@@ -17,15 +17,51 @@ PLUGIN = Path(__file__).with_name("slow_collate_plugin")
 
 
 def train(program, data, save_dir):
-    command = [*program, str(data), "--user-dir", str(PLUGIN), "--task", "slow_collate_lm",
-               "--arch", "transformer_lm", "--decoder-layers", "1", "--decoder-embed-dim", "16",
-               "--decoder-ffn-embed-dim", "16", "--decoder-attention-heads", "2", "--tokens-per-sample", "16",
-               "--max-tokens", "64", "--optimizer", "adam", "--lr", "0.001", "--cpu", "--num-workers", "0",
-               "--no-progress-bar", "--log-format", "simple", "--seed", "1", "--max-update", "2",
-               "--data-buffer-size", "10", "--disable-validation", "--no-epoch-checkpoints", "--save-dir",
-               str(save_dir)]
-    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    command = [
+        *program,
+        str(data),
+        "--user-dir",
+        str(PLUGIN),
+        "--task",
+        "slow_collate_lm",
+        "--arch",
+        "transformer_lm",
+        "--decoder-layers",
+        "1",
+        "--decoder-embed-dim",
+        "16",
+        "--decoder-ffn-embed-dim",
+        "16",
+        "--decoder-attention-heads",
+        "2",
+        "--tokens-per-sample",
+        "16",
+        "--max-tokens",
+        "64",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "0.001",
+        "--cpu",
+        "--num-workers",
+        "0",
+        "--no-progress-bar",
+        "--log-format",
+        "simple",
+        "--seed",
+        "1",
+        "--max-update",
+        "2",
+        "--data-buffer-size",
+        "10",
+        "--disable-validation",
+        "--no-epoch-checkpoints",
+        "--save-dir",
+        str(save_dir),
+    ]
+    return subprocess.run(
+        command, cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
 
 
 def test_tools_train_exits_0_where_fairseq_train_aborts(lm_data, tmp_path):

@@ -7,28 +7,62 @@ import subprocess
 
 import pytest
 import torch
+from conftest import BIN, TINY_MODEL, TRAIN_FLAGS, USER_DIR, run_cli
 
 import define_fairseq  # noqa: F401
 from define_fairseq.data.char_noise import CharNoise, sample_rng
 from define_fairseq.modules.char2subword import Char2SubwordEmbedding, encode_characters
 from define_fairseq.tools.params import setup_from_train_args
-from conftest import BIN, TINY_MODEL, TRAIN_FLAGS, USER_DIR, run_cli
 
 C2S = ["--c2s-char-dim", "16", "--c2s-ffn-dim", "32", "--c2s-heads", "2", "--c2s-max-chars", "12"]
 
 
 def setup(data, *flags, arch="transformer_c2s"):
-    return setup_from_train_args([str(data), "--user-dir", USER_DIR, "--task", "translation_c2s", "--arch", arch,
-                                  *TINY_MODEL, *C2S, *flags, "--optimizer", "adam", "--lr", "0.001", "--cpu"])
+    return setup_from_train_args(
+        [
+            str(data),
+            "--user-dir",
+            USER_DIR,
+            "--task",
+            "translation_c2s",
+            "--arch",
+            arch,
+            *TINY_MODEL,
+            *C2S,
+            *flags,
+            "--optimizer",
+            "adam",
+            "--lr",
+            "0.001",
+            "--cpu",
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
 def checkpoint(translation_data, tmp_path_factory):
     save_dir = tmp_path_factory.mktemp("c2s")
-    proc = run_cli("fairseq-train", translation_data, "--user-dir", USER_DIR, "--task", "translation_c2s",
-                   "--arch", "transformer_c2s", *TINY_MODEL, *C2S, *TRAIN_FLAGS, "--c2s-noise-rate", "0.1",
-                   "--max-update", "6", "--save-dir", save_dir, "--no-save-optimizer-state",
-                   "--share-decoder-input-output-embed")
+    proc = run_cli(
+        "fairseq-train",
+        translation_data,
+        "--user-dir",
+        USER_DIR,
+        "--task",
+        "translation_c2s",
+        "--arch",
+        "transformer_c2s",
+        *TINY_MODEL,
+        *C2S,
+        *TRAIN_FLAGS,
+        "--c2s-noise-rate",
+        "0.1",
+        "--max-update",
+        "6",
+        "--save-dir",
+        save_dir,
+        "--no-save-optimizer-state",
+        "--share-decoder-input-output-embed",
+    )
     assert "source characters noised with rate 0.1" in proc.stdout + proc.stderr
     return save_dir / "checkpoint_last.pt"
 
@@ -38,12 +72,13 @@ def test_the_encoder_embeds_with_char2subword_and_the_decoder_choices(translatio
     assert isinstance(model.encoder.embed_tokens, Char2SubwordEmbedding)
     assert model.decoder.output_projection.weight is model.decoder.embed_tokens.weight
     # fairseq multiplies by sqrt(d); the module divides it out of its unit-scale LayerNorm output
-    assert model.encoder.embed_tokens.output_scale == pytest.approx(32 ** -0.5)
+    assert model.encoder.embed_tokens.output_scale == pytest.approx(32**-0.5)
     _, _, model = setup(translation_data, "--c2s-decoder")
     assert isinstance(model.decoder.embed_tokens, Char2SubwordEmbedding)
     assert model.decoder.output_projection.weight is not None and model.decoder.share_input_output_embed is False
     _, _, model = setup(translation_data, "--c2s-define-decoder")
     from define_fairseq.modules import DeFINEEmbedding
+
     assert isinstance(model.decoder.embed_tokens, DeFINEEmbedding)
     assert model.decoder.output_projection.weight is model.decoder.embed_tokens.weight  # tied in n dimensions
     assert model.encoder.embed_tokens.output_scale == 1.0  # --no-scale-embedding with DeFINE
@@ -87,8 +122,9 @@ def test_training_noise_is_deterministic_per_epoch_and_keeps_the_characters(tran
     expected = CharNoise(0.3).noise_tokens([dictionary[int(t)] for t in clean[:-1]], sample_rng(7, 1, 0))
     assert [dictionary.index(p) for p in expected] == first[0]["source"][:-1].tolist()
     assert first[0]["source_chars"][:-1] == [encode_characters(p) for p in expected]
-    unknown = [(item, t) for item in first for t, token in enumerate(item["source"].tolist())
-               if token == dictionary.unk()]
+    unknown = [
+        (item, t) for item in first for t, token in enumerate(item["source"].tolist()) if token == dictionary.unk()
+    ]
     assert unknown, "a 30% rate should produce pieces the dictionary lacks"
     for item, t in unknown:
         assert item["source_chars"][t]  # an unknown piece keeps its characters
@@ -114,25 +150,78 @@ def test_raw_text_splits_keep_unknown_strings(translation_data, checkpoint, tmp_
     with torch.no_grad():
         with_chars = model.encoder.embed_tokens(tokens[None], chars[None])[0, position]
         as_unk = model.encoder.embed_tokens(tokens[None])[0, position]
-        torch.testing.assert_close(with_chars, model.encoder.embed_tokens.compose(chars[position][None])[0]
-                                   * model.encoder.embed_tokens.output_scale, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            with_chars,
+            model.encoder.embed_tokens.compose(chars[position][None])[0] * model.encoder.embed_tokens.output_scale,
+            rtol=1e-5,
+            atol=1e-5,
+        )
     assert not torch.allclose(with_chars, as_unk)
-    proc = run_cli("fairseq-generate", data, "--user-dir", USER_DIR, "--task", "translation_c2s", "--dataset-impl",
-                   "raw", "--path", checkpoint, "--cpu", "--beam", "2", "--batch-size", "2", "--gen-subset", "test",
-                   "--required-batch-size-multiple", "1")
+    proc = run_cli(
+        "fairseq-generate",
+        data,
+        "--user-dir",
+        USER_DIR,
+        "--task",
+        "translation_c2s",
+        "--dataset-impl",
+        "raw",
+        "--path",
+        checkpoint,
+        "--cpu",
+        "--beam",
+        "2",
+        "--batch-size",
+        "2",
+        "--gen-subset",
+        "test",
+        "--required-batch-size-multiple",
+        "1",
+    )
     assert len(re.findall(r"^H-\d+\t", proc.stdout, re.M)) == 2
 
 
 def test_fairseq_generate_and_interactive(translation_data, checkpoint):
-    proc = run_cli("fairseq-generate", translation_data, "--user-dir", USER_DIR, "--task", "translation_c2s",
-                   "--path", checkpoint, "--cpu", "--beam", "2", "--batch-size", "8", "--gen-subset", "test",
-                   "--required-batch-size-multiple", "1")
+    proc = run_cli(
+        "fairseq-generate",
+        translation_data,
+        "--user-dir",
+        USER_DIR,
+        "--task",
+        "translation_c2s",
+        "--path",
+        checkpoint,
+        "--cpu",
+        "--beam",
+        "2",
+        "--batch-size",
+        "8",
+        "--gen-subset",
+        "test",
+        "--required-batch-size-multiple",
+        "1",
+    )
     hypotheses = re.findall(r"^H-\d+\t(\S+)\t", proc.stdout, re.M)
     assert len(hypotheses) == 20 and all(float(h) <= 0 for h in hypotheses)
     assert "BLEU4" in proc.stdout + proc.stderr
-    proc = subprocess.run([str(BIN / "fairseq-interactive"), str(translation_data), "--user-dir", USER_DIR, "--task",
-                           "translation_c2s", "--path", str(checkpoint), "--cpu", "--beam", "2"],
-                          input="w1 w2 w3\nw4 w5\n", capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            str(BIN / "fairseq-interactive"),
+            str(translation_data),
+            "--user-dir",
+            USER_DIR,
+            "--task",
+            "translation_c2s",
+            "--path",
+            str(checkpoint),
+            "--cpu",
+            "--beam",
+            "2",
+        ],
+        input="w1 w2 w3\nw4 w5\n",
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(re.findall(r"^H-\d+\t", proc.stdout, re.M)) == 2
 
@@ -156,13 +245,16 @@ def test_checkpoint_round_trip(translation_data, checkpoint):
         torch.testing.assert_close(fresh(**sample["net_input"])[0], before, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("flags,message", [
-    (["--share-all-embeddings"], "cannot --share-all-embeddings"),
-    (["--c2s-decoder", "--c2s-define-decoder"], "give one"),
-    (["--c2s-decoder", "--share-decoder-input-output-embed"], "needs a decoder table"),
-    (["--c2s-noise-rate", "1.5"], "--c2s-noise-rate"),
-    (["--c2s-noise-types", "insert,typo"], "--c2s-noise-types"),
-])
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--share-all-embeddings"], "cannot --share-all-embeddings"),
+        (["--c2s-decoder", "--c2s-define-decoder"], "give one"),
+        (["--c2s-decoder", "--share-decoder-input-output-embed"], "needs a decoder table"),
+        (["--c2s-noise-rate", "1.5"], "--c2s-noise-rate"),
+        (["--c2s-noise-types", "insert,typo"], "--c2s-noise-types"),
+    ],
+)
 def test_impossible_settings_fail_clearly(translation_data, flags, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         setup(translation_data, *flags)
@@ -178,9 +270,24 @@ def test_noise_never_edits_special_symbols(translation_data):
 
 @pytest.mark.parametrize("arch", ["transformer_c2s_iwslt_de_en", "transformer_c2s_small"])
 def test_every_arch_trains_through_fairseq_train(translation_data, tmp_path, arch):
-    proc = run_cli("fairseq-train", translation_data, "--user-dir", USER_DIR, "--task", "translation_c2s",
-                   "--arch", arch, *TINY_MODEL, *C2S, *TRAIN_FLAGS, "--max-update", "2", "--save-dir", tmp_path,
-                   "--no-save-optimizer-state")
+    proc = run_cli(
+        "fairseq-train",
+        translation_data,
+        "--user-dir",
+        USER_DIR,
+        "--task",
+        "translation_c2s",
+        "--arch",
+        arch,
+        *TINY_MODEL,
+        *C2S,
+        *TRAIN_FLAGS,
+        "--max-update",
+        "2",
+        "--save-dir",
+        tmp_path,
+        "--no-save-optimizer-state",
+    )
     assert re.search(r"valid on 'valid' subset \| loss [\d.]+", proc.stdout + proc.stderr)
     state = torch.load(tmp_path / "checkpoint_last.pt", map_location="cpu", weights_only=False)
     assert state["cfg"]["model"]["_name"] == arch  # fairseq records the arch name there
@@ -192,24 +299,87 @@ def test_the_papers_route_table_distil_swap_then_train_the_module_only(translati
     from conftest import run_module
 
     base = tmp_path / "transformer"
-    run_cli("fairseq-train", translation_data, "--task", "translation", "--arch", "transformer", *TINY_MODEL[:-4],
-            *TRAIN_FLAGS, "--max-update", "4", "--save-dir", base, "--no-save-optimizer-state",
-            "--share-all-embeddings")
-    run_module("define_fairseq.tools.distill_c2s", "--checkpoint", base / "checkpoint_last.pt", "--output",
-               tmp_path / "c2s.pt", "--epochs", "1", "--cpu", *C2S)
-    run_module("define_fairseq.tools.c2s_checkpoint", "--checkpoint", base / "checkpoint_last.pt", "--c2s",
-               tmp_path / "c2s.pt", "--output", tmp_path / "start.pt")
+    run_cli(
+        "fairseq-train",
+        translation_data,
+        "--task",
+        "translation",
+        "--arch",
+        "transformer",
+        *TINY_MODEL[:-4],
+        *TRAIN_FLAGS,
+        "--max-update",
+        "4",
+        "--save-dir",
+        base,
+        "--no-save-optimizer-state",
+        "--share-all-embeddings",
+    )
+    run_module(
+        "define_fairseq.tools.distill_c2s",
+        "--checkpoint",
+        base / "checkpoint_last.pt",
+        "--output",
+        tmp_path / "c2s.pt",
+        "--epochs",
+        "1",
+        "--cpu",
+        *C2S,
+    )
+    run_module(
+        "define_fairseq.tools.c2s_checkpoint",
+        "--checkpoint",
+        base / "checkpoint_last.pt",
+        "--c2s",
+        tmp_path / "c2s.pt",
+        "--output",
+        tmp_path / "start.pt",
+    )
     tuned = tmp_path / "c2s"
-    run_cli("fairseq-train", translation_data, "--user-dir", USER_DIR, "--task", "translation_c2s", "--arch",
-            "transformer_c2s", *TINY_MODEL, *C2S, *TRAIN_FLAGS, "--max-update", "3", "--save-dir", tuned,
-            "--share-decoder-input-output-embed", "--c2s-noise-rate", "0.1", "--c2s-train-embedding-only",
-            "--finetune-from-model", tmp_path / "start.pt", "--no-save-optimizer-state")
+    run_cli(
+        "fairseq-train",
+        translation_data,
+        "--user-dir",
+        USER_DIR,
+        "--task",
+        "translation_c2s",
+        "--arch",
+        "transformer_c2s",
+        *TINY_MODEL,
+        *C2S,
+        *TRAIN_FLAGS,
+        "--max-update",
+        "3",
+        "--save-dir",
+        tuned,
+        "--share-decoder-input-output-embed",
+        "--c2s-noise-rate",
+        "0.1",
+        "--c2s-train-embedding-only",
+        "--finetune-from-model",
+        tmp_path / "start.pt",
+        "--no-save-optimizer-state",
+    )
     start = torch.load(tmp_path / "start.pt", map_location="cpu", weights_only=True)["model"]
     final = torch.load(tuned / "checkpoint_last.pt", map_location="cpu", weights_only=False)["model"]
     assert set(start) == set(final)
     moved = {name for name in start if not torch.equal(start[name], final[name])}
     assert moved and all(name.startswith("encoder.embed_tokens.") for name in moved)
-    proc = run_cli("fairseq-generate", translation_data, "--user-dir", USER_DIR, "--task", "translation_c2s",
-                   "--path", tuned / "checkpoint_last.pt", "--gen-subset", "valid", "--beam", "2",
-                   "--max-tokens", "400", "--cpu")
+    proc = run_cli(
+        "fairseq-generate",
+        translation_data,
+        "--user-dir",
+        USER_DIR,
+        "--task",
+        "translation_c2s",
+        "--path",
+        tuned / "checkpoint_last.pt",
+        "--gen-subset",
+        "valid",
+        "--beam",
+        "2",
+        "--max-tokens",
+        "400",
+        "--cpu",
+    )
     assert re.search(r"BLEU4? = [\d.]+", proc.stdout + proc.stderr)

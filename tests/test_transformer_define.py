@@ -4,12 +4,11 @@ import re
 
 import pytest
 import torch
+from conftest import TINY_MODEL, TRAIN_FLAGS, USER_DIR, run_cli, run_module
 
 import define_fairseq  # noqa: F401  (registers the models)
 from define_fairseq.modules import DeFINE, DeFINEEmbedding, FoldedDeFINEEmbedding
 from define_fairseq.tools.params import parameter_breakdown, setup_from_train_args
-
-from conftest import TINY_MODEL, TRAIN_FLAGS, USER_DIR, run_cli, run_module
 
 
 def hypotheses(output: str):
@@ -20,16 +19,44 @@ def hypotheses(output: str):
 
 def train(data, save_dir, *extra, arch="transformer_define_iwslt_de_en", updates=20):
     model = TINY_MODEL if "define" in arch else TINY_MODEL[:-4]  # the stock arch has no --define-* flags
-    run_cli("fairseq-train", data, "--user-dir", USER_DIR, "--arch", arch, *model, *TRAIN_FLAGS,
-            "--max-update", updates, "--save-dir", save_dir, *extra)
+    run_cli(
+        "fairseq-train",
+        data,
+        "--user-dir",
+        USER_DIR,
+        "--arch",
+        arch,
+        *model,
+        *TRAIN_FLAGS,
+        "--max-update",
+        updates,
+        "--save-dir",
+        save_dir,
+        *extra,
+    )
     return save_dir / "checkpoint_last.pt"
 
 
 def generate(data, checkpoint, *extra, full_output=False):
     # --required-batch-size-multiple 1: with the default 8, fairseq-generate drops a last partial batch
-    out = run_cli("fairseq-generate", data, "--user-dir", USER_DIR, "--path", checkpoint, "--beam", "3",
-                  "--cpu", "--max-tokens", "400", "--gen-subset", "test", "--required-batch-size-multiple", "1",
-                  *extra).stdout
+    out = run_cli(
+        "fairseq-generate",
+        data,
+        "--user-dir",
+        USER_DIR,
+        "--path",
+        checkpoint,
+        "--beam",
+        "3",
+        "--cpu",
+        "--max-tokens",
+        "400",
+        "--gen-subset",
+        "test",
+        "--required-batch-size-multiple",
+        "1",
+        *extra,
+    ).stdout
     return out if full_output else hypotheses(out)
 
 
@@ -39,11 +66,14 @@ def trained(translation_data, tmp_path_factory):
     return train(translation_data, tmp_path_factory.mktemp("ckpt"), "--share-all-embeddings", updates=60)
 
 
-@pytest.mark.parametrize("arch,extra", [
-    ("transformer_define", []),
-    ("transformer_define_wmt_en_de_big", ["--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]),
-    ("transformer_define_iwslt_de_en", ["--share-all-embeddings"]),
-])
+@pytest.mark.parametrize(
+    "arch,extra",
+    [
+        ("transformer_define", []),
+        ("transformer_define_wmt_en_de_big", ["--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]),
+        ("transformer_define_iwslt_de_en", ["--share-all-embeddings"]),
+    ],
+)
 def test_each_arch_trains_and_generates(translation_data, tmp_path, arch, extra):
     checkpoint = train(translation_data, tmp_path, *extra, arch=arch, updates=5)
     out = generate(translation_data, checkpoint, full_output=True)
@@ -55,14 +85,32 @@ def parsed_model(data, *argv):
     return setup_from_train_args([str(data), *argv, "--optimizer", "adam", "--lr", "0.001", "--cpu"])
 
 
-@pytest.mark.parametrize("arch,expected", [
-    ("transformer_define", dict(encoder_embed_dim=512, encoder_layers=6, define_n=128, define_k=1024,
-                                define_depth=3, define_max_groups=4)),
-    ("transformer_define_wmt_en_de_big", dict(encoder_embed_dim=1024, encoder_attention_heads=16,
-                                              define_n=128, define_k=1024)),
-    ("transformer_define_iwslt_de_en", dict(encoder_embed_dim=512, encoder_ffn_embed_dim=1024,
-                                            encoder_attention_heads=4, define_n=64, define_k=512)),
-])
+@pytest.mark.parametrize(
+    "arch,expected",
+    [
+        (
+            "transformer_define",
+            dict(
+                encoder_embed_dim=512,
+                encoder_layers=6,
+                define_n=128,
+                define_k=1024,
+                define_depth=3,
+                define_max_groups=4,
+            ),
+        ),
+        (
+            "transformer_define_wmt_en_de_big",
+            dict(encoder_embed_dim=1024, encoder_attention_heads=16, define_n=128, define_k=1024),
+        ),
+        (
+            "transformer_define_iwslt_de_en",
+            dict(
+                encoder_embed_dim=512, encoder_ffn_embed_dim=1024, encoder_attention_heads=4, define_n=64, define_k=512
+            ),
+        ),
+    ],
+)
 def test_arch_defaults(translation_data, arch, expected):
     cfg, _, model = parsed_model(translation_data, "--arch", arch)
     for key, value in expected.items():
@@ -100,8 +148,9 @@ def test_untied_output(translation_data):
 
 def test_shared_input_with_untied_output(translation_data):
     # --share-all-embeddings shares the DeFINE embedding; --define-untie-output gives the decoder its own V x d layer
-    _, task, model = parsed_model(translation_data, "--arch", "transformer_define", "--share-all-embeddings",
-                                  "--define-untie-output")
+    _, task, model = parsed_model(
+        translation_data, "--arch", "transformer_define", "--share-all-embeddings", "--define-untie-output"
+    )
     embed = model.encoder.embed_tokens
     assert model.decoder.embed_tokens is embed and isinstance(embed, DeFINEEmbedding)
     assert model.decoder.project_out_dim is None
@@ -143,8 +192,9 @@ def test_separate_units_train_generate_and_fold(translation_data, tmp_path):
     assert len([h for h in original if h.startswith("H-")]) == 20
     state = torch.load(checkpoint, map_location="cpu", weights_only=False)["model"]
     assert torch.equal(state["encoder.embed_tokens.table.weight"], state["decoder.embed_tokens.table.weight"])
-    assert not torch.equal(state["encoder.embed_tokens.define.layers.0.weight"],
-                           state["decoder.embed_tokens.define.layers.0.weight"])
+    assert not torch.equal(
+        state["encoder.embed_tokens.define.layers.0.weight"], state["decoder.embed_tokens.define.layers.0.weight"]
+    )
     folded = tmp_path / "folded.pt"
     run_module("define_fairseq.tools.fold_define", checkpoint, folded)
     assert generate(translation_data, folded) == original
@@ -152,8 +202,9 @@ def test_separate_units_train_generate_and_fold(translation_data, tmp_path):
 
 @pytest.mark.parametrize("variant,activation", [("define", "gelu"), ("projective", "gelu"), ("delight", "swish")])
 def test_each_variant_builds_with_its_default_activation(translation_data, variant, activation):
-    _, _, model = parsed_model(translation_data, "--arch", "transformer_define", "--define-variant", variant,
-                               "--share-all-embeddings")
+    _, _, model = parsed_model(
+        translation_data, "--arch", "transformer_define", "--define-variant", variant, "--share-all-embeddings"
+    )
     unit = model.encoder.embed_tokens.define
     assert unit.variant == variant and unit.activation == activation
     assert unit(torch.randn(2, 128)).shape == (2, 512)
@@ -179,8 +230,10 @@ def test_incremental_decoding_equals_full_forward(translation_data, arch):
         encoder_out = model.encoder(src, src_lengths=lengths)
         full = model.decoder(prev, encoder_out=encoder_out)[0]
         state = {}
-        steps = [model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)[0]
-                 for t in range(prev.shape[1])]
+        steps = [
+            model.decoder(prev[:, : t + 1], encoder_out=encoder_out, incremental_state=state)[0]
+            for t in range(prev.shape[1])
+        ]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
 
 
@@ -189,8 +242,16 @@ def test_checkpoint_round_trip(translation_data, tmp_path, arch):
     from fairseq import checkpoint_utils
     from fairseq.trainer import Trainer
 
-    cfg, task, model = parsed_model(translation_data, "--arch", arch, *TINY_MODEL,
-                                    "--share-all-embeddings", "--save-dir", str(tmp_path), "--no-save-optimizer-state")
+    cfg, task, model = parsed_model(
+        translation_data,
+        "--arch",
+        arch,
+        *TINY_MODEL,
+        "--share-all-embeddings",
+        "--save-dir",
+        str(tmp_path),
+        "--no-save-optimizer-state",
+    )
     trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
     path = str(tmp_path / "roundtrip.pt")
     trainer.save_checkpoint(path, {})
@@ -201,8 +262,9 @@ def test_checkpoint_round_trip(translation_data, tmp_path, arch):
     with torch.no_grad():
         before = model(src, lengths, prev)[0]
         after = loaded(src, lengths, prev)[0]
-        _, _, fresh = parsed_model(translation_data, "--arch", arch, *TINY_MODEL,
-                                   "--share-all-embeddings", "--seed", "7")
+        _, _, fresh = parsed_model(
+            translation_data, "--arch", arch, *TINY_MODEL, "--share-all-embeddings", "--seed", "7"
+        )
         other = fresh.eval()(src, lengths, prev)[0]
     torch.testing.assert_close(after, before, rtol=0, atol=0)
     assert not torch.allclose(other, before)  # the comparison can fail
@@ -223,8 +285,9 @@ def test_folded_checkpoint_generates_identically(translation_data, trained, tmp_
 def test_folded_model_matches_in_eval_mode(translation_data):
     from define_fairseq.tools.fold_define import fold_model
 
-    _, task, model = parsed_model(translation_data, "--arch", "transformer_define_iwslt_de_en", *TINY_MODEL,
-                                  "--share-all-embeddings")
+    _, task, model = parsed_model(
+        translation_data, "--arch", "transformer_define_iwslt_de_en", *TINY_MODEL, "--share-all-embeddings"
+    )
     model.eval()
     src, lengths, prev = sample_batch(len(task.target_dictionary))
     with torch.enable_grad():  # the DeFINE path proper, not the eval-mode table
@@ -248,7 +311,15 @@ def test_fold_refuses_a_checkpoint_without_define(translation_data, tmp_path):
 
 
 def test_params_report(translation_data):
-    proc = run_module("define_fairseq.tools.params", translation_data, "--user-dir", USER_DIR, "--arch", "transformer_define", "--share-all-embeddings")
+    proc = run_module(
+        "define_fairseq.tools.params",
+        translation_data,
+        "--user-dir",
+        USER_DIR,
+        "--arch",
+        "transformer_define",
+        "--share-all-embeddings",
+    )
     lines = dict(re.findall(r"^(DeFINE|context|input/output|total)\s+([\d.]+)M$", proc.stdout, re.M))
     assert set(lines) == {"DeFINE", "context", "input/output", "total"}
     _, task, model = parsed_model(translation_data, "--arch", "transformer_define", "--share-all-embeddings")
@@ -263,8 +334,9 @@ def test_params_report(translation_data):
 
 @pytest.mark.parametrize("variant", ["delight", "projective"])
 def test_params_counts_the_authors_unit_as_define_and_a_projection_as_input_output(translation_data, variant):
-    _, task, model = parsed_model(translation_data, "--arch", "transformer_define", "--share-all-embeddings",
-                                  "--define-variant", variant)
+    _, task, model = parsed_model(
+        translation_data, "--arch", "transformer_define", "--share-all-embeddings", "--define-variant", variant
+    )
     counts = parameter_breakdown(model)
     unit = sum(p.numel() for p in model.encoder.embed_tokens.define.parameters())
     table_and_output = len(task.source_dictionary) * 128 + 512 * 128
@@ -276,8 +348,9 @@ def test_params_counts_the_authors_unit_as_define_and_a_projection_as_input_outp
 
 def test_missing_data_directory_gives_a_clear_error(tmp_path):
     missing = tmp_path / "no-such-data"
-    proc = run_cli("fairseq-train", missing, "--user-dir", USER_DIR, "--arch", "transformer_define", *TRAIN_FLAGS,
-                   check=False)
+    proc = run_cli(
+        "fairseq-train", missing, "--user-dir", USER_DIR, "--arch", "transformer_define", *TRAIN_FLAGS, check=False
+    )
     assert proc.returncode != 0 and str(missing) in proc.stderr
     with pytest.raises(FileNotFoundError, match="no-such-data"):
         setup_from_train_args([str(missing), "--arch", "transformer_define", "--cpu"])
@@ -289,8 +362,9 @@ def test_malformed_dictionary_gives_a_clear_error(translation_data, tmp_path):
     for f in translation_data.iterdir():
         (broken / f.name).write_bytes(f.read_bytes())
     (broken / "dict.en.txt").write_text("this line has too many fields for a dictionary\n")
-    proc = run_cli("fairseq-train", broken, "--user-dir", USER_DIR, "--arch", "transformer_define", *TRAIN_FLAGS,
-                   check=False)
+    proc = run_cli(
+        "fairseq-train", broken, "--user-dir", USER_DIR, "--arch", "transformer_define", *TRAIN_FLAGS, check=False
+    )
     assert proc.returncode != 0 and "dictionary" in proc.stderr.lower()
 
 
@@ -324,7 +398,7 @@ optimizer: {{_name: adam}}
 lr_scheduler: {{_name: fixed}}
 optimization: {{max_update: 2, lr: [0.001]}}
 dataset: {{max_tokens: 400}}
-checkpoint: {{save_dir: {tmp_path / 'ckpt'}}}
+checkpoint: {{save_dir: {tmp_path / "ckpt"}}}
 """)
     run_cli("fairseq-hydra-train", "--config-dir", tmp_path, "--config-name", "tiny", cwd=tmp_path)
     state = torch.load(tmp_path / "ckpt" / "checkpoint_last.pt", map_location="cpu", weights_only=False)
@@ -339,8 +413,7 @@ def test_build_from_a_plain_namespace(translation_data):
 
     from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
-    task = TranslationTask.setup_task(TranslationConfig(data=str(translation_data), source_lang="en",
-                                                        target_lang="de"))
+    task = TranslationTask.setup_task(TranslationConfig(data=str(translation_data), source_lang="en", target_lang="de"))
     model = task.build_model(Namespace(arch="transformer_define", _name="transformer_define", define_n=32))
     assert model.decoder.embed_tokens.weight.shape[1] == 32
     assert model.decoder.output_projection.weight is model.decoder.embed_tokens.weight

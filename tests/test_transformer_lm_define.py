@@ -4,30 +4,77 @@ import re
 
 import pytest
 import torch
+from conftest import USER_DIR, needs_fairseq_eos_blocks, run_cli
 
 import define_fairseq  # noqa: F401  (registers the models)
 from define_fairseq.modules import DeFINEEmbedding
 from define_fairseq.tools.params import setup_from_train_args
 
-from conftest import USER_DIR, needs_fairseq_eos_blocks, run_cli
-
-TINY_LM = ["--decoder-layers", "1", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
-           "--decoder-attention-heads", "2", "--define-n", "16", "--define-k", "64", "--tokens-per-sample", "16"]
+TINY_LM = [
+    "--decoder-layers",
+    "1",
+    "--decoder-embed-dim",
+    "32",
+    "--decoder-ffn-embed-dim",
+    "64",
+    "--decoder-attention-heads",
+    "2",
+    "--define-n",
+    "16",
+    "--define-k",
+    "64",
+    "--tokens-per-sample",
+    "16",
+]
 TINY_ADAPTIVE = ["--adaptive-input-cutoff", "10,30", "--adaptive-softmax-cutoff", "10,30"]
-LM_TRAIN_FLAGS = ["--task", "language_modeling", "--optimizer", "adam", "--lr", "0.005", "--max-tokens", "256",
-                  "--cpu", "--num-workers", "0", "--no-progress-bar", "--log-format", "simple", "--seed", "1",
-                  "--dropout", "0.0", "--ddp-backend", "legacy_ddp"]
+LM_TRAIN_FLAGS = [
+    "--task",
+    "language_modeling",
+    "--optimizer",
+    "adam",
+    "--lr",
+    "0.005",
+    "--max-tokens",
+    "256",
+    "--cpu",
+    "--num-workers",
+    "0",
+    "--no-progress-bar",
+    "--log-format",
+    "simple",
+    "--seed",
+    "1",
+    "--dropout",
+    "0.0",
+    "--ddp-backend",
+    "legacy_ddp",
+]
 ARCHS = {
     "transformer_lm_define": ["--criterion", "cross_entropy"],
-    "transformer_lm_define_wiki103": TINY_ADAPTIVE + ["--criterion", "adaptive_loss", "--decoder-attention-heads",
-                                                      "2"],
+    "transformer_lm_define_wiki103": TINY_ADAPTIVE + ["--criterion", "adaptive_loss", "--decoder-attention-heads", "2"],
 }
 
 
 def parsed_model(data, arch, *argv):
-    return setup_from_train_args([str(data), "--task", "language_modeling", "--arch", arch, *TINY_LM,
-                                  *ARCHS[arch], *argv, "--optimizer", "adam", "--lr", "0.001", "--cpu",
-                                  "--ddp-backend", "legacy_ddp"])
+    return setup_from_train_args(
+        [
+            str(data),
+            "--task",
+            "language_modeling",
+            "--arch",
+            arch,
+            *TINY_LM,
+            *ARCHS[arch],
+            *argv,
+            "--optimizer",
+            "adam",
+            "--lr",
+            "0.001",
+            "--cpu",
+            "--ddp-backend",
+            "legacy_ddp",
+        ]
+    )
 
 
 def perplexity(output: str) -> float:
@@ -41,14 +88,41 @@ def perplexity(output: str) -> float:
 def test_trains_scores_and_samples(lm_data, tmp_path, arch):
     from fairseq.models.transformer_lm import TransformerLanguageModel
 
-    run_cli("fairseq-train", lm_data, "--user-dir", USER_DIR, "--arch", arch, *TINY_LM, *ARCHS[arch],
-            *LM_TRAIN_FLAGS, "--max-update", "30", "--save-dir", tmp_path)
-    out = run_cli("fairseq-eval-lm", lm_data, "--user-dir", USER_DIR, "--path", tmp_path / "checkpoint_last.pt",
-                  "--cpu", "--max-tokens", "256", "--tokens-per-sample", "16", "--gen-subset", "test")
+    run_cli(
+        "fairseq-train",
+        lm_data,
+        "--user-dir",
+        USER_DIR,
+        "--arch",
+        arch,
+        *TINY_LM,
+        *ARCHS[arch],
+        *LM_TRAIN_FLAGS,
+        "--max-update",
+        "30",
+        "--save-dir",
+        tmp_path,
+    )
+    out = run_cli(
+        "fairseq-eval-lm",
+        lm_data,
+        "--user-dir",
+        USER_DIR,
+        "--path",
+        tmp_path / "checkpoint_last.pt",
+        "--cpu",
+        "--max-tokens",
+        "256",
+        "--tokens-per-sample",
+        "16",
+        "--gen-subset",
+        "test",
+    )
     ppl = perplexity(out.stdout + out.stderr)
     assert 1.0 < ppl < 64  # better than uniform over the ~64 symbols after 30 updates
-    lm = TransformerLanguageModel.from_pretrained(str(tmp_path), "checkpoint_last.pt", data_name_or_path=str(lm_data),
-                                                  user_dir=USER_DIR)
+    lm = TransformerLanguageModel.from_pretrained(
+        str(tmp_path), "checkpoint_last.pt", data_name_or_path=str(lm_data), user_dir=USER_DIR
+    )
     sample = lm.sample("w2 w0", beam=2, max_len_b=8)
     assert sample.startswith("w2 w0") and len(sample.split()) > 2
 
@@ -77,8 +151,10 @@ def closed_form_io(vocab, n, d, cutoff=None, factor=4):
     if cutoff is None:
         return vocab * n + d * n
     bounds = [0] + cutoff + [vocab]
-    io = sum((bounds[i + 1] - bounds[i]) * (n // factor ** i) + (n * (n // factor ** i) if i else 0)
-             for i in range(len(bounds) - 1))
+    io = sum(
+        (bounds[i + 1] - bounds[i]) * (n // factor**i) + (n * (n // factor**i) if i else 0)
+        for i in range(len(bounds) - 1)
+    )
     return io + len(cutoff) * n + d * n
 
 
@@ -122,21 +198,34 @@ def test_checkpoint_round_trip(lm_data, tmp_path, arch):
     tokens = torch.randint(4, len(task.dictionary), (2, 7), generator=torch.Generator().manual_seed(1))
     _, _, other = parsed_model(lm_data, arch, "--seed", "7")
     with torch.no_grad():
-        before, after, fresh = (m.eval().get_normalized_probs(m(tokens), log_probs=True)
-                                for m in (model, loaded, other))
+        before, after, fresh = (
+            m.eval().get_normalized_probs(m(tokens), log_probs=True) for m in (model, loaded, other)
+        )
     torch.testing.assert_close(after, before, rtol=0, atol=0)
     assert not torch.allclose(fresh, before)  # the comparison can fail
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--adaptive-softmax-cutoff", "10,30", "--tie-adaptive-weights"], "needs --adaptive-input"),
-    (["--adaptive-input", "--adaptive-input-cutoff", "10,30", "--adaptive-softmax-cutoff", "10,20",
-      "--tie-adaptive-weights"], "differs from --adaptive-input-cutoff"),
-    (["--adaptive-input", "--adaptive-input-cutoff", "10,300"], "below the vocabulary"),
-    (["--decoder-output-dim", "24"], "--decoder-output-dim=24"),
-    (["--define-k", "8"], "--define-k"),
-    (["--character-embeddings"], "--character-embeddings"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--adaptive-softmax-cutoff", "10,30", "--tie-adaptive-weights"], "needs --adaptive-input"),
+        (
+            [
+                "--adaptive-input",
+                "--adaptive-input-cutoff",
+                "10,30",
+                "--adaptive-softmax-cutoff",
+                "10,20",
+                "--tie-adaptive-weights",
+            ],
+            "differs from --adaptive-input-cutoff",
+        ),
+        (["--adaptive-input", "--adaptive-input-cutoff", "10,300"], "below the vocabulary"),
+        (["--decoder-output-dim", "24"], "--decoder-output-dim=24"),
+        (["--define-k", "8"], "--define-k"),
+        (["--character-embeddings"], "--character-embeddings"),
+    ],
+)
 def test_bad_configurations_name_the_flag(lm_data, flags, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         parsed_model(lm_data, "transformer_lm_define", *flags)

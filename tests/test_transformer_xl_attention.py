@@ -5,10 +5,9 @@ import math
 
 import pytest
 import torch
+from test_projected_adaptive_softmax import count
 
 from define_fairseq.modules import RelativeMultiheadAttention, TransformerXLStack, rel_shift
-
-from test_projected_adaptive_softmax import count
 
 
 def small_stack(**kwargs):
@@ -92,8 +91,9 @@ def test_attention_matches_naive_loops(pre_norm, m):
     # queries, keys and values of cat(memory, x) from the whole weight
     weights = torch.randn_like(got)
     inputs = [x, *att.parameters()]
-    for a, b in zip(torch.autograd.grad((got * weights).sum(), inputs),
-                    torch.autograd.grad((want * weights).sum(), inputs)):
+    for a, b in zip(
+        torch.autograd.grad((got * weights).sum(), inputs), torch.autograd.grad((want * weights).sum(), inputs)
+    ):
         torch.testing.assert_close(a, b)
 
 
@@ -129,7 +129,7 @@ def test_segments_with_memory_equal_one_pass(pre_norm):
     full, full_memory = stack(x, keep=100)
     memory, outs = None, []
     for start in range(0, 12, 4):
-        out, memory = stack(x[:, start:start + 4], memory, keep=100)
+        out, memory = stack(x[:, start : start + 4], memory, keep=100)
         outs.append(out)
     torch.testing.assert_close(torch.cat(outs, dim=1), full, rtol=1e-9, atol=1e-9)
     for a, b in zip(memory, full_memory):
@@ -252,8 +252,17 @@ def test_pre_and_post_norm_shapes_and_bf16(pre_norm):
 
 def test_stack_validation():
     ok = dict(num_layers=1, d_model=8, num_heads=2, head_dim=4, d_inner=16)
-    for name, bad in [("num_layers", 0), ("d_model", 0), ("num_heads", 0), ("head_dim", 0), ("d_inner", 0),
-                      ("mem_len", -1), ("clamp_len", -2), ("dropout", 1.0), ("dropout", -0.1)]:
+    for name, bad in [
+        ("num_layers", 0),
+        ("d_model", 0),
+        ("num_heads", 0),
+        ("head_dim", 0),
+        ("d_inner", 0),
+        ("mem_len", -1),
+        ("clamp_len", -2),
+        ("dropout", 1.0),
+        ("dropout", -0.1),
+    ]:
         with pytest.raises(ValueError, match=name):
             TransformerXLStack(**{**ok, name: bad})
     with pytest.raises(ValueError, match="d_model"):
@@ -293,14 +302,19 @@ def test_cached_keys_and_values_give_the_same_outputs_and_memory(pre_norm, same_
     """Evaluation with the memory's keys and values kept (``return_kv`` / ``memory_kv``) equals recomputing them
     from the memory every segment, over segments that fill and then slide a memory of 6, and the kept keys and
     values are those of the kept memory."""
-    stack = TransformerXLStack(2, 8, 2, 3, 16, dropout=0.0, pre_norm=pre_norm, mem_len=6, clamp_len=clamp_len,
-                               same_length=same_length).double().eval()
+    stack = (
+        TransformerXLStack(
+            2, 8, 2, 3, 16, dropout=0.0, pre_norm=pre_norm, mem_len=6, clamp_len=clamp_len, same_length=same_length
+        )
+        .double()
+        .eval()
+    )
     x = torch.randn(2, 16, 8, dtype=torch.float64)
     memory = cached = kv = None
     with torch.no_grad():
         for start in range(0, 16, 4):
-            plain, memory = stack(x[:, start:start + 4], memory)
-            fast, cached, kv = stack(x[:, start:start + 4], cached, memory_kv=kv, return_kv=True)
+            plain, memory = stack(x[:, start : start + 4], memory)
+            fast, cached, kv = stack(x[:, start : start + 4], cached, memory_kv=kv, return_kv=True)
             torch.testing.assert_close(fast, plain, rtol=0, atol=1e-12)
             for layer, (mem, mem_c, (keys, values)) in enumerate(zip(memory, cached, kv)):
                 torch.testing.assert_close(mem_c, mem, rtol=0, atol=1e-12)

@@ -6,25 +6,82 @@ import re
 
 import pytest
 import torch
+from conftest import USER_DIR, needs_fairseq_eos_blocks, run_cli, training_arguments
+from lm_helpers import (
+    check_generate_continues_a_prefix,
+    check_incremental_decoding,
+    eval_lm,
+    load,
+    log_probs,
+    split_stream,
+    tokens_batch,
+)
 
 import define_fairseq  # noqa: F401  (registers the models, tasks and criteria)
 from define_fairseq.tools.params import parameter_breakdown, setup_from_train_args, write_dictionaries
-from conftest import USER_DIR, needs_fairseq_eos_blocks, run_cli, training_arguments
-from lm_helpers import (check_generate_continues_a_prefix, check_incremental_decoding, eval_lm, load, log_probs,
-                        split_stream, tokens_batch)
 
 WT103_VOCAB = 267_735
-TINY = ["--decoder-layers", "2", "--decoder-embed-dim", "16", "--decoder-attention-heads", "2", "--txl-head-dim", "6",
-        "--decoder-ffn-embed-dim", "24", "--adaptive-softmax-cutoff", "20,40", "--define-n", "8", "--define-k", "32",
-        "--dropout", "0.0"]
+TINY = [
+    "--decoder-layers",
+    "2",
+    "--decoder-embed-dim",
+    "16",
+    "--decoder-attention-heads",
+    "2",
+    "--txl-head-dim",
+    "6",
+    "--decoder-ffn-embed-dim",
+    "24",
+    "--adaptive-softmax-cutoff",
+    "20,40",
+    "--define-n",
+    "8",
+    "--define-k",
+    "32",
+    "--dropout",
+    "0.0",
+]
 INPUT_FLAGS = {"standard": [], "projective": ["--txl-input", "projective"], "define": ["--txl-input", "define"]}
-TRAIN = ["--criterion", "lm_regularized_loss", "--ddp-backend", "legacy_ddp", "--optimizer", "adam", "--lr", "0.005",
-         "--cpu", "--num-workers", "0", "--no-progress-bar", "--log-format", "simple", "--seed", "1"]
+TRAIN = [
+    "--criterion",
+    "lm_regularized_loss",
+    "--ddp-backend",
+    "legacy_ddp",
+    "--optimizer",
+    "adam",
+    "--lr",
+    "0.005",
+    "--cpu",
+    "--num-workers",
+    "0",
+    "--no-progress-bar",
+    "--log-format",
+    "simple",
+    "--seed",
+    "1",
+]
 
 
 def parsed_model(data, *flags, arch="transformer_xl_lm", task="stateful_lm"):
-    return setup_from_train_args([str(data), "--user-dir", USER_DIR, "--task", task, "--arch", arch, *flags,
-                                  "--optimizer", "adam", "--lr", "1", "--cpu", "--batch-size", "2"])
+    return setup_from_train_args(
+        [
+            str(data),
+            "--user-dir",
+            USER_DIR,
+            "--task",
+            task,
+            "--arch",
+            arch,
+            *flags,
+            "--optimizer",
+            "adam",
+            "--lr",
+            "1",
+            "--cpu",
+            "--batch-size",
+            "2",
+        ]
+    )
 
 
 @pytest.fixture(scope="module", params=list(INPUT_FLAGS))
@@ -36,6 +93,7 @@ def model(request, lm_data):
 
 # -- the memory, causality, incremental decoding -----------------------------------------------------------------
 
+
 def test_segments_with_memory_equal_one_pass(model):
     """Fed in segments of 8 with the memory carried (stateful task), the log-probabilities are those of one pass
     over all 24 tokens; a reset starts from an empty memory again."""
@@ -43,7 +101,7 @@ def test_segments_with_memory_equal_one_pass(model):
     tokens = tokens_batch(vocab, length=24, bos=False)
     full = log_probs(model, tokens)
     parts = [log_probs(model, tokens[:, :8], reset_state=True)]
-    parts += [log_probs(model, tokens[:, s:s + 8], reset_state=False) for s in (8, 16)]
+    parts += [log_probs(model, tokens[:, s : s + 8], reset_state=False) for s in (8, 16)]
     torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-5, atol=1e-5)
     again = log_probs(model, tokens[:, 16:], reset_state=True)
     torch.testing.assert_close(again, log_probs(model, tokens[:, 16:]), rtol=1e-5, atol=1e-5)
@@ -87,6 +145,7 @@ def test_input_layers_and_tying(lm_data):
     """standard: a V x d table, no projection; projective: the head cluster's projection is the input's; define:
     a DeFINE unit and four projections of its own. The softmax table is the input table in every case."""
     from define_fairseq.modules import DeFINEEmbedding
+
     for kind, flags in INPUT_FLAGS.items():
         _, task, model = parsed_model(lm_data, *TINY, *flags)
         decoder, vocab = model.decoder, len(task.target_dictionary)
@@ -107,10 +166,13 @@ def test_input_layers_and_tying(lm_data):
         n = decoder.embed_tokens.weight.shape[1]
         counts = parameter_breakdown(model)
         io = vocab * n + vocab + 2 * n + 2 + (0 if kind == "standard" else 3 * 16 * n)
-        assert counts["input/output"] == io, kind  # table, bias, 2 clusters, and 3 n x d projections (not 4: 3 clusters)
+        assert counts["input/output"] == io, (
+            kind
+        )  # table, bias, 2 clusters, and 3 n x d projections (not 4: 3 clusters)
 
 
 # -- the paper's parameter counts (Table 2) --------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def wt103_dictionary(tmp_path_factory):
@@ -119,17 +181,20 @@ def wt103_dictionary(tmp_path_factory):
     return directory
 
 
-@pytest.mark.parametrize("arch,context,io", [
-    ("transformer_xl_wt103", 41.07, 110.04),
-    ("transformer_xl_wt103_d384", 36.25, 103.08),
-    ("transformer_xl_projective_wt103_n256", 36.25, 69.20),
-    ("transformer_xl_projective_wt103_n128", 36.25, 34.73),
-    ("transformer_xl_projective_wt103_n64", 36.25, 17.50),
-    ("transformer_xl_define_wt103_n384", 36.25, 103.08),
-    ("transformer_xl_define_wt103_n256", 36.25, 69.20),
-    ("transformer_xl_define_wt103_n128", 36.25, 34.73),
-    ("transformer_xl_define_wt103_n64", 36.25, 17.50),
-])
+@pytest.mark.parametrize(
+    "arch,context,io",
+    [
+        ("transformer_xl_wt103", 41.07, 110.04),
+        ("transformer_xl_wt103_d384", 36.25, 103.08),
+        ("transformer_xl_projective_wt103_n256", 36.25, 69.20),
+        ("transformer_xl_projective_wt103_n128", 36.25, 34.73),
+        ("transformer_xl_projective_wt103_n64", 36.25, 17.50),
+        ("transformer_xl_define_wt103_n384", 36.25, 103.08),
+        ("transformer_xl_define_wt103_n256", 36.25, 69.20),
+        ("transformer_xl_define_wt103_n128", 36.25, 34.73),
+        ("transformer_xl_define_wt103_n64", 36.25, 17.50),
+    ],
+)
 def test_parameter_counts_match_table_2(wt103_dictionary, arch, context, io):
     _, _, model = parsed_model(wt103_dictionary, arch=arch)
     counts = parameter_breakdown(model)
@@ -145,13 +210,35 @@ def test_parameter_counts_match_table_2(wt103_dictionary, arch, context, io):
 
 # -- the fairseq programs ----------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def checkpoint(lm_data, tmp_path_factory):
     save_dir = tmp_path_factory.mktemp("txl")
-    proc = run_cli("fairseq-train", lm_data, "--user-dir", USER_DIR, "--task", "stateful_lm",
-                   "--arch", "transformer_xl_lm", *TINY, "--txl-input", "define", "--txl-mem-len", "8", *TRAIN,
-                   "--batch-size", "4", "--tokens-per-sample", "8", "--max-update", "6", "--save-dir", save_dir,
-                   "--no-save-optimizer-state")
+    proc = run_cli(
+        "fairseq-train",
+        lm_data,
+        "--user-dir",
+        USER_DIR,
+        "--task",
+        "stateful_lm",
+        "--arch",
+        "transformer_xl_lm",
+        *TINY,
+        "--txl-input",
+        "define",
+        "--txl-mem-len",
+        "8",
+        *TRAIN,
+        "--batch-size",
+        "4",
+        "--tokens-per-sample",
+        "8",
+        "--max-update",
+        "6",
+        "--save-dir",
+        save_dir,
+        "--no-save-optimizer-state",
+    )
     out = proc.stdout + proc.stderr
     assert math.isfinite(float(re.findall(r"valid on 'valid' subset \| loss ([\d.]+)", out)[-1]))
     return save_dir / "checkpoint_last.pt"
@@ -162,15 +249,25 @@ def test_eval_lm_carries_the_memory_through_the_split(lm_data, checkpoint, mem_l
     """fairseq-eval-lm --task stateful_lm with one stream equals scoring the split segment by segment in process,
     the memory carried, with the evaluation settings given by --model-overrides (as Transformer-XL evaluates)."""
     overrides = {"txl_mem_len": mem_len, "txl_clamp_len": clamp_len, "txl_same_length": same_length}
-    loss, _ = eval_lm(lm_data, checkpoint, "--task", "stateful_lm", "--batch-size", "1", "--tokens-per-sample", "6",
-                      "--model-overrides", str(overrides))
+    loss, _ = eval_lm(
+        lm_data,
+        checkpoint,
+        "--task",
+        "stateful_lm",
+        "--batch-size",
+        "1",
+        "--tokens-per-sample",
+        "6",
+        "--model-overrides",
+        str(overrides),
+    )
     model, task = load(checkpoint, **overrides)
     assert (model.decoder.stack.mem_len, model.decoder.stack.clamp_len) == (mem_len, clamp_len)
     stream = split_stream(lm_data, task.target_dictionary)
     inputs = torch.cat([stream.new_tensor([task.target_dictionary.eos()]), stream[:-1]])
     nll = 0.0
     for start in range(0, len(stream), 6):
-        segment, target = inputs[None, start:start + 6], stream[None, start:start + 6]
+        segment, target = inputs[None, start : start + 6], stream[None, start : start + 6]
         lp = log_probs(model, segment, reset_state=start == 0)
         nll -= lp.gather(-1, target[..., None]).sum().item()
     assert loss == pytest.approx(nll / len(stream) / math.log(2), abs=2e-4)
@@ -202,38 +299,60 @@ def test_checkpoint_round_trip_and_folding(lm_data, checkpoint, tmp_path):
     assert folded.decoder.adaptive_softmax.table is folded.decoder.embed_tokens.weight
     torch.testing.assert_close(log_probs(folded, tokens), before, rtol=1e-5, atol=1e-5)
     flags = ("--task", "stateful_lm", "--batch-size", "1", "--tokens-per-sample", "6")
-    assert eval_lm(lm_data, folded_path, *flags)[0] == pytest.approx(eval_lm(lm_data, checkpoint, *flags)[0],
-                                                                      abs=1e-4)
+    assert eval_lm(lm_data, folded_path, *flags)[0] == pytest.approx(eval_lm(lm_data, checkpoint, *flags)[0], abs=1e-4)
 
 
-@pytest.mark.parametrize("flags,message", [
-    (["--txl-mem-len", "-1"], "--txl-mem-len=-1"),
-    (["--txl-mem-len", "0", "--txl-same-length"], "--txl-same-length needs a memory"),
-    (["--txl-clamp-len", "-2"], "--txl-clamp-len=-2"),
-    (["--decoder-attention-heads", "0"], "--decoder-attention-heads=0"),
-    (["--txl-head-dim", "0"], "--txl-head-dim=0"),
-    (["--decoder-embed-dim", "15"], "--decoder-embed-dim=15 must be even"),
-    (["--adaptive-softmax-cutoff", "20,400"], "--adaptive-softmax-cutoff"),
-    (["--txl-input", "projective", "--define-n", "16"], "nothing to project"),
-    (["--txl-input", "define", "--define-depth", "0"], "--txl-input define needs --define-depth"),
-    (["--dropout", "1.0"], "--dropout"),
-])
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--txl-mem-len", "-1"], "--txl-mem-len=-1"),
+        (["--txl-mem-len", "0", "--txl-same-length"], "--txl-same-length needs a memory"),
+        (["--txl-clamp-len", "-2"], "--txl-clamp-len=-2"),
+        (["--decoder-attention-heads", "0"], "--decoder-attention-heads=0"),
+        (["--txl-head-dim", "0"], "--txl-head-dim=0"),
+        (["--decoder-embed-dim", "15"], "--decoder-embed-dim=15 must be even"),
+        (["--adaptive-softmax-cutoff", "20,400"], "--adaptive-softmax-cutoff"),
+        (["--txl-input", "projective", "--define-n", "16"], "nothing to project"),
+        (["--txl-input", "define", "--define-depth", "0"], "--txl-input define needs --define-depth"),
+        (["--dropout", "1.0"], "--dropout"),
+    ],
+)
 def test_impossible_configs_fail_clearly(lm_data, flags, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         parsed_model(lm_data, *TINY, *flags)
 
 
-ARCHS = ["transformer_xl_wt103", "transformer_xl_wt103_d384"] + \
-    [f"transformer_xl_projective_wt103_n{n}" for n in (64, 128, 256)] + \
-    [f"transformer_xl_define_wt103_n{n}" for n in (64, 128, 256, 384)]
+ARCHS = (
+    ["transformer_xl_wt103", "transformer_xl_wt103_d384"]
+    + [f"transformer_xl_projective_wt103_n{n}" for n in (64, 128, 256)]
+    + [f"transformer_xl_define_wt103_n{n}" for n in (64, 128, 256, 384)]
+)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_arch_trains_through_fairseq_train(lm_data, tmp_path, arch):
     """Each registered arch by name (its input layer kept), sizes overridden to fit the toy corpus."""
-    proc = run_cli("fairseq-train", lm_data, "--user-dir", USER_DIR, "--task", "stateful_lm", "--arch", arch,
-                   *TINY, *TRAIN, "--batch-size", "4", "--tokens-per-sample", "8", "--max-update", "2",
-                   "--save-dir", tmp_path, "--no-save-optimizer-state")
+    proc = run_cli(
+        "fairseq-train",
+        lm_data,
+        "--user-dir",
+        USER_DIR,
+        "--task",
+        "stateful_lm",
+        "--arch",
+        arch,
+        *TINY,
+        *TRAIN,
+        "--batch-size",
+        "4",
+        "--tokens-per-sample",
+        "8",
+        "--max-update",
+        "2",
+        "--save-dir",
+        tmp_path,
+        "--no-save-optimizer-state",
+    )
     out = proc.stdout + proc.stderr
     assert math.isfinite(float(re.findall(r"valid on 'valid' subset \| loss ([\d.]+)", out)[-1]))
     state = torch.load(tmp_path / "checkpoint_last.pt", map_location="cpu", weights_only=False)
@@ -251,23 +370,34 @@ def run_recipe(script, *args):
     import os
     import subprocess
     import sys
-    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}",
-           "OMP_NUM_THREADS": "1"}
+
+    env = {
+        **os.environ,
+        "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}",
+        "OMP_NUM_THREADS": "1",
+    }
     env.pop("DATA_DIR", None)
     env.pop("SAVE_ROOT", None)
-    return subprocess.run(["bash", f"{RECIPE}/{script}", *map(str, args)], env=env, capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run(
+        ["bash", f"{RECIPE}/{script}", *map(str, args)], env=env, capture_output=True, text=True, timeout=600
+    )
 
 
 def test_recipe_commands_have_transformer_xls_settings():
     from fairseq import options
+
     for gpus, streams in ((1, 60), (4, 15)):
-        proc = run_recipe("train-transformer-xl.sh", "-n", "-g", gpus, "-d", "data", "-s", "ck",
-                          "transformer_xl_define_wt103_n128")
+        proc = run_recipe(
+            "train-transformer-xl.sh", "-n", "-g", gpus, "-d", "data", "-s", "ck", "transformer_xl_define_wt103_n128"
+        )
         assert proc.returncode == 0, proc.stderr
         args = options.parse_args_and_arch(options.get_training_parser(), training_arguments(proc.stdout))
         assert (args.arch, args.task, args.tokens_per_sample, args.txl_mem_len) == (
-            "transformer_xl_define_wt103_n128", "stateful_lm", 150, 150)
+            "transformer_xl_define_wt103_n128",
+            "stateful_lm",
+            150,
+            150,
+        )
         assert args.batch_size * args.distributed_world_size == 60 and args.batch_size == streams
         assert (args.optimizer, args.lr, args.lr_scheduler, args.min_lr) == ("adam", [0.00025], "cosine", 0.0)
         assert (args.max_update, args.warmup_updates, args.clip_norm) == (200000, 0, 0.25)
@@ -288,9 +418,30 @@ def test_recipe_trains_and_evaluates_with_the_evaluation_settings(lm_data, tmp_p
     data_dir.mkdir()
     (data_dir / "data-bin").symlink_to(lm_data)
     config = "transformer_xl_projective_wt103_n64"
-    proc = run_recipe("train-transformer-xl.sh", "-g", 1, "-d", data_dir, "-s", tmp_path / "ck", config, "--cpu",
-                      *TINY, "--batch-size", "4", "--batch-size-valid", "2", "--tokens-per-sample", "8",
-                      "--max-update", "4", "--num-workers", "0", "--data-buffer-size", "0")
+    proc = run_recipe(
+        "train-transformer-xl.sh",
+        "-g",
+        1,
+        "-d",
+        data_dir,
+        "-s",
+        tmp_path / "ck",
+        config,
+        "--cpu",
+        *TINY,
+        "--batch-size",
+        "4",
+        "--batch-size-valid",
+        "2",
+        "--tokens-per-sample",
+        "8",
+        "--max-update",
+        "4",
+        "--num-workers",
+        "0",
+        "--data-buffer-size",
+        "0",
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     checkpoint = tmp_path / "ck" / config / "checkpoint_best.pt"
     proc = run_recipe("eval.sh", "-d", data_dir, "-s", tmp_path / "ck", config, "--cpu", "--num-workers", "0")
@@ -299,9 +450,19 @@ def test_recipe_trains_and_evaluates_with_the_evaluation_settings(lm_data, tmp_p
     assert "memory 640, clamp_len 400, same_length" in results[1]
     test_ppl = float(re.search(r"^test +perplexity ([\d.]+)", "\n".join(results), re.M).group(1))
     overrides = "{'txl_mem_len': 640, 'txl_clamp_len': 400, 'txl_same_length': True}"
-    loss, _ = eval_lm(lm_data, checkpoint, "--task", "stateful_lm", "--tokens-per-sample", "64", "--batch-size",
-                      "10", "--model-overrides", overrides)
-    assert test_ppl == pytest.approx(2 ** loss, rel=2e-3)
+    loss, _ = eval_lm(
+        lm_data,
+        checkpoint,
+        "--task",
+        "stateful_lm",
+        "--tokens-per-sample",
+        "64",
+        "--batch-size",
+        "10",
+        "--model-overrides",
+        overrides,
+    )
+    assert test_ppl == pytest.approx(2**loss, rel=2e-3)
 
 
 def test_validation_between_training_batches_keeps_the_training_memory(lm_data):

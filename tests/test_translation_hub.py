@@ -4,7 +4,6 @@
 import subprocess
 
 import pytest
-
 from conftest import BIN, TINY_MODEL, TRAIN_FLAGS, USER_DIR, run_cli, write_tiny_corpus
 
 SENTENCES = ["w1 w22 w3", "w17 w5 w38 w0", "w9"]
@@ -32,11 +31,38 @@ def trained(tmp_path_factory):
             (raw / f"{split}.bpe.{lang}").write_text("".join(bpe.process_line(line) + "\n" for line in lines))
     assert "@@" in (raw / "train.bpe.en").read_text()
     data = tmp_path_factory.mktemp("hub-bin")
-    run_cli("fairseq-preprocess", "--source-lang", "en", "--target-lang", "de", "--trainpref", raw / "train.bpe",
-            "--validpref", raw / "valid.bpe", "--destdir", data, "--joined-dictionary", "--workers", "1")
+    run_cli(
+        "fairseq-preprocess",
+        "--source-lang",
+        "en",
+        "--target-lang",
+        "de",
+        "--trainpref",
+        raw / "train.bpe",
+        "--validpref",
+        raw / "valid.bpe",
+        "--destdir",
+        data,
+        "--joined-dictionary",
+        "--workers",
+        "1",
+    )
     save_dir = tmp_path_factory.mktemp("hub-model")
-    run_cli("fairseq-train", data, "--user-dir", USER_DIR, "--arch", "transformer_define", *TINY_MODEL,
-            *TRAIN_FLAGS, "--max-update", "40", "--save-dir", save_dir, "--no-save-optimizer-state")
+    run_cli(
+        "fairseq-train",
+        data,
+        "--user-dir",
+        USER_DIR,
+        "--arch",
+        "transformer_define",
+        *TINY_MODEL,
+        *TRAIN_FLAGS,
+        "--max-update",
+        "40",
+        "--save-dir",
+        save_dir,
+        "--no-save-optimizer-state",
+    )
     return data, codes, save_dir
 
 
@@ -44,8 +70,14 @@ def test_hub_interface_and_fairseq_interactive_translate_alike(trained):
     from define_fairseq.models.transformer_define import TransformerDefineModel
 
     data, codes, save_dir = trained
-    hub = TransformerDefineModel.from_pretrained(str(save_dir), "checkpoint_last.pt", data_name_or_path=str(data),
-                                                 bpe="subword_nmt", bpe_codes=str(codes), user_dir=USER_DIR)
+    hub = TransformerDefineModel.from_pretrained(
+        str(save_dir),
+        "checkpoint_last.pt",
+        data_name_or_path=str(data),
+        bpe="subword_nmt",
+        bpe_codes=str(codes),
+        user_dir=USER_DIR,
+    )
     hub.eval()
     assert type(hub.models[0]) is TransformerDefineModel
     assert "@@" in hub.apply_bpe(SENTENCES[1])  # the sentence is segmented on the way in
@@ -58,11 +90,33 @@ def test_hub_interface_and_fairseq_interactive_translate_alike(trained):
     # One batch of the three sentences, as the hub batches them: a sentence alone is a differently shaped
     # computation, whose scores differ in the last bits, and a near tie in the beam could then pick another word.
     proc = subprocess.run(
-        [str(BIN / "fairseq-interactive"), str(data), "--user-dir", USER_DIR, "--path",
-         str(save_dir / "checkpoint_last.pt"), "--source-lang", "en", "--target-lang", "de", "--bpe", "subword_nmt",
-         "--bpe-codes", str(codes), "--beam", "2", "--cpu", "--buffer-size", str(len(SENTENCES)),
-         "--batch-size", str(len(SENTENCES))],
-        input="".join(s + "\n" for s in SENTENCES), capture_output=True, text=True)
+        [
+            str(BIN / "fairseq-interactive"),
+            str(data),
+            "--user-dir",
+            USER_DIR,
+            "--path",
+            str(save_dir / "checkpoint_last.pt"),
+            "--source-lang",
+            "en",
+            "--target-lang",
+            "de",
+            "--bpe",
+            "subword_nmt",
+            "--bpe-codes",
+            str(codes),
+            "--beam",
+            "2",
+            "--cpu",
+            "--buffer-size",
+            str(len(SENTENCES)),
+            "--batch-size",
+            str(len(SENTENCES)),
+        ],
+        input="".join(s + "\n" for s in SENTENCES),
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     detokenized = {}
     for line in proc.stdout.splitlines():

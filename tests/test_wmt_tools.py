@@ -8,19 +8,38 @@ import sys
 
 import pytest
 import regex
+from conftest import run_module
 
 from define_fairseq.tools import clean_parallel, moses_text, sgm_text
 
-from conftest import run_module
-
 # ----------------------------------------------------------------------------------------------- moses_text
 
-EN = ["It's a well-known fact.", 'He said: "Yes, of course."', "Tom & Jerry paid 1\xa0000 dollars.",
-      "Isn't it 5 o'clock, Mr. Smith?", "a bell\x07 rang", "", "a carriage\rreturn inside", "  spaces   around  ",
-      "<b>bold</b> [x] | y", "Zürich's “smart” quotes – and dashes — too…", "tab\tand\x0bvertical tab",
-      "a line\u2028separator", "file\x1cseparator", "next\x85line"]
-DE = ["Der „Bundestag“ tagt heute.", "Das kostet 1\xa0000 Euro.", "Das ist eine E-Mail-Adresse, oder?",
-      "Gestern war's schön.", "Er sagte: »Nein«, und ging.", "", "Straße\rund Weg", "Es kostet 3,5 Mio. €."]
+EN = [
+    "It's a well-known fact.",
+    'He said: "Yes, of course."',
+    "Tom & Jerry paid 1\xa0000 dollars.",
+    "Isn't it 5 o'clock, Mr. Smith?",
+    "a bell\x07 rang",
+    "",
+    "a carriage\rreturn inside",
+    "  spaces   around  ",
+    "<b>bold</b> [x] | y",
+    "Zürich's “smart” quotes – and dashes — too…",
+    "tab\tand\x0bvertical tab",
+    "a line\u2028separator",
+    "file\x1cseparator",
+    "next\x85line",
+]
+DE = [
+    "Der „Bundestag“ tagt heute.",
+    "Das kostet 1\xa0000 Euro.",
+    "Das ist eine E-Mail-Adresse, oder?",
+    "Gestern war's schön.",
+    "Er sagte: »Nein«, und ging.",
+    "",
+    "Straße\rund Weg",
+    "Es kostet 3,5 Mio. €.",
+]
 
 
 def sacremoses_tokenize(lines, lang):
@@ -30,8 +49,15 @@ def sacremoses_tokenize(lines, lang):
     normalizer = MosesPunctNormalizer(lang=lang, pre_replace_unicode_punct=False)
     tokenizer = MosesTokenizer(lang=lang)
     # remove-non-printing-char.perl: s/\p{C}/ /g
-    return [tokenizer.tokenize(regex.sub(r"\p{C}", " ", normalizer.normalize(line)), aggressive_dash_splits=True,
-                               escape=True, return_str=True) for line in lines]
+    return [
+        tokenizer.tokenize(
+            regex.sub(r"\p{C}", " ", normalizer.normalize(line)),
+            aggressive_dash_splits=True,
+            escape=True,
+            return_str=True,
+        )
+        for line in lines
+    ]
 
 
 def output_lines(path):
@@ -56,23 +82,27 @@ def test_tokenize_equals_sacremoses_for_any_number_of_workers(tmp_path):
     assert not list(tmp_path.glob("*.tmp"))
     # many small chunks in a pool, German
     german = [f"{i} {DE[i % len(DE)]}" for i in range(60)] + DE
-    assert list(moses_text.process_lines(german, "tokenize", "de", workers=2, chunk_lines=7)) == \
-        sacremoses_tokenize(german, "de")
+    assert list(moses_text.process_lines(german, "tokenize", "de", workers=2, chunk_lines=7)) == sacremoses_tokenize(
+        german, "de"
+    )
 
 
-@pytest.mark.parametrize("lang,line,expected", [
-    ("en", "It's a well-known fact.", "It &apos;s a well @-@ known fact ."),
-    ("de", "Gestern war's schön.", "Gestern war &apos; s schön ."),
-    ("en", "Tom & Jerry paid 1\xa0000 dollars.", "Tom &amp; Jerry paid 1.000 dollars ."),
-    ("de", "Das kostet 1\xa0000 Euro.", "Das kostet 1,000 Euro ."),
-    ("de", "Der „Bundestag“ tagt heute.", "Der &quot; Bundestag &quot; tagt heute ."),
-    ("en", 'He said "yes", then left.', "He said &quot; yes , &quot; then left ."),  # English quote-comma order
-    ("de", 'Er sagte "ja", dann ging er.', "Er sagte &quot; ja &quot; , dann ging er ."),
-    ("en", "a bell\x07 rang\x1f", "a bell rang"),  # control characters removed
-    ("en", "<b>x</b> [y] | z", "&lt; b &gt; x &lt; / b &gt; &#91; y &#93; &#124; z"),
-    ("en", "   ", ""),
-    ("en", "zero\u200bwidth\ufeff", "zero width"),  # format characters: spaces, as remove-non-printing-char.perl
-])
+@pytest.mark.parametrize(
+    "lang,line,expected",
+    [
+        ("en", "It's a well-known fact.", "It &apos;s a well @-@ known fact ."),
+        ("de", "Gestern war's schön.", "Gestern war &apos; s schön ."),
+        ("en", "Tom & Jerry paid 1\xa0000 dollars.", "Tom &amp; Jerry paid 1.000 dollars ."),
+        ("de", "Das kostet 1\xa0000 Euro.", "Das kostet 1,000 Euro ."),
+        ("de", "Der „Bundestag“ tagt heute.", "Der &quot; Bundestag &quot; tagt heute ."),
+        ("en", 'He said "yes", then left.', "He said &quot; yes , &quot; then left ."),  # English quote-comma order
+        ("de", 'Er sagte "ja", dann ging er.', "Er sagte &quot; ja &quot; , dann ging er ."),
+        ("en", "a bell\x07 rang\x1f", "a bell rang"),  # control characters removed
+        ("en", "<b>x</b> [y] | z", "&lt; b &gt; x &lt; / b &gt; &#91; y &#93; &#124; z"),
+        ("en", "   ", ""),
+        ("en", "zero\u200bwidth\ufeff", "zero width"),  # format characters: spaces, as remove-non-printing-char.perl
+    ],
+)
 def test_tokenize_exact(lang, line, expected):
     assert moses_text.make_processor("tokenize", lang)(line) == expected
 
@@ -94,8 +124,7 @@ def test_lines_split_at_newline_only(tmp_path, monkeypatch):
         assert len(output_lines(tmp_path / command)) == lines == 6, command
     # normalize-punctuation.perl deletes "\r"; remove-non-printing-char.perl turns the other control characters
     # into spaces; U+2028 is a separator, not one of them
-    assert output_lines(tmp_path / "normalize") == ["onetwo", "", "three four five six\u2028seven end", "", "",
-                                                    "last"]
+    assert output_lines(tmp_path / "normalize") == ["onetwo", "", "three four five six\u2028seven end", "", "", "last"]
     # stdin to stdout
     out = io.BytesIO()
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
@@ -105,10 +134,18 @@ def test_lines_split_at_newline_only(tmp_path, monkeypatch):
 
 
 def test_detokenize_inverts_tokenize(monkeypatch):
-    sentences = ["It's a well-known fact.", "The cat sat on the mat, didn't it?", "Tom & Jerry cost $5.",
-                 "Mr. Smith lives in the U.S. now.", "Prices rose 5% in 2014 (see [1]).", 'She asked: "Why not?"', "A | B < C > D.",
-                 "Die Katze saß auf der Matte.",
-                 "Das ist eine E-Mail-Adresse, oder?", "Er hat 3,5 Millionen Euro bezahlt."]
+    sentences = [
+        "It's a well-known fact.",
+        "The cat sat on the mat, didn't it?",
+        "Tom & Jerry cost $5.",
+        "Mr. Smith lives in the U.S. now.",
+        "Prices rose 5% in 2014 (see [1]).",
+        'She asked: "Why not?"',
+        "A | B < C > D.",
+        "Die Katze saß auf der Matte.",
+        "Das ist eine E-Mail-Adresse, oder?",
+        "Er hat 3,5 Millionen Euro bezahlt.",
+    ]
     tokenize = moses_text.make_processor("tokenize", "en")
     tokenized = "".join(tokenize(s) + "\n" for s in sentences).encode("utf-8")
     assert b"&amp;" in tokenized and b"@-@" in tokenized
@@ -119,10 +156,16 @@ def test_detokenize_inverts_tokenize(monkeypatch):
     assert out.getvalue().decode("utf-8").split("\n")[:-1] == sentences
 
 
-SPLIT_CASES = [("well-known", "well ##AT##-##AT## known"), ("a-b-c", "a ##AT##-##AT## b-c"),
-               ("x @-@ y", "x @ ##AT##-##AT## @ y"), ("a--b", "a ##AT##-##AT## -b"), ("- a -", "- a -"),
-               ("E-Mail-Adresse und Ost-West", "E ##AT##-##AT## Mail ##AT##-##AT## Adresse und Ost ##AT##-##AT## West"),
-               ("1-2 3-4-5-6", "1 ##AT##-##AT## 2 3 ##AT##-##AT## 4-5 ##AT##-##AT## 6"), ("", "")]
+SPLIT_CASES = [
+    ("well-known", "well ##AT##-##AT## known"),
+    ("a-b-c", "a ##AT##-##AT## b-c"),
+    ("x @-@ y", "x @ ##AT##-##AT## @ y"),
+    ("a--b", "a ##AT##-##AT## -b"),
+    ("- a -", "- a -"),
+    ("E-Mail-Adresse und Ost-West", "E ##AT##-##AT## Mail ##AT##-##AT## Adresse und Ost ##AT##-##AT## West"),
+    ("1-2 3-4-5-6", "1 ##AT##-##AT## 2 3 ##AT##-##AT## 4-5 ##AT##-##AT## 6"),
+    ("", ""),
+]
 
 
 def test_split_compounds(tmp_path):
@@ -133,8 +176,12 @@ def test_split_compounds(tmp_path):
     moses_text.main(["split-compounds", str(source), str(tmp_path / "out.txt")])
     assert output_lines(tmp_path / "out.txt") == [expected for _, expected in SPLIT_CASES]
     if shutil.which("perl"):  # the command of compound_split_bleu.sh itself
-        perl = subprocess.run(["perl", "-pe", r"s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g"], input=source.read_bytes(),
-                              capture_output=True, check=True).stdout
+        perl = subprocess.run(
+            ["perl", "-pe", r"s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g"],
+            input=source.read_bytes(),
+            capture_output=True,
+            check=True,
+        ).stdout
         assert perl == (tmp_path / "out.txt").read_bytes()
 
 
@@ -145,12 +192,14 @@ def test_moses_text_errors(tmp_path, capsys):
         moses_text.main(["tokenize", "-l", "en", str(source), str(tmp_path / "out.txt")])
     assert list(tmp_path.iterdir()) == [source]  # neither OUTPUT nor OUTPUT.tmp
     missing = str(tmp_path / "missing.txt")
-    for argv, flag in ((["tokenize", "-l", "english", str(source)], "-l/--lang"),
-                       (["normalize", "-l", "xx", str(source)], "-l/--lang"),
-                       (["tokenize", "-l", "en", "-j", "0", str(source)], "-j/--workers"),
-                       (["detokenize", "-l", "de", missing], "missing.txt"),
-                       (["tokenize", str(source)], "-l/--lang"),
-                       (["split-compounds", str(source), str(tmp_path / "no" / "out.txt")], "does not exist")):
+    for argv, flag in (
+        (["tokenize", "-l", "english", str(source)], "-l/--lang"),
+        (["normalize", "-l", "xx", str(source)], "-l/--lang"),
+        (["tokenize", "-l", "en", "-j", "0", str(source)], "-j/--workers"),
+        (["detokenize", "-l", "de", missing], "missing.txt"),
+        (["tokenize", str(source)], "-l/--lang"),
+        (["split-compounds", str(source), str(tmp_path / "no" / "out.txt")], "does not exist"),
+    ):
         with pytest.raises(SystemExit) as error:
             moses_text.main(argv)
         assert error.value.code == 2 and flag in capsys.readouterr().err, argv
@@ -160,17 +209,17 @@ def test_moses_text_errors(tmp_path, capsys):
 
 PAIRS = [  # (source, target, kept) with --max-len 10 --ratio 1.5
     ("a b c", "x y z", True),
-    ("  a   b\t c ", "x  y z ", True),           # whitespace collapsed
-    ("", "x y", False),                          # an empty side
+    ("  a   b\t c ", "x  y z ", True),  # whitespace collapsed
+    ("", "x y", False),  # an empty side
     ("a b", "", False),
-    ("a b", "x y z", True),                      # ratio exactly 1.5
+    ("a b", "x y z", True),  # ratio exactly 1.5
     ("a b c", "x y", True),
-    ("a b", "x y z w", False),                   # ratio 2
-    ("a b c d e f g", "x y z w v u t s r q", True),      # 10 / 7 < 1.5, 10 tokens (the maximum)
+    ("a b", "x y z w", False),  # ratio 2
+    ("a b c d e f g", "x y z w v u t s r q", True),  # 10 / 7 < 1.5, 10 tokens (the maximum)
     ("a b c d e f g h", "x y z w v u t s r q p", False),  # 11 tokens
-    ("a b c d", "x y z w v u", True),            # 6 / 4 = 1.5
-    ("a b c d", "x y z w v u t", False),         # 7 / 4 > 1.5
-    ("a\rb", "x\x0by", True),                    # "\r" and "\x0b" separate tokens, they do not end lines
+    ("a b c d", "x y z w v u", True),  # 6 / 4 = 1.5
+    ("a b c d", "x y z w v u t", False),  # 7 / 4 > 1.5
+    ("a\rb", "x\x0by", True),  # "\r" and "\x0b" separate tokens, they do not end lines
     ("w", "x", True),
 ]
 
@@ -190,19 +239,26 @@ def test_clean_parallel(tmp_path, capsys):
     assert output_lines(tmp_path / "out.tgt") == [t for _, t in kept]
     assert output_lines(tmp_path / "out.src")[:2] == ["a b c", "a b c"]
     assert output_lines(tmp_path / "out.tgt")[-2:] == ["x y", "x"]
-    assert capsys.readouterr().err.strip() == \
-        f"clean_parallel: kept {len(kept)} of {len(PAIRS)} sentence pairs (min-len 1, max-len 10, ratio 1.5)"
+    assert (
+        capsys.readouterr().err.strip()
+        == f"clean_parallel: kept {len(kept)} of {len(PAIRS)} sentence pairs (min-len 1, max-len 10, ratio 1.5)"
+    )
     assert not list(tmp_path.glob("*.tmp"))
     # --min-len 0 keeps the pairs with an empty side (no ratio for them); --min-len 2 drops the one-token pair
-    clean_parallel.main([str(src), str(tgt), str(tmp_path / "a"), str(tmp_path / "b"), "--min-len", "0",
-                         "--max-len", "10"])
+    clean_parallel.main(
+        [str(src), str(tgt), str(tmp_path / "a"), str(tmp_path / "b"), "--min-len", "0", "--max-len", "10"]
+    )
     assert len(output_lines(tmp_path / "a")) == len(kept) + 2 and "" in output_lines(tmp_path / "b")
-    clean_parallel.main([str(src), str(tgt), str(tmp_path / "a"), str(tmp_path / "b"), "--min-len", "2",
-                         "--ratio", "2"])
-    assert output_lines(tmp_path / "b") == [" ".join(t.split()) for s, t, _ in PAIRS
-                                            if 2 <= len(s.split()) and 2 <= len(t.split())
-                                            and max(len(s.split()), len(t.split()))
-                                            <= 2 * min(len(s.split()), len(t.split()))]
+    clean_parallel.main(
+        [str(src), str(tgt), str(tmp_path / "a"), str(tmp_path / "b"), "--min-len", "2", "--ratio", "2"]
+    )
+    assert output_lines(tmp_path / "b") == [
+        " ".join(t.split())
+        for s, t, _ in PAIRS
+        if 2 <= len(s.split())
+        and 2 <= len(t.split())
+        and max(len(s.split()), len(t.split())) <= 2 * min(len(s.split()), len(t.split()))
+    ]
 
 
 def test_clean_parallel_errors(tmp_path, capsys):
@@ -214,9 +270,13 @@ def test_clean_parallel_errors(tmp_path, capsys):
     assert str(src) in message and str(tgt) in message and f"{len(PAIRS)} lines" in message
     assert f"has {len(PAIRS) + 1}" in message
     assert sorted(tmp_path.iterdir()) == sorted([src, tgt])  # nothing written, no .tmp left
-    for flags, flag in ((["--ratio", "0.9"], "--ratio"), (["--ratio", "nan"], "--ratio"),
-                        (["--min-len", "-1"], "--min-len"), (["--min-len", "5", "--max-len", "4"], "--max-len"),
-                        (["--max-len", "x"], "--max-len")):
+    for flags, flag in (
+        (["--ratio", "0.9"], "--ratio"),
+        (["--ratio", "nan"], "--ratio"),
+        (["--min-len", "-1"], "--min-len"),
+        (["--min-len", "5", "--max-len", "4"], "--max-len"),
+        (["--max-len", "x"], "--max-len"),
+    ):
         with pytest.raises(SystemExit) as error:
             clean_parallel.main([str(src), str(src), str(tmp_path / "a"), str(tmp_path / "b"), *flags])
         assert error.value.code == 2 and flag in capsys.readouterr().err, flags
@@ -249,8 +309,11 @@ def test_sgm_text(tmp_path):
     sgm.write_text(SGM, encoding="utf-8")
     sgm_text.main([str(sgm), str(tmp_path / "ref.de")])
     assert output_lines(tmp_path / "ref.de") == [
-        "Gutach: Noch mehr Sicherheit für Fußgänger", 'Sie stehen unter &amp; Strom &quot;x&quot;', "",
-        "Ende. nach dem Tag"]
+        "Gutach: Noch mehr Sicherheit für Fußgänger",
+        "Sie stehen unter &amp; Strom &quot;x&quot;",
+        "",
+        "Ende. nach dem Tag",
+    ]
     # sacreBLEU's own reader (its _clean is a staticmethod, so an instance without __init__ is enough)
     FakeSGMLDataset.__new__(FakeSGMLDataset)._convert_format(str(sgm), str(tmp_path / "sacrebleu.de"))
     assert (tmp_path / "ref.de").read_bytes() == (tmp_path / "sacrebleu.de").read_bytes()

@@ -13,8 +13,9 @@ next to members of other language pairs that it must leave alone), with a few hu
 - ``test.tgz`` (WMT17): ``test/newstest2017-ende-src.en.sgm``, ``test/newstest2017-ende-ref.de.sgm`` (and the
   ``deen`` direction).
 
-Run ``python tests/wmt14_mirror.py DIR`` to write them into DIR, then
-``WMT14_MIRROR=file://$PWD/DIR WMT14_TEST_MD5= WMT14_TEST17_MD5= bash recipes/wmt14-en-de/prepare.sh -v 500 /tmp/wmt14``.
+Run ``python tests/wmt14_mirror.py DIR`` to write them into DIR, then, with DIR's absolute path::
+
+    WMT14_MIRROR=file://DIR WMT14_TEST_MD5= WMT14_TEST17_MD5= bash recipes/wmt14-en-de/prepare.sh -v 500 /tmp/wmt14
 """
 
 import io
@@ -25,21 +26,68 @@ from pathlib import Path
 
 # English -> German, a word (or a phrase) each; the sentences mix them with numbers and punctuation
 LEXICON = [
-    ("the", "die"), ("house", "Haus"), ("council", "Rat"), ("members", "Mitglieder"), ("government", "Regierung"),
-    ("said", "sagte"), ("today", "heute"), ("new", "neue"), ("road", "Straße"), ("safety", "Sicherheit"),
-    ("for", "für"), ("pedestrians", "Fußgänger"), ("city", "Stadt"), ("people", "Menschen"), ("and", "und"),
-    ("with", "mit"), ("year", "Jahr"), ("percent", "Prozent"), ("market", "Markt"), ("prices", "Preise"),
-    ("we", "wir"), ("must", "müssen"), ("not", "nicht"), ("forget", "vergessen"), ("it's", "es ist"),
-    ("children", "Kinder"), ("school", "Schule"), ("well-known", "bekannte"), ("report", "Bericht"),
-    ("state-of-the-art", "hochmoderne"), ("energy", "Energie"), ("policy", "Politik"), ("Europe", "Europa"),
-    ("Parliament", "Parlament"), ("Commission", "EU-Kommission"), ("agreement", "Abkommen"), ("water", "Wasser"),
-    ("world", "Welt"), ("economy", "Wirtschaft"), ("growth", "Wachstum"), ("bank", "Bank"), ("workers", "Arbeiter"),
-    ("health", "Gesundheit"), ("care", "Pflege"), ("music", "Musik"), ("film", "Film"), ("week", "Woche"),
-    ("Mr", "Herr"), ("President", "Präsident"), ("questions", "Fragen"), ("answers", "Antworten"),
+    ("the", "die"),
+    ("house", "Haus"),
+    ("council", "Rat"),
+    ("members", "Mitglieder"),
+    ("government", "Regierung"),
+    ("said", "sagte"),
+    ("today", "heute"),
+    ("new", "neue"),
+    ("road", "Straße"),
+    ("safety", "Sicherheit"),
+    ("for", "für"),
+    ("pedestrians", "Fußgänger"),
+    ("city", "Stadt"),
+    ("people", "Menschen"),
+    ("and", "und"),
+    ("with", "mit"),
+    ("year", "Jahr"),
+    ("percent", "Prozent"),
+    ("market", "Markt"),
+    ("prices", "Preise"),
+    ("we", "wir"),
+    ("must", "müssen"),
+    ("not", "nicht"),
+    ("forget", "vergessen"),
+    ("it's", "es ist"),
+    ("children", "Kinder"),
+    ("school", "Schule"),
+    ("well-known", "bekannte"),
+    ("report", "Bericht"),
+    ("state-of-the-art", "hochmoderne"),
+    ("energy", "Energie"),
+    ("policy", "Politik"),
+    ("Europe", "Europa"),
+    ("Parliament", "Parlament"),
+    ("Commission", "EU-Kommission"),
+    ("agreement", "Abkommen"),
+    ("water", "Wasser"),
+    ("world", "Welt"),
+    ("economy", "Wirtschaft"),
+    ("growth", "Wachstum"),
+    ("bank", "Bank"),
+    ("workers", "Arbeiter"),
+    ("health", "Gesundheit"),
+    ("care", "Pflege"),
+    ("music", "Musik"),
+    ("film", "Film"),
+    ("week", "Woche"),
+    ("Mr", "Herr"),
+    ("President", "Präsident"),
+    ("questions", "Fragen"),
+    ("answers", "Antworten"),
 ]
 PUNCTUATION = [",", ".", ":", ";", "?", "!"]
-SPLIT_PAIRS = {"europarl": 300, "commoncrawl": 200, "news_commentary": 100, "newstest2013": 40, "newstest2012": 10,
-               "newstest2014": 30, "newstest2017": 30}
+SPLIT_PAIRS = {
+    "europarl": 300,
+    "commoncrawl": 200,
+    "news_commentary": 100,
+    "newstest2013": 40,
+    "newstest2012": 10,
+    "newstest2014": 30,
+    "newstest2017": 30,
+}
 
 
 def sentence_pairs(count: int, seed: int):
@@ -55,7 +103,7 @@ def sentence_pairs(count: int, seed: int):
             en.insert(1, number)
             de.insert(1, number)
         elif extra < 0.3:
-            en, de = ["\""] + en + ["\""], ["„"] + de + ["“"]
+            en, de = ['"'] + en + ['"'], ["„"] + de + ["“"]
         elif extra < 0.4:
             en.insert(2, "&")
             de.insert(2, "&")
@@ -74,8 +122,12 @@ def noisy_pairs(seed: int):
     """Pairs that clean-corpus-n's rule drops: an empty side, more than 250 words, lengths beyond a ratio of 1.5."""
     rng = random.Random(seed)
     long_side = " ".join(rng.choice(LEXICON)[0] for _ in range(260))
-    return [("Hello world .", ""), (long_side, long_side), ("one two three four five six seven", "eins zwei"),
-            ("", "Leere Zeile")]
+    return [
+        ("Hello world .", ""),
+        (long_side, long_side),
+        ("one two three four five six seven", "eins zwei"),
+        ("", "Leere Zeile"),
+    ]
 
 
 def _text(lines):
@@ -84,15 +136,19 @@ def _text(lines):
 
 def _sgm(kind: str, setid: str, lang: str, sentences, docs: int = 3) -> bytes:
     """WMT's fake SGML: documents of <seg> lines (some with extra spaces around the text)."""
-    head = (f'<srcset setid="{setid}" srclang="any">' if kind == "src"
-            else f'<refset setid="{setid}" srclang="any" trglang="{lang}">')
+    head = (
+        f'<srcset setid="{setid}" srclang="any">'
+        if kind == "src"
+        else f'<refset setid="{setid}" srclang="any" trglang="{lang}">'
+    )
     lines = [head]
     per_doc = -(-len(sentences) // docs)
     for doc in range(docs):
-        lines.append(f'<doc sysid="{kind if kind == "src" else "ref"}" docid="{doc + 1}-stand-in" genre="news" '
-                     f'origlang="en">')
+        lines.append(
+            f'<doc sysid="{kind if kind == "src" else "ref"}" docid="{doc + 1}-stand-in" genre="news" origlang="en">'
+        )
         lines.append("<p>")
-        for number, text in enumerate(sentences[doc * per_doc:(doc + 1) * per_doc], start=doc * per_doc + 1):
+        for number, text in enumerate(sentences[doc * per_doc : (doc + 1) * per_doc], start=doc * per_doc + 1):
             padded = f"  {text} " if number % 7 == 0 else text
             lines.append(f'<seg id="{number}">{padded}</seg>')
         lines.append("</p>")
@@ -130,36 +186,69 @@ def write_wmt14(directory: Path, seed: int = 0) -> dict:
 
     archives = {}
     en, de = sides("europarl")
-    archives["europarl"] = _write_tgz(directory / "training-parallel-europarl-v7.tgz", {
-        "training/europarl-v7.de-en.en": en, "training/europarl-v7.de-en.de": de,
-        "training/europarl-v7.fr-en.en": decoy, "training/europarl-v7.fr-en.fr": decoy})
+    archives["europarl"] = _write_tgz(
+        directory / "training-parallel-europarl-v7.tgz",
+        {
+            "training/europarl-v7.de-en.en": en,
+            "training/europarl-v7.de-en.de": de,
+            "training/europarl-v7.fr-en.en": decoy,
+            "training/europarl-v7.fr-en.fr": decoy,
+        },
+    )
     en, de = sides("commoncrawl", crawl)
-    archives["commoncrawl"] = _write_tgz(directory / "training-parallel-commoncrawl.tgz", {
-        "commoncrawl.de-en.annotation": _text(["http://example.org/stand-in"] * len(crawl)),
-        "commoncrawl.de-en.en": en, "commoncrawl.de-en.de": de,
-        "commoncrawl.fr-en.en": decoy, "commoncrawl.fr-en.fr": decoy})
+    archives["commoncrawl"] = _write_tgz(
+        directory / "training-parallel-commoncrawl.tgz",
+        {
+            "commoncrawl.de-en.annotation": _text(["http://example.org/stand-in"] * len(crawl)),
+            "commoncrawl.de-en.en": en,
+            "commoncrawl.de-en.de": de,
+            "commoncrawl.fr-en.en": decoy,
+            "commoncrawl.fr-en.fr": decoy,
+        },
+    )
     en, de = sides("news_commentary")
-    archives["news_commentary"] = _write_tgz(directory / "training-parallel-nc-v9.tgz", {
-        "training/news-commentary-v9.cs-en.cs": decoy, "training/news-commentary-v9.cs-en.en": decoy,
-        "training/news-commentary-v9.de-en.de": de, "training/news-commentary-v9.de-en.en": en})
+    archives["news_commentary"] = _write_tgz(
+        directory / "training-parallel-nc-v9.tgz",
+        {
+            "training/news-commentary-v9.cs-en.cs": decoy,
+            "training/news-commentary-v9.cs-en.en": decoy,
+            "training/news-commentary-v9.de-en.de": de,
+            "training/news-commentary-v9.de-en.en": en,
+        },
+    )
     en, de = sides("newstest2013")
     en12, de12 = sides("newstest2012")
-    archives["dev"] = _write_tgz(directory / "dev.tgz", {
-        "dev/newstest2012.en": en12, "dev/newstest2012.de": de12, "dev/newstest2013.en": en, "dev/newstest2013.de": de,
-        "dev/newstest2013-src.en.sgm": _sgm("src", "newstest2013", "en", [e for e, _ in pairs["newstest2013"]])})
+    archives["dev"] = _write_tgz(
+        directory / "dev.tgz",
+        {
+            "dev/newstest2012.en": en12,
+            "dev/newstest2012.de": de12,
+            "dev/newstest2013.en": en,
+            "dev/newstest2013.de": de,
+            "dev/newstest2013-src.en.sgm": _sgm("src", "newstest2013", "en", [e for e, _ in pairs["newstest2013"]]),
+        },
+    )
     test14 = pairs["newstest2014"]
-    archives["test"] = _write_tgz(directory / "test-full.tgz", {
-        "test-full/newstest2014-deen-src.en.sgm": _sgm("src", "newstest2014", "en", [e for e, _ in test14]),
-        "test-full/newstest2014-deen-ref.de.sgm": _sgm("ref", "newstest2014", "de", [d for _, d in test14]),
-        "test-full/newstest2014-deen-src.de.sgm": _sgm("src", "newstest2014", "de", [d for _, d in test14]),
-        "test-full/newstest2014-deen-ref.en.sgm": _sgm("ref", "newstest2014", "en", [e for e, _ in test14]),
-        "test-full/newstest2014-fren-src.en.sgm": _sgm("src", "newstest2014", "en", ["decoy"])})
+    archives["test"] = _write_tgz(
+        directory / "test-full.tgz",
+        {
+            "test-full/newstest2014-deen-src.en.sgm": _sgm("src", "newstest2014", "en", [e for e, _ in test14]),
+            "test-full/newstest2014-deen-ref.de.sgm": _sgm("ref", "newstest2014", "de", [d for _, d in test14]),
+            "test-full/newstest2014-deen-src.de.sgm": _sgm("src", "newstest2014", "de", [d for _, d in test14]),
+            "test-full/newstest2014-deen-ref.en.sgm": _sgm("ref", "newstest2014", "en", [e for e, _ in test14]),
+            "test-full/newstest2014-fren-src.en.sgm": _sgm("src", "newstest2014", "en", ["decoy"]),
+        },
+    )
     test17 = pairs["newstest2017"]
-    archives["test17"] = _write_tgz(directory / "test.tgz", {
-        "test/newstest2017-deen-src.de.sgm": _sgm("src", "newstest2017", "de", [d for _, d in test17]),
-        "test/newstest2017-deen-ref.en.sgm": _sgm("ref", "newstest2017", "en", [e for e, _ in test17]),
-        "test/newstest2017-ende-src.en.sgm": _sgm("src", "newstest2017", "en", [e for e, _ in test17]),
-        "test/newstest2017-ende-ref.de.sgm": _sgm("ref", "newstest2017", "de", [d for _, d in test17])})
+    archives["test17"] = _write_tgz(
+        directory / "test.tgz",
+        {
+            "test/newstest2017-deen-src.de.sgm": _sgm("src", "newstest2017", "de", [d for _, d in test17]),
+            "test/newstest2017-deen-ref.en.sgm": _sgm("ref", "newstest2017", "en", [e for e, _ in test17]),
+            "test/newstest2017-ende-src.en.sgm": _sgm("src", "newstest2017", "en", [e for e, _ in test17]),
+            "test/newstest2017-ende-ref.de.sgm": _sgm("ref", "newstest2017", "de", [d for _, d in test17]),
+        },
+    )
     return archives
 
 
@@ -169,8 +258,12 @@ def expected_text(seed: int = 0) -> dict:
     crawl = pairs["commoncrawl"][:100] + noisy_pairs(seed) + pairs["commoncrawl"][100:]
     train = pairs["europarl"] + crawl + pairs["news_commentary"]
     files = {}
-    for split, rows in (("train", train), ("valid", pairs["newstest2013"]), ("newstest2014", pairs["newstest2014"]),
-                        ("newstest2017", pairs["newstest2017"])):
+    for split, rows in (
+        ("train", train),
+        ("valid", pairs["newstest2013"]),
+        ("newstest2014", pairs["newstest2014"]),
+        ("newstest2017", pairs["newstest2017"]),
+    ):
         files[f"{split}.en"] = [en for en, _ in rows]
         files[f"{split}.de"] = [de for _, de in rows]
     return files

@@ -4,18 +4,47 @@ layout (``wmt14_mirror.py``) served from 127.0.0.1, the tiny model settings, and
 from pathlib import Path
 
 import pytest
-
 from recipe_mirror import serve_directory
 from recipe_runs import md5, ok, run_recipe
 from wmt14_mirror import write_wmt14
 
 BPE_SIZE = "300"
 TESTSETS = {"newstest2014": "test", "newstest2017": "test1"}
-TINY = ["--cpu", "--max-update", "6", "--save-interval-updates", "2", "--keep-interval-updates", "5",
-        "--max-tokens", "512", "--update-freq", "1", "--warmup-updates", "2", "--log-interval", "1",
-        "--data-buffer-size", "0", "--encoder-layers", "1", "--decoder-layers", "1",
-        "--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
-        "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
+TINY = [
+    "--cpu",
+    "--max-update",
+    "6",
+    "--save-interval-updates",
+    "2",
+    "--keep-interval-updates",
+    "5",
+    "--max-tokens",
+    "512",
+    "--update-freq",
+    "1",
+    "--warmup-updates",
+    "2",
+    "--log-interval",
+    "1",
+    "--data-buffer-size",
+    "0",
+    "--encoder-layers",
+    "1",
+    "--decoder-layers",
+    "1",
+    "--encoder-embed-dim",
+    "32",
+    "--decoder-embed-dim",
+    "32",
+    "--encoder-ffn-embed-dim",
+    "64",
+    "--decoder-ffn-embed-dim",
+    "64",
+    "--encoder-attention-heads",
+    "2",
+    "--decoder-attention-heads",
+    "2",
+]
 TINY_DEFINE = ["--define-n", "16", "--define-k", "64"]
 
 
@@ -32,18 +61,21 @@ def read_lines(path):
 def normalize(normalizer, line):
     """normalize-punctuation.perl, then remove-non-printing-char.perl (every \\p{C} character becomes a space)."""
     import regex
+
     return regex.sub(r"\p{C}", " ", normalizer.normalize(line))
 
 
 def binarized(data_bin, subset, lang):
     """The symbols of every sentence of a binarized split, read back with fairseq's own reader."""
     from fairseq.data import Dictionary, data_utils
+
     dictionary = Dictionary.load(str(data_bin / f"dict.{lang}.txt"))
     dataset = data_utils.load_indexed_dataset(str(data_bin / f"{subset}.en-de.{lang}"), dictionary)
     return [dictionary.string(dataset[i]) for i in range(len(dataset))]
 
 
 # ------------------------------------------------------------------------------------------------ fixtures
+
 
 @pytest.fixture(scope="module")
 def mirror(tmp_path_factory):

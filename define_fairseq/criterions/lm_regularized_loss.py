@@ -68,12 +68,19 @@ class LMRegularizedLoss(FairseqCriterion):
         adaptive_softmax = getattr(model.decoder, "adaptive_softmax", None)
         if adaptive_softmax is None:
             lprobs = model.get_normalized_probs(net_output, log_probs=True)
-            return F.nll_loss(lprobs.view(-1, lprobs.size(-1)), target.reshape(-1), ignore_index=self.padding_idx,
-                              reduction="sum")
-        if self.ddp_backend in {"c10d", "pytorch_ddp"} and torch.distributed.is_available() \
-                and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-            raise ValueError("an adaptive softmax leaves clusters without gradient in some batches, which PyTorch's "
-                             "DistributedDataParallel rejects: train with --ddp-backend legacy_ddp")
+            return F.nll_loss(
+                lprobs.view(-1, lprobs.size(-1)), target.reshape(-1), ignore_index=self.padding_idx, reduction="sum"
+            )
+        if (
+            self.ddp_backend in {"c10d", "pytorch_ddp"}
+            and torch.distributed.is_available()
+            and torch.distributed.is_initialized()
+            and torch.distributed.get_world_size() > 1
+        ):
+            raise ValueError(
+                "an adaptive softmax leaves clusters without gradient in some batches, which PyTorch's "
+                "DistributedDataParallel rejects: train with --ddp-backend legacy_ddp"
+            )
         features = net_output[0]
         keep = target.reshape(-1).ne(self.padding_idx)
         features = features.reshape(-1, features.size(-1))[keep]

@@ -74,7 +74,8 @@ def _qwerty_neighbours() -> Dict[str, str]:
     table = {}
     for letter, r, x in keys:
         table[letter] = "".join(
-            other for other, r2, x2 in keys
+            other
+            for other, r2, x2 in keys
             if other != letter and ((r2 == r and abs(x2 - x) == 1.0) or (abs(r2 - r) == 1 and abs(x2 - x) < 1.0))
         )
     return table
@@ -116,8 +117,9 @@ def parse_noise_types(text: str, flag: str = TYPES_FLAG) -> Tuple[str, ...]:
 def _check_types(names: Sequence[str], flag: str = TYPES_FLAG) -> Tuple[str, ...]:
     unknown = [name for name in names if name not in NOISE_TYPES]
     if unknown:
-        raise ValueError(f"{flag}: unknown noise type(s) {', '.join(map(repr, unknown))}; "
-                         f"valid types: {', '.join(NOISE_TYPES)}")
+        raise ValueError(
+            f"{flag}: unknown noise type(s) {', '.join(map(repr, unknown))}; valid types: {', '.join(NOISE_TYPES)}"
+        )
     if not names:
         raise ValueError(f"{flag}: give at least one noise type out of {', '.join(NOISE_TYPES)}")
     return tuple(name for name in NOISE_TYPES if name in names)
@@ -163,8 +165,9 @@ class CharNoise:
 
     def __init__(self, rate: float, types: Union[str, Sequence[str]] = NOISE_TYPES, min_chars: int = 1):
         if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not 0.0 <= rate <= 1.0:
-            raise ValueError(f"{RATE_FLAG} must be a number in [0, 1] (probability that a character is "
-                             f"edited), got {rate!r}")
+            raise ValueError(
+                f"{RATE_FLAG} must be a number in [0, 1] (probability that a character is edited), got {rate!r}"
+            )
         if isinstance(types, str):
             self.types = parse_noise_types(types)
         else:
@@ -183,8 +186,7 @@ class CharNoise:
         self._noise_word_cells(cells, rng, stats)
         return "".join(char for char, _ in cells)
 
-    def noise_tokens(self, pieces: Sequence[str], rng: random.Random,
-                     stats: Optional[NoiseStats] = None) -> List[str]:
+    def noise_tokens(self, pieces: Sequence[str], rng: random.Random, stats: Optional[NoiseStats] = None) -> List[str]:
         """Noise a BPE-segmented sentence (subword-nmt ``@@`` or sentencepiece ``\u2581`` pieces).
 
         Pieces are grouped into words: with sentencepiece (some piece starts with ``\u2581``) a word starts at
@@ -197,9 +199,9 @@ class CharNoise:
             if not piece:
                 raise ValueError(f"empty BPE piece at position {position} of {list(pieces)!r}")
             starts = piece.startswith(SENTENCEPIECE_PREFIX)
-            body = piece[len(SENTENCEPIECE_PREFIX):] if starts else piece
+            body = piece[len(SENTENCEPIECE_PREFIX) :] if starts else piece
             continues = body.endswith(SUBWORD_NMT_SUFFIX)
-            chars = body[:-len(SUBWORD_NMT_SUFFIX)] if continues else body
+            chars = body[: -len(SUBWORD_NMT_SUFFIX)] if continues else body
             parsed.append((starts, chars, continues))
         sentencepiece = any(starts for starts, _, _ in parsed)
 
@@ -215,8 +217,9 @@ class CharNoise:
             out.extend(self._noise_word_pieces(word, rng, stats))
         return out
 
-    def _noise_word_pieces(self, word: List[Tuple[bool, str, bool]], rng: random.Random,
-                           stats: Optional[NoiseStats]) -> List[str]:
+    def _noise_word_pieces(
+        self, word: List[Tuple[bool, str, bool]], rng: random.Random, stats: Optional[NoiseStats]
+    ) -> List[str]:
         """The pieces of one word (``(starts, chars, continues)`` each), noised and re-marked."""
         cells = [[char, k] for k, (_, chars, _) in enumerate(word) for char in chars]
         self._noise_word_cells(cells, rng, stats)
@@ -233,8 +236,9 @@ class CharNoise:
                 starts = starts or word[0][0]
             if k == last:
                 continues = word[-1][2]
-            pieces.append((SENTENCEPIECE_PREFIX if starts else "") + new_chars[k]
-                          + (SUBWORD_NMT_SUFFIX if continues else ""))
+            pieces.append(
+                (SENTENCEPIECE_PREFIX if starts else "") + new_chars[k] + (SUBWORD_NMT_SUFFIX if continues else "")
+            )
         return pieces
 
     def _noise_word_cells(self, cells: List[list], rng: random.Random, stats: Optional[NoiseStats]) -> None:
@@ -301,4 +305,3 @@ class CharNoise:
         if op == "case":
             return case_flip(cells[j][0]) is not None
         return True  # insert, substitute
-

@@ -38,12 +38,17 @@ class AWDLSTMLMConfig(RecurrentLMConfig):
 
     define_n: int = field(default=400, metadata={"help": "width n of the V x n table the softmax is tied to"})
     define_depth: int = field(
-        default=0, metadata={"help": "DeFINE depth N (0: no DeFINE unit, the table feeds the LSTM directly)"})
+        default=0, metadata={"help": "DeFINE depth N (0: no DeFINE unit, the table feeds the LSTM directly)"}
+    )
     decoder_embed_dim: int = field(default=400, metadata={"help": "LSTM input width m (the DeFINE output width)"})
     decoder_hidden_size: int = field(default=1150, metadata={"help": "hidden size of every LSTM layer but the last"})
     decoder_layers: int = field(default=3, metadata={"help": "number of LSTM layers"})
-    dropout: float = field(default=0.4, metadata={"help": "locked dropout on the last LSTM layer's output "
-                                                          "(and wherever a --awd-*-dropout is not given)"})
+    dropout: float = field(
+        default=0.4,
+        metadata={
+            "help": "locked dropout on the last LSTM layer's output (and wherever a --awd-*-dropout is not given)"
+        },
+    )
     awd_input_dropout: float = field(default=0.4, metadata={"help": "locked dropout on the embeddings (dropouti)"})
     awd_hidden_dropout: float = field(default=0.25, metadata={"help": "locked dropout between layers (dropouth)"})
     awd_output_dropout: float = field(default=0.4, metadata={"help": "locked dropout on the output (dropout)"})
@@ -52,7 +57,8 @@ class AWDLSTMLMConfig(RecurrentLMConfig):
     awd_ar_alpha: float = field(default=2.0, metadata={"help": "AR: alpha * mean(dropped output^2)"})
     awd_tar_beta: float = field(default=1.0, metadata={"help": "TAR: beta * mean((h_t - h_{t-1})^2)"})
     define_untie_output: bool = field(
-        default=False, metadata={"help": "give the softmax its own weights instead of tying it to the V x n table"})
+        default=False, metadata={"help": "give the softmax its own weights instead of tying it to the V x n table"}
+    )
 
 
 @register_model("awd_lstm_lm", dataclass=AWDLSTMLMConfig)
@@ -62,8 +68,11 @@ class AWDLSTMLMModel(LSTMLMDefineModel):
     @classmethod
     def build_model(cls, cfg, task):
         args = take_deprecated_flags(config_namespace(cfg, AWDLSTMLMConfig), AWDLSTMLMConfig, AWD_RENAMES)
-        return cls(build_recurrent_decoder(args, task.target_dictionary, adaptive=False,
-                                           tie_full_softmax=not args.define_untie_output))
+        return cls(
+            build_recurrent_decoder(
+                args, task.target_dictionary, adaptive=False, tie_full_softmax=not args.define_untie_output
+            )
+        )
 
 
 @register_model_architecture("awd_lstm_lm", "awd_lstm_lm_define")

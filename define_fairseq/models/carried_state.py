@@ -89,7 +89,8 @@ class CarriedState(nn.Module):
                 logger.warning(
                     f"continuing a stream of {batch_size} sequences without the {self.name} of the previous batch "
                     f"({found}); starting from zeros. This is expected once after resuming mid-epoch from a "
-                    f"checkpoint that does not hold this state.")
+                    f"checkpoint that does not hold this state."
+                )
                 self._warned = True
             return None
         device = self.device_probe.device
@@ -126,8 +127,7 @@ class CarriedState(nn.Module):
         # needs its state back in fp16.
         dtypes: List[str] = []
         map_tensors(kept[1], lambda t: dtypes.append(str(t.dtype).replace("torch.", "")))
-        return {"batch_size": kept[0], "rank": rank, "world_size": world_size, "dtypes": dtypes,
-                "state": kept[1]}
+        return {"batch_size": kept[0], "rank": rank, "world_size": world_size, "dtypes": dtypes, "state": kept[1]}
 
     def set_extra_state(self, saved: Dict[str, Any]) -> None:
         """Take the training state of a checkpoint (see :meth:`get_extra_state`); forget every kept state."""
@@ -138,8 +138,10 @@ class CarriedState(nn.Module):
             return
         rank, world_size = data_parallel_position()
         if (saved["rank"], saved["world_size"]) != (rank, world_size):
-            self._not_loaded = (f"the checkpoint holds the rows of rank {saved['rank']} of {saved['world_size']} "
-                                f"data-parallel processes, this is rank {rank} of {world_size}")
+            self._not_loaded = (
+                f"the checkpoint holds the rows of rank {saved['rank']} of {saved['world_size']} "
+                f"data-parallel processes, this is rank {rank} of {world_size}"
+            )
             return
         dtypes = iter(saved["dtypes"])
         device = self.device_probe.device
@@ -169,10 +171,12 @@ class IncrementalLSTMState:
             cached[f"h{i}"], cached[f"c{i}"] = h, c
         self.set_incremental_state(incremental_state, "lstm_state", cached)
 
-    def reorder_incremental_state(self, incremental_state: Dict[str, Dict[str, Optional[torch.Tensor]]],
-                                  new_order: torch.Tensor):
+    def reorder_incremental_state(
+        self, incremental_state: Dict[str, Dict[str, Optional[torch.Tensor]]], new_order: torch.Tensor
+    ):
         cached = self.get_incremental_state(incremental_state, "lstm_state")
         if cached is None:
             return
-        self.set_incremental_state(incremental_state, "lstm_state",
-                                   {key: value.index_select(0, new_order) for key, value in cached.items()})
+        self.set_incremental_state(
+            incremental_state, "lstm_state", {key: value.index_select(0, new_order) for key, value in cached.items()}
+        )

@@ -56,10 +56,15 @@ def take_deprecated_flags(args: Namespace, config_cls, renames: Dict[str, str]) 
         if value is None or value == given == defaults.get(new):
             continue  # not given (or a checkpoint written before the rename, holding the default): nothing to do
         if given is not None and given != defaults.get(new) and given != value:
-            raise ValueError(f"{_flag(old)} {value} and {_flag(new)} {given} disagree: {_flag(old)} is the "
-                             f"deprecated spelling of {_flag(new)}; give {_flag(new)} only")
-        warnings.warn(f"{_flag(old)} is deprecated and will be removed in the next release; use {_flag(new)}",
-                      FutureWarning, stacklevel=2)
+            raise ValueError(
+                f"{_flag(old)} {value} and {_flag(new)} {given} disagree: {_flag(old)} is the "
+                f"deprecated spelling of {_flag(new)}; give {_flag(new)} only"
+            )
+        warnings.warn(
+            f"{_flag(old)} is deprecated and will be removed in the next release; use {_flag(new)}",
+            FutureWarning,
+            stacklevel=2,
+        )
         setattr(args, new, value)
     return args
 
@@ -105,21 +110,29 @@ def check_tail_widths(cutoff: List[int], dim: int, factor: float, flag_value) ->
     """An adaptive softmax over ``dim`` features with bands ``cutoff`` (ending with V) gives tail cluster ``i``
     ``dim // factor**i`` dimensions; raise a ValueError naming ``--adaptive-softmax-cutoff`` if one has none."""
     for band in range(1, len(cutoff)):
-        if int(dim // factor ** band) < 1:
-            raise ValueError(f"--adaptive-softmax-cutoff {flag_value}: tail cluster {band} would have {dim} // "
-                             f"{factor}**{band} = 0 dimensions; use fewer cutoffs or a smaller "
-                             f"--adaptive-softmax-factor")
+        if int(dim // factor**band) < 1:
+            raise ValueError(
+                f"--adaptive-softmax-cutoff {flag_value}: tail cluster {band} would have {dim} // "
+                f"{factor}**{band} = 0 dimensions; use fewer cutoffs or a smaller "
+                f"--adaptive-softmax-factor"
+            )
 
 
 def check_tied_bands(cfg, input_cutoff: Optional[List[int]], softmax_cutoff: Optional[List[int]]) -> None:
     """``--tie-adaptive-weights`` ties each band of the adaptive softmax to the adaptive input's: both must be
     there, with the same cutoffs and the same factor."""
     if input_cutoff is None or not softmax_cutoff:
-        raise ValueError("--tie-adaptive-weights needs --adaptive-input (the softmax ties to its bands) and "
-                         "--adaptive-softmax-cutoff")
+        raise ValueError(
+            "--tie-adaptive-weights needs --adaptive-input (the softmax ties to its bands) and "
+            "--adaptive-softmax-cutoff"
+        )
     if list(softmax_cutoff) != list(input_cutoff):
-        raise ValueError(f"--tie-adaptive-weights needs the same bands on both sides, but --adaptive-softmax-cutoff "
-                         f"{cfg.adaptive_softmax_cutoff} differs from --adaptive-input-cutoff {cfg.adaptive_input_cutoff}")
+        raise ValueError(
+            f"--tie-adaptive-weights needs the same bands on both sides, but --adaptive-softmax-cutoff "
+            f"{cfg.adaptive_softmax_cutoff} differs from --adaptive-input-cutoff {cfg.adaptive_input_cutoff}"
+        )
     if cfg.adaptive_softmax_factor != cfg.adaptive_input_factor:
-        raise ValueError(f"--tie-adaptive-weights needs --adaptive-softmax-factor ({cfg.adaptive_softmax_factor}) "
-                         f"equal to --adaptive-input-factor ({cfg.adaptive_input_factor})")
+        raise ValueError(
+            f"--tie-adaptive-weights needs --adaptive-softmax-factor ({cfg.adaptive_softmax_factor}) "
+            f"equal to --adaptive-input-factor ({cfg.adaptive_input_factor})"
+        )

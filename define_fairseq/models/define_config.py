@@ -10,10 +10,19 @@ from define_fairseq.modules.define import ACTIVATIONS, INITS, NORMS, VARIANTS
 from define_fairseq.modules.define_embedding import DeFINEEmbedding
 
 # DeFINEEmbedding's arguments (and its adaptive map's factor) -> the flags that set them
-DEFINE_FLAGS = dict(n="--define-n", k="--define-k", depth="--define-depth", max_groups="--define-max-groups",
-                    variant="--define-variant", activation="--define-activation", norm="--define-norm",
-                    dropout="--define-dropout", init="--define-init", map_dropout="--define-map-dropout",
-                    factor="--adaptive-input-factor")
+DEFINE_FLAGS = dict(
+    n="--define-n",
+    k="--define-k",
+    depth="--define-depth",
+    max_groups="--define-max-groups",
+    variant="--define-variant",
+    activation="--define-activation",
+    norm="--define-norm",
+    dropout="--define-dropout",
+    init="--define-init",
+    map_dropout="--define-map-dropout",
+    factor="--adaptive-input-factor",
+)
 
 
 @dataclass
@@ -28,28 +37,42 @@ class DeFINEConfig(FairseqDataclass):
     )
     define_variant: ChoiceEnum(VARIANTS + ("delight",)) = field(
         default="define",
-        metadata={"help": "define: HGT + split-and-mix skip; define_concat: plain concat skip (no mixer); "
-                          "hgt: no skip; glt: fixed groups; lt: dense layers; projective: one linear map n -> m; "
-                          "delight: the authors' unit (sacmehta/delight, --define-iclr)"},
+        metadata={
+            "help": "define: HGT + split-and-mix skip; define_concat: plain concat skip (no mixer); "
+            "hgt: no skip; glt: fixed groups; lt: dense layers; projective: one linear map n -> m; "
+            "delight: the authors' unit (sacmehta/delight, --define-iclr)"
+        },
     )
     define_activation: Optional[ChoiceEnum(list(ACTIVATIONS))] = field(
-        default=None, metadata={"help": "activation after each DeFINE expansion layer (default: gelu; swish "
-                                        "for --define-variant delight)"}
+        default=None,
+        metadata={
+            "help": "activation after each DeFINE expansion layer (default: gelu; swish for --define-variant delight)"
+        },
     )
     define_norm: Optional[ChoiceEnum(NORMS)] = field(
         default=None, metadata={"help": "normalisation after each DeFINE expansion layer (default: group)"}
     )
     define_dropout: float = field(default=0.0, metadata={"help": "dropout after each DeFINE expansion layer"})
     define_map_dropout: float = field(
-        default=0.0, metadata={"help": "dropout on the scaled V x n map output before the DeFINE unit, one mask per "
-                                       "sentence and feature (the authors' delight_emb_dropout)"})
+        default=0.0,
+        metadata={
+            "help": "dropout on the scaled V x n map output before the DeFINE unit, one mask per "
+            "sentence and feature (the authors' delight_emb_dropout)"
+        },
+    )
     define_init: ChoiceEnum(INITS) = field(
-        default="unit", metadata={"help": "unit: the DeFINE unit's last layer starts scaled so that its output has "
-                                          "unit variance, like the table it replaces; linear: nn.Linear's init "
-                                          "throughout (not for --define-variant delight, which keeps the authors')"})
+        default="unit",
+        metadata={
+            "help": "unit: the DeFINE unit's last layer starts scaled so that its output has "
+            "unit variance, like the table it replaces; linear: nn.Linear's init "
+            "throughout (not for --define-variant delight, which keeps the authors')"
+        },
+    )
     define_folded: bool = field(
         default=False,
-        metadata={"help": "embeddings are plain V x m tables folded from DeFINE (set by define_fairseq.tools.fold_define)"},
+        metadata={
+            "help": "embeddings are plain V x m tables folded from DeFINE (set by define_fairseq.tools.fold_define)"
+        },
     )
 
 

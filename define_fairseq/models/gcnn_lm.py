@@ -13,7 +13,8 @@ default (the paper mentions none). Where a block changes the width the skip is a
 projection, as in fairseq (the paper does not say).
 
 The archs follow Table 1 of the paper as fairseq (``fconv_lm_dauphin_*``) and theanolm give it; its widths,
-kernels and embedding sizes are not checked against the paper's table (``examples/gated_conv_lm/README.md``). Adaptive softmax cutoffs are fairseq's:
+kernels and embedding sizes are not checked against the paper's table (``examples/gated_conv_lm/README.md``).
+Adaptive softmax cutoffs are fairseq's:
 
 ==============  =======  ===========================================================  ======  ==========
 arch            dataset  blocks, (width, kernel)                                      e       receptive
@@ -44,19 +45,28 @@ from fairseq.utils import safe_getattr
 from torch import Tensor
 
 from define_fairseq.models.config_helpers import (
-    MAX_POSITIONS, check_rate, check_tail_widths, config_namespace, flag_names, parse_cutoff)
+    MAX_POSITIONS,
+    check_rate,
+    check_tail_widths,
+    config_namespace,
+    flag_names,
+    parse_cutoff,
+)
 from define_fairseq.models.define_config import DeFINEConfig, build_define_embedding
 from define_fairseq.modules.checks import check_cutoff, check_probability
 from define_fairseq.modules.gated_conv import ACTIVATIONS, GatedConvStack, parse_layer_spec
 
-
 GCNN_8 = "[(800, 4)] * 8"
 GCNN_14 = "[(850, 6)] * 3 + [(850, 1)] + [(850, 5)] * 4 + [(850, 1)] + [(850, 4)] * 3 + [(1024, 4)] + [(2048, 4)]"
 GCNN_13 = "[(1268, 4)] * 13"
-GCNN_8B = ("[(512, 1)] + [[(128, 1), (128, 5), (512, 1)]] * 3 + [[(256, 1), (256, 5), (512, 1)]] * 3"
-           " + [[(1024, 1), (1024, 1), (2048, 1)]]")
-GCNN_14B = ("[(512, 5)] + [[(128, 1), (128, 5), (512, 1)]] * 3 + [[(512, 1), (512, 5), (1024, 1)]] * 3"
-            " + [[(1024, 1), (1024, 5), (2048, 1)]] * 6 + [[(1024, 1), (1024, 5), (4096, 1)]]")
+GCNN_8B = (
+    "[(512, 1)] + [[(128, 1), (128, 5), (512, 1)]] * 3 + [[(256, 1), (256, 5), (512, 1)]] * 3"
+    " + [[(1024, 1), (1024, 1), (2048, 1)]]"
+)
+GCNN_14B = (
+    "[(512, 5)] + [[(128, 1), (128, 5), (512, 1)]] * 3 + [[(512, 1), (512, 5), (1024, 1)]] * 3"
+    " + [[(1024, 1), (1024, 5), (2048, 1)]] * 6 + [[(1024, 1), (1024, 5), (4096, 1)]]"
+)
 WT103_CUTOFF = "10000,20000,200000"
 GBW_CUTOFF = "10000,50000,200000"
 
@@ -66,28 +76,50 @@ class GatedConvLMConfig(DeFINEConfig):
     decoder_embed_dim: int = field(default=280, metadata={"help": "lookup width e (the first block's input)"})
     gcnn_layers: str = field(
         default=GCNN_8,
-        metadata={"help": "residual blocks: a Python list of (width, kernel) tuples, each a block of one gated "
-                          "convolution, or of lists of such tuples, each a bottleneck block with one residual; "
-                          "+ and * allowed, e.g. \"[(850, 6)] * 3 + [[(128, 1), (128, 5), (512, 1)]]\""})
+        metadata={
+            "help": "residual blocks: a Python list of (width, kernel) tuples, each a block of one gated "
+            "convolution, or of lists of such tuples, each a bottleneck block with one residual; "
+            '+ and * allowed, e.g. "[(850, 6)] * 3 + [[(128, 1), (128, 5), (512, 1)]]"'
+        },
+    )
     gcnn_activation: ChoiceEnum(ACTIVATIONS) = field(
-        default="glu", metadata={"help": "glu: (X*W+b) x sigmoid(X*V+c) (the paper's); gtu, bilinear, relu, tanh, "
-                                         "linear: the paper's ablations"})
+        default="glu",
+        metadata={
+            "help": "glu: (X*W+b) x sigmoid(X*V+c) (the paper's); gtu, bilinear, relu, tanh, "
+            "linear: the paper's ablations"
+        },
+    )
     gcnn_residual_scale: float = field(
-        default=1.0, metadata={"help": "multiply each block's x + F(x) by this (1: the paper; fairseq's fconv_lm "
-                                       "uses 0.7071)"})
+        default=1.0,
+        metadata={"help": "multiply each block's x + F(x) by this (1: the paper; fairseq's fconv_lm uses 0.7071)"},
+    )
     gcnn_no_weight_norm: bool = field(
-        default=False, metadata={"help": "plain convolutions instead of weight-normalised ones"})
+        default=False, metadata={"help": "plain convolutions instead of weight-normalised ones"}
+    )
     gcnn_define_input: bool = field(
-        default=False, metadata={"help": "map tokens with a V x n table and a DeFINE unit (--define-n, --define-k, "
-                                         "--define-depth, ...) to the lookup width e"})
+        default=False,
+        metadata={
+            "help": "map tokens with a V x n table and a DeFINE unit (--define-n, --define-k, "
+            "--define-depth, ...) to the lookup width e"
+        },
+    )
     dropout: float = field(
-        default=0.0, metadata={"help": "dropout on the lookup output, every convolution's input and the features "
-                                       "given to the softmax (the paper uses none)"})
+        default=0.0,
+        metadata={
+            "help": "dropout on the lookup output, every convolution's input and the features "
+            "given to the softmax (the paper uses none)"
+        },
+    )
     adaptive_softmax_cutoff: Optional[str] = field(
-        default=None, metadata={"help": "comma separated adaptive softmax cutoffs (none: full softmax); use "
-                                        "--criterion adaptive_loss --ddp-backend legacy_ddp"})
+        default=None,
+        metadata={
+            "help": "comma separated adaptive softmax cutoffs (none: full softmax); use "
+            "--criterion adaptive_loss --ddp-backend legacy_ddp"
+        },
+    )
     adaptive_softmax_dropout: float = field(
-        default=0.0, metadata={"help": "dropout inside the adaptive softmax tail clusters"})
+        default=0.0, metadata={"help": "dropout inside the adaptive softmax tail clusters"}
+    )
     adaptive_softmax_factor: float = field(default=4, metadata={"help": "adaptive softmax: width divisor per band"})
 
 
@@ -100,13 +132,21 @@ class GatedConvLMDecoder(FairseqIncrementalDecoder):
     returned; every layer keeps its last ``kernel - 1`` inputs in ``incremental_state``.
     """
 
-    def __init__(self, dictionary, embed_tokens: nn.Module, convolutions: GatedConvStack,
-                 output_projection: Optional[nn.Linear] = None, adaptive_softmax: Optional[AdaptiveSoftmax] = None,
-                 dropout: float = 0.0):
+    def __init__(
+        self,
+        dictionary,
+        embed_tokens: nn.Module,
+        convolutions: GatedConvStack,
+        output_projection: Optional[nn.Linear] = None,
+        adaptive_softmax: Optional[AdaptiveSoftmax] = None,
+        dropout: float = 0.0,
+    ):
         super().__init__(dictionary)
         if embed_tokens.embedding_dim != convolutions.input_dim:
-            raise ValueError(f"the lookup gives {embed_tokens.embedding_dim} features but the first block takes "
-                             f"{convolutions.input_dim}")
+            raise ValueError(
+                f"the lookup gives {embed_tokens.embedding_dim} features but the first block takes "
+                f"{convolutions.input_dim}"
+            )
         if (output_projection is None) == (adaptive_softmax is None):
             raise ValueError("give exactly one of output_projection (full softmax) and adaptive_softmax")
         check_probability(dropout, "dropout")
@@ -149,13 +189,13 @@ class GatedConvLMDecoder(FairseqIncrementalDecoder):
             return None
         return [cached[str(i)] for i in range(len(cached))]
 
-    def reorder_incremental_state(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]],
-                                  new_order: Tensor):
+    def reorder_incremental_state(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]], new_order: Tensor):
         cached = self.get_incremental_state(incremental_state, "histories")
         if cached is None:
             return
-        self.set_incremental_state(incremental_state, "histories",
-                                   {key: value.index_select(0, new_order) for key, value in cached.items()})
+        self.set_incremental_state(
+            incremental_state, "histories", {key: value.index_select(0, new_order) for key, value in cached.items()}
+        )
 
     def output_layer(self, features: Tensor, **kwargs) -> Tensor:
         if self.adaptive_softmax is not None:
@@ -191,25 +231,38 @@ def build_gated_conv_decoder(cfg, dictionary) -> GatedConvLMDecoder:
 
     blocks = parse_layer_spec(cfg.gcnn_layers, "--gcnn-layers")
     with flag_names(dropout="--dropout"):
-        convolutions = GatedConvStack(e, blocks, activation=str(cfg.gcnn_activation),
-                                      weight_norm=not cfg.gcnn_no_weight_norm, dropout=cfg.dropout,
-                                      residual_scale=cfg.gcnn_residual_scale)
+        convolutions = GatedConvStack(
+            e,
+            blocks,
+            activation=str(cfg.gcnn_activation),
+            weight_norm=not cfg.gcnn_no_weight_norm,
+            dropout=cfg.dropout,
+            residual_scale=cfg.gcnn_residual_scale,
+        )
     d = convolutions.output_dim
 
     output_projection = adaptive_softmax = None
     if cfg.adaptive_softmax_cutoff:
-        cutoff = check_cutoff(parse_cutoff(cfg.adaptive_softmax_cutoff, "--adaptive-softmax-cutoff"), vocab,
-                              "--adaptive-softmax-cutoff")
+        cutoff = check_cutoff(
+            parse_cutoff(cfg.adaptive_softmax_cutoff, "--adaptive-softmax-cutoff"), vocab, "--adaptive-softmax-cutoff"
+        )
         check_tail_widths(cutoff, d, cfg.adaptive_softmax_factor, cfg.adaptive_softmax_cutoff)
-        adaptive_softmax = AdaptiveSoftmax(vocab, d, cutoff, cfg.adaptive_softmax_dropout,
-                                           factor=cfg.adaptive_softmax_factor)
+        adaptive_softmax = AdaptiveSoftmax(
+            vocab, d, cutoff, cfg.adaptive_softmax_dropout, factor=cfg.adaptive_softmax_factor
+        )
     else:
         output_projection = nn.Linear(d, vocab)
-        nn.init.normal_(output_projection.weight, mean=0.0, std=d ** -0.5)
+        nn.init.normal_(output_projection.weight, mean=0.0, std=d**-0.5)
         nn.init.zeros_(output_projection.bias)
     with flag_names(dropout="--dropout"):
-        return GatedConvLMDecoder(dictionary, embed, convolutions, output_projection=output_projection,
-                                  adaptive_softmax=adaptive_softmax, dropout=cfg.dropout)
+        return GatedConvLMDecoder(
+            dictionary,
+            embed,
+            convolutions,
+            output_projection=output_projection,
+            adaptive_softmax=adaptive_softmax,
+            dropout=cfg.dropout,
+        )
 
 
 @register_model("gcnn_lm", dataclass=GatedConvLMConfig)

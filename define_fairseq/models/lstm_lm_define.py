@@ -44,52 +44,91 @@ from define_fairseq.models.config_helpers import config_namespace, take_deprecat
 from define_fairseq.models.define_config import DeFINEConfig
 from define_fairseq.models.recurrent_lm_decoder import RecurrentLMDecoder, build_recurrent_decoder
 
-__all__ = ["LSTMLMDefineConfig", "LSTMLMDefineModel", "RecurrentLMConfig", "RecurrentLMDecoder",
-           "build_recurrent_decoder", "AWD_RENAMES"]
+__all__ = [
+    "LSTMLMDefineConfig",
+    "LSTMLMDefineModel",
+    "RecurrentLMConfig",
+    "RecurrentLMDecoder",
+    "build_recurrent_decoder",
+    "AWD_RENAMES",
+]
 
 # The AWD-LSTM regularisers' fields before they were renamed (deprecated spellings, kept for one release).
-AWD_RENAMES = {f"define_{name}": f"awd_{name}" for name in (
-    "input_dropout", "hidden_dropout", "output_dropout", "embed_dropout", "weight_drop", "ar_alpha", "tar_beta")}
+AWD_RENAMES = {
+    f"define_{name}": f"awd_{name}"
+    for name in (
+        "input_dropout",
+        "hidden_dropout",
+        "output_dropout",
+        "embed_dropout",
+        "weight_drop",
+        "ar_alpha",
+        "tar_beta",
+    )
+}
 
 
 @dataclass
 class RecurrentLMConfig(DeFINEConfig):
     """Options shared by the recurrent language models of the plugin (``lstm_lm_define``, ``awd_lstm_lm``)."""
 
-    define_n: int = field(default=256, metadata={"help": "width n of the map (the V x n table / adaptive input); "
-                                                         "the output layer is tied in n dimensions"})
+    define_n: int = field(
+        default=256,
+        metadata={
+            "help": "width n of the map (the V x n table / adaptive input); the output layer is tied in n dimensions"
+        },
+    )
     decoder_embed_dim: int = field(default=256, metadata={"help": "LSTM input width m (the DeFINE output width)"})
     decoder_hidden_size: int = field(default=1024, metadata={"help": "hidden size of every LSTM layer but the last"})
     decoder_layers: int = field(default=4, metadata={"help": "number of LSTM layers"})
     decoder_output_dim: Optional[int] = field(
-        default=None, metadata={"help": "size of the last LSTM layer (default: n, the tied dimension)"})
+        default=None, metadata={"help": "size of the last LSTM layer (default: n, the tied dimension)"}
+    )
     dropout: float = field(
-        default=0.1, metadata={"help": "locked dropout on the LSTM input, between layers and on the output, "
-                                       "wherever --awd-input/hidden/output-dropout does not say otherwise"})
+        default=0.1,
+        metadata={
+            "help": "locked dropout on the LSTM input, between layers and on the output, "
+            "wherever --awd-input/hidden/output-dropout does not say otherwise"
+        },
+    )
     awd_input_dropout: Optional[float] = field(
-        default=None, metadata={"help": "locked dropout on the embeddings (AWD-LSTM dropouti); default --dropout"})
+        default=None, metadata={"help": "locked dropout on the embeddings (AWD-LSTM dropouti); default --dropout"}
+    )
     awd_hidden_dropout: Optional[float] = field(
-        default=None, metadata={"help": "locked dropout between LSTM layers (AWD-LSTM dropouth); default --dropout"})
+        default=None, metadata={"help": "locked dropout between LSTM layers (AWD-LSTM dropouth); default --dropout"}
+    )
     awd_output_dropout: Optional[float] = field(
-        default=None, metadata={"help": "locked dropout on the last LSTM layer's output (AWD-LSTM dropout); "
-                                        "default --dropout"})
+        default=None,
+        metadata={"help": "locked dropout on the last LSTM layer's output (AWD-LSTM dropout); default --dropout"},
+    )
     awd_embed_dropout: float = field(
-        default=0.0, metadata={"help": "embedding dropout: drop whole words (AWD-LSTM dropoute)"})
+        default=0.0, metadata={"help": "embedding dropout: drop whole words (AWD-LSTM dropoute)"}
+    )
     awd_weight_drop: float = field(
-        default=0.0, metadata={"help": "DropConnect on the hidden-to-hidden matrices (AWD-LSTM wdrop)"})
+        default=0.0, metadata={"help": "DropConnect on the hidden-to-hidden matrices (AWD-LSTM wdrop)"}
+    )
     awd_ar_alpha: float = field(
-        default=0.0, metadata={"help": "activation regularisation: alpha * mean(dropped last-layer output^2)"})
+        default=0.0, metadata={"help": "activation regularisation: alpha * mean(dropped last-layer output^2)"}
+    )
     awd_tar_beta: float = field(
-        default=0.0, metadata={"help": "temporal activation regularisation: beta * mean((h_t - h_{t-1})^2) of the "
-                                       "last layer's output before dropout"})
+        default=0.0,
+        metadata={
+            "help": "temporal activation regularisation: beta * mean((h_t - h_{t-1})^2) of the "
+            "last layer's output before dropout"
+        },
+    )
     define_input_dropout: Optional[float] = field(
-        default=None, metadata={"help": "deprecated: use --awd-input-dropout"})
+        default=None, metadata={"help": "deprecated: use --awd-input-dropout"}
+    )
     define_hidden_dropout: Optional[float] = field(
-        default=None, metadata={"help": "deprecated: use --awd-hidden-dropout"})
+        default=None, metadata={"help": "deprecated: use --awd-hidden-dropout"}
+    )
     define_output_dropout: Optional[float] = field(
-        default=None, metadata={"help": "deprecated: use --awd-output-dropout"})
+        default=None, metadata={"help": "deprecated: use --awd-output-dropout"}
+    )
     define_embed_dropout: Optional[float] = field(
-        default=None, metadata={"help": "deprecated: use --awd-embed-dropout"})
+        default=None, metadata={"help": "deprecated: use --awd-embed-dropout"}
+    )
     define_weight_drop: Optional[float] = field(default=None, metadata={"help": "deprecated: use --awd-weight-drop"})
     define_ar_alpha: Optional[float] = field(default=None, metadata={"help": "deprecated: use --awd-ar-alpha"})
     define_tar_beta: Optional[float] = field(default=None, metadata={"help": "deprecated: use --awd-tar-beta"})
@@ -99,20 +138,29 @@ class RecurrentLMConfig(DeFINEConfig):
 class LSTMLMDefineConfig(RecurrentLMConfig):
     adaptive_input: bool = field(default=False, metadata={"help": "map tokens with an adaptive input of width n"})
     adaptive_input_cutoff: Optional[str] = field(
-        default=None, metadata={"help": "comma separated adaptive input band boundaries, e.g. 20000,40000,200000"})
+        default=None, metadata={"help": "comma separated adaptive input band boundaries, e.g. 20000,40000,200000"}
+    )
     adaptive_input_factor: float = field(default=4, metadata={"help": "adaptive input: width divisor per band"})
     adaptive_softmax_cutoff: Optional[str] = field(
-        default=None, metadata={"help": "comma separated adaptive softmax cutoffs (none: full softmax); use "
-                                        "--criterion adaptive_loss or lm_regularized_loss"})
+        default=None,
+        metadata={
+            "help": "comma separated adaptive softmax cutoffs (none: full softmax); use "
+            "--criterion adaptive_loss or lm_regularized_loss"
+        },
+    )
     adaptive_softmax_factor: float = field(default=4, metadata={"help": "adaptive softmax: width divisor per band"})
     adaptive_softmax_dropout: float = field(
-        default=0.0, metadata={"help": "dropout inside the adaptive softmax tail clusters"})
+        default=0.0, metadata={"help": "dropout inside the adaptive softmax tail clusters"}
+    )
     tie_adaptive_weights: bool = field(
-        default=False, metadata={"help": "tie the adaptive softmax to the adaptive input (same cutoffs, factor)"})
+        default=False, metadata={"help": "tie the adaptive softmax to the adaptive input (same cutoffs, factor)"}
+    )
     tie_adaptive_proj: bool = field(
-        default=False, metadata={"help": "tie the adaptive softmax tail projections to the adaptive input's too"})
+        default=False, metadata={"help": "tie the adaptive softmax tail projections to the adaptive input's too"}
+    )
     share_decoder_input_output_embed: bool = field(
-        default=False, metadata={"help": "tie the full softmax to the V x n table"})
+        default=False, metadata={"help": "tie the full softmax to the V x n table"}
+    )
 
 
 @register_model("lstm_lm_define", dataclass=LSTMLMDefineConfig)
@@ -126,8 +174,11 @@ class LSTMLMDefineModel(FairseqLanguageModel):
     @classmethod
     def build_model(cls, cfg, task):
         args = take_deprecated_flags(config_namespace(cfg, LSTMLMDefineConfig), LSTMLMDefineConfig, AWD_RENAMES)
-        return cls(build_recurrent_decoder(args, task.target_dictionary, adaptive=True,
-                                           tie_full_softmax=args.share_decoder_input_output_embed))
+        return cls(
+            build_recurrent_decoder(
+                args, task.target_dictionary, adaptive=True, tie_full_softmax=args.share_decoder_input_output_embed
+            )
+        )
 
 
 def _wt103(args, n: int, depth: int, adaptive: bool):

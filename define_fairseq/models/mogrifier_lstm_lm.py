@@ -74,56 +74,101 @@ class MogrifierLSTMLMConfig(DeFINEConfig):
     """Options of ``mogrifier_lstm_lm`` (the DeFINE fields apply with ``--define-depth`` > 0 only)."""
 
     define_depth: int = field(
-        default=0, metadata={"help": "DeFINE depth N (0: no DeFINE unit, a V x e table feeds the LSTM directly)"})
+        default=0, metadata={"help": "DeFINE depth N (0: no DeFINE unit, a V x e table feeds the LSTM directly)"}
+    )
     mogrifier_layers: int = field(default=2, metadata={"help": "number of Mogrifier LSTM layers"})
     mogrifier_hidden_size: int = field(default=512, metadata={"help": "hidden size H of every layer"})
     mogrifier_embed_dim: Optional[int] = field(
-        default=None, metadata={"help": "width e of the embeddings fed to the first layer (the table's width, or "
-                                        "the DeFINE output width); default: the hidden size"})
+        default=None,
+        metadata={
+            "help": "width e of the embeddings fed to the first layer (the table's width, or "
+            "the DeFINE output width); default: the hidden size"
+        },
+    )
     mogrifier_rounds: int = field(
-        default=5, metadata={"help": "mogrifier rounds r (0: a plain LSTM); odd rounds gate the input with the "
-                                     "state, even rounds the state with the input"})
+        default=5,
+        metadata={
+            "help": "mogrifier rounds r (0: a plain LSTM); odd rounds gate the input with the "
+            "state, even rounds the state with the input"
+        },
+    )
     mogrifier_rank: int = field(
-        default=0, metadata={"help": "rank k of each round's matrix (0: full rank; else 0 < k < min(e, H))"})
+        default=0, metadata={"help": "rank k of each round's matrix (0: full rank; else 0 < k < min(e, H))"}
+    )
     mogrifier_input_dropout: float = field(default=0.0, metadata={"help": "dropout on the first layer's input"})
     mogrifier_inter_layer_dropout: float = field(
-        default=0.0, metadata={"help": "dropout on the input of layers 2 and above"})
+        default=0.0, metadata={"help": "dropout on the input of layers 2 and above"}
+    )
     mogrifier_state_dropout: float = field(
-        default=0.0, metadata={"help": "dropout on the recurrent state h before the mogrifier rounds"})
+        default=0.0, metadata={"help": "dropout on the recurrent state h before the mogrifier rounds"}
+    )
     mogrifier_output_dropout: float = field(
-        default=0.0, metadata={"help": "dropout on the stack's output, before the output layer"})
+        default=0.0, metadata={"help": "dropout on the stack's output, before the output layer"}
+    )
     mogrifier_projection_dropout: Optional[float] = field(
-        default=None, metadata={"help": "dropout on the output projection's result (H -> e, or the mixture "
-                                        "components) before the softmax; default: --mogrifier-output-dropout "
-                                        "(lamb's downprojected_output_dropout)"})
+        default=None,
+        metadata={
+            "help": "dropout on the output projection's result (H -> e, or the mixture "
+            "components) before the softmax; default: --mogrifier-output-dropout "
+            "(lamb's downprojected_output_dropout)"
+        },
+    )
     mogrifier_shared_mask_dropout: bool = field(
-        default=False, metadata={"help": "one mask per BPTT window, shared by its time steps, for the input, "
-                                         "inter-layer, output and projection dropout (variational dropout; lamb's "
-                                         "shared_mask_dropout); default: a new mask at every step, as lamb's configs"})
+        default=False,
+        metadata={
+            "help": "one mask per BPTT window, shared by its time steps, for the input, "
+            "inter-layer, output and projection dropout (variational dropout; lamb's "
+            "shared_mask_dropout); default: a new mask at every step, as lamb's configs"
+        },
+    )
     mogrifier_state_dropout_mask: ChoiceEnum(STATE_MASKS) = field(
-        default="window", metadata={"help": "state dropout: one mask per layer and BPTT window, shared by its steps "
-                                            "(lamb's static_rnn, as in its PTB configs), or a new mask at every step "
-                                            "(its dynamic_rnn, as in its WikiText-2 configs)"})
+        default="window",
+        metadata={
+            "help": "state dropout: one mask per layer and BPTT window, shared by its steps "
+            "(lamb's static_rnn, as in its PTB configs), or a new mask at every step "
+            "(its dynamic_rnn, as in its WikiText-2 configs)"
+        },
+    )
     mogrifier_no_cap_input_gate: bool = field(
-        default=False, metadata={"help": "use the textbook c = f*c + i*j instead of lamb's capped input gate "
-                                         "c = f*c + min(1 - f, i)*j"})
+        default=False,
+        metadata={
+            "help": "use the textbook c = f*c + i*j instead of lamb's capped input gate c = f*c + min(1 - f, i)*j"
+        },
+    )
     mogrifier_forget_bias: float = field(default=1.0, metadata={"help": "initial forget gate bias"})
     mogrifier_sum_layer_outputs: bool = field(
-        default=False, metadata={"help": "the stack's output is the sum of every layer's output (lamb's skip "
-                                         "connection) instead of the top layer's"})
+        default=False,
+        metadata={
+            "help": "the stack's output is the sum of every layer's output (lamb's skip "
+            "connection) instead of the top layer's"
+        },
+    )
     mogrifier_softmax_temperature: float = field(
-        default=1.0, metadata={"help": "eval mode only: divide the logits by this temperature (each component's "
-                                       "logits with a mixture); e.g. fairseq-eval-lm --model-overrides "
-                                       "\"{'mogrifier_softmax_temperature': 1.1}\""})
+        default=1.0,
+        metadata={
+            "help": "eval mode only: divide the logits by this temperature (each component's "
+            "logits with a mixture); e.g. fairseq-eval-lm --model-overrides "
+            "\"{'mogrifier_softmax_temperature': 1.1}\""
+        },
+    )
     mogrifier_mos_components: int = field(
-        default=1, metadata={"help": "mixture of softmaxes with this many components (1: one softmax)"})
+        default=1, metadata={"help": "mixture of softmaxes with this many components (1: one softmax)"}
+    )
     mogrifier_drop_state_probability: float = field(
-        default=0.0, metadata={"help": "training only: reset each stream's carried state to zeros with this "
-                                       "probability before a batch (--task stateful_lm)"})
+        default=0.0,
+        metadata={
+            "help": "training only: reset each stream's carried state to zeros with this "
+            "probability before a batch (--task stateful_lm)"
+        },
+    )
     mogrifier_l2_penalty: float = field(
-        default=0.0, metadata={"help": "lamb's l2_penalty: add l/2 * sum(theta^2) over all parameters to the loss "
-                                       "(needs --criterion lm_regularized_loss; it is added once per sample_size "
-                                       "unit: per stream with --sentence-avg, as lamb, per token without)"})
+        default=0.0,
+        metadata={
+            "help": "lamb's l2_penalty: add l/2 * sum(theta^2) over all parameters to the loss "
+            "(needs --criterion lm_regularized_loss; it is added once per sample_size "
+            "unit: per stream with --sentence-avg, as lamb, per token without)"
+        },
+    )
 
 
 class MogrifierLMDecoder(RecurrentDecoder):
@@ -146,8 +191,16 @@ class MogrifierLMDecoder(RecurrentDecoder):
     positions are returned.
     """
 
-    def __init__(self, dictionary, embed_tokens: nn.Module, lstm: MogrifierLSTM, output_projection: TiedOutput,
-                 softmax_temperature: float = 1.0, drop_state_probability: float = 0.0, l2_penalty: float = 0.0):
+    def __init__(
+        self,
+        dictionary,
+        embed_tokens: nn.Module,
+        lstm: MogrifierLSTM,
+        output_projection: TiedOutput,
+        softmax_temperature: float = 1.0,
+        drop_state_probability: float = 0.0,
+        l2_penalty: float = 0.0,
+    ):
         super().__init__(dictionary, embed_tokens, lstm, "Mogrifier LSTM state", "--mogrifier-embed-dim")
         check_probability(drop_state_probability, "drop_state_probability")
         self.output_projection = output_projection
@@ -200,29 +253,36 @@ def build_mogrifier_decoder(cfg, dictionary) -> MogrifierLMDecoder:
     vocab, pad = len(dictionary), dictionary.pad()
     hidden = cfg.mogrifier_hidden_size
     embed_dim = hidden if cfg.mogrifier_embed_dim is None else cfg.mogrifier_embed_dim
-    for flag, value in (("--mogrifier-layers", cfg.mogrifier_layers), ("--mogrifier-hidden-size", hidden),
-                        ("--mogrifier-embed-dim", embed_dim)):
+    for flag, value in (
+        ("--mogrifier-layers", cfg.mogrifier_layers),
+        ("--mogrifier-hidden-size", hidden),
+        ("--mogrifier-embed-dim", embed_dim),
+    ):
         if value < 1:
             raise ValueError(f"{flag}={value} must be at least 1")
     if cfg.mogrifier_rounds < 0:
         raise ValueError(f"--mogrifier-rounds={cfg.mogrifier_rounds} must be >= 0 (0: a plain LSTM)")
     smallest = min(embed_dim, hidden)
     if cfg.mogrifier_rank < 0 or (cfg.mogrifier_rounds > 0 and cfg.mogrifier_rank >= smallest):
-        raise ValueError(f"--mogrifier-rank={cfg.mogrifier_rank}: give 0 (full rank) or a rank below "
-                         f"min(--mogrifier-embed-dim, --mogrifier-hidden-size) = {smallest}")
+        raise ValueError(
+            f"--mogrifier-rank={cfg.mogrifier_rank}: give 0 (full rank) or a rank below "
+            f"min(--mogrifier-embed-dim, --mogrifier-hidden-size) = {smallest}"
+        )
     projection_dropout = cfg.mogrifier_projection_dropout
     if projection_dropout is None:
         projection_dropout = cfg.mogrifier_output_dropout
     temperature = cfg.mogrifier_softmax_temperature
     if not (temperature > 0 and math.isfinite(temperature)):
-        raise ValueError(f"--mogrifier-softmax-temperature={temperature} must be a positive number "
-                         f"(1: no temperature)")
+        raise ValueError(f"--mogrifier-softmax-temperature={temperature} must be a positive number (1: no temperature)")
     if str(cfg.mogrifier_state_dropout_mask) not in STATE_MASKS:
-        raise ValueError(f"--mogrifier-state-dropout-mask={cfg.mogrifier_state_dropout_mask}: give window (one mask "
-                         f"per BPTT window) or step (a new mask at every step)")
+        raise ValueError(
+            f"--mogrifier-state-dropout-mask={cfg.mogrifier_state_dropout_mask}: give window (one mask "
+            f"per BPTT window) or step (a new mask at every step)"
+        )
     if cfg.mogrifier_mos_components < 1:
-        raise ValueError(f"--mogrifier-mos-components={cfg.mogrifier_mos_components} must be at least 1 "
-                         f"(1: one softmax)")
+        raise ValueError(
+            f"--mogrifier-mos-components={cfg.mogrifier_mos_components} must be at least 1 (1: one softmax)"
+        )
     if not (cfg.mogrifier_l2_penalty >= 0 and math.isfinite(cfg.mogrifier_l2_penalty)):
         raise ValueError(f"--mogrifier-l2-penalty={cfg.mogrifier_l2_penalty} must be >= 0")
     depth = cfg.define_depth
@@ -247,19 +307,40 @@ def build_mogrifier_decoder(cfg, dictionary) -> MogrifierLMDecoder:
     dropouts = ("input_dropout", "inter_layer_dropout", "state_dropout", "output_dropout")
     with flag_names(**{name: f"--mogrifier-{name.replace('_', '-')}" for name in dropouts}):
         lstm = MogrifierLSTM(
-            embed_dim, hidden, num_layers=cfg.mogrifier_layers, rounds=cfg.mogrifier_rounds,
-            rank=cfg.mogrifier_rank, cap_input_gate=not cfg.mogrifier_no_cap_input_gate,
-            forget_bias=cfg.mogrifier_forget_bias, **{name: getattr(cfg, f"mogrifier_{name}") for name in dropouts},
-            sum_layer_outputs=cfg.mogrifier_sum_layer_outputs, shared_mask_dropout=cfg.mogrifier_shared_mask_dropout,
-            state_dropout_per_step=str(cfg.mogrifier_state_dropout_mask) == "step")
-    with flag_names(dropout="--mogrifier-output-dropout" if cfg.mogrifier_projection_dropout is None
-                    else "--mogrifier-projection-dropout"):
-        output = TiedOutput(embed.weight, hidden, components=cfg.mogrifier_mos_components, dropout=projection_dropout,
-                            shared_mask=cfg.mogrifier_shared_mask_dropout)
+            embed_dim,
+            hidden,
+            num_layers=cfg.mogrifier_layers,
+            rounds=cfg.mogrifier_rounds,
+            rank=cfg.mogrifier_rank,
+            cap_input_gate=not cfg.mogrifier_no_cap_input_gate,
+            forget_bias=cfg.mogrifier_forget_bias,
+            **{name: getattr(cfg, f"mogrifier_{name}") for name in dropouts},
+            sum_layer_outputs=cfg.mogrifier_sum_layer_outputs,
+            shared_mask_dropout=cfg.mogrifier_shared_mask_dropout,
+            state_dropout_per_step=str(cfg.mogrifier_state_dropout_mask) == "step",
+        )
+    with flag_names(
+        dropout="--mogrifier-output-dropout"
+        if cfg.mogrifier_projection_dropout is None
+        else "--mogrifier-projection-dropout"
+    ):
+        output = TiedOutput(
+            embed.weight,
+            hidden,
+            components=cfg.mogrifier_mos_components,
+            dropout=projection_dropout,
+            shared_mask=cfg.mogrifier_shared_mask_dropout,
+        )
     with flag_names(drop_state_probability="--mogrifier-drop-state-probability"):
-        return MogrifierLMDecoder(dictionary, embed, lstm, output, softmax_temperature=temperature,
-                                  drop_state_probability=cfg.mogrifier_drop_state_probability,
-                                  l2_penalty=cfg.mogrifier_l2_penalty)
+        return MogrifierLMDecoder(
+            dictionary,
+            embed,
+            lstm,
+            output,
+            softmax_temperature=temperature,
+            drop_state_probability=cfg.mogrifier_drop_state_probability,
+            l2_penalty=cfg.mogrifier_l2_penalty,
+        )
 
 
 @register_model("mogrifier_lstm_lm", dataclass=MogrifierLSTMLMConfig)
@@ -276,8 +357,16 @@ class MogrifierLSTMLMModel(FairseqLanguageModel):
         return cls(build_mogrifier_decoder(args, task.target_dictionary))
 
 
-def _lamb_config(args, hidden: int, rounds: int, rank: int, dropouts, embed_dim: Optional[int] = None,
-                 mos: int = 1, state_dropout_mask: str = "window"):
+def _lamb_config(
+    args,
+    hidden: int,
+    rounds: int,
+    rank: int,
+    dropouts,
+    embed_dim: Optional[int] = None,
+    mos: int = 1,
+    state_dropout_mask: str = "window",
+):
     """Defaults shared by lamb's tuned 2-layer configs: capped input gate, forget bias 1, the sum of both layers'
     outputs, state dropped with probability 0.01, new input / inter-layer / output masks at every step
     (``shared_mask_dropout False``); ``dropouts`` = (input, inter-layer, state, output); ``state_dropout_mask``:
@@ -332,8 +421,16 @@ def mogrifier_lstm_lm_wt2(args):
     layer 2 8 n^2 + 4 n + 12 k n + 6 n; mixture 2 e n + 2 e (projection) + 2 n (prior). n = 1366 with e = 272 is
     the largest that fits (34,991,552 parameters; n = 1367, e = 272 would give 35,026,863).
     """
-    _lamb_config(args, hidden=1366, rounds=6, rank=48, dropouts=(0.547, 0.199, 0.221, 0.348), embed_dim=272, mos=2,
-                 state_dropout_mask="step")
+    _lamb_config(
+        args,
+        hidden=1366,
+        rounds=6,
+        rank=48,
+        dropouts=(0.547, 0.199, 0.221, 0.348),
+        embed_dim=272,
+        mos=2,
+        state_dropout_mask="step",
+    )
 
 
 @register_model_architecture("mogrifier_lstm_lm", "lstm_lm_wt2")
@@ -345,5 +442,13 @@ def lstm_lm_wt2(args):
     Budget 35M at V = 33,278: the Mogrifier WT2 count without the rounds; n = 1211 with e = 428 is the largest
     that fits (34,997,328 parameters; n = 1212, e = 428 would give 35,028,982).
     """
-    _lamb_config(args, hidden=1211, rounds=0, rank=0, dropouts=(0.609, 0.091, 0.271, 0.348), embed_dim=428, mos=2,
-                 state_dropout_mask="step")
+    _lamb_config(
+        args,
+        hidden=1211,
+        rounds=0,
+        rank=0,
+        dropouts=(0.609, 0.091, 0.271, 0.348),
+        embed_dim=428,
+        mos=2,
+        state_dropout_mask="step",
+    )

@@ -39,16 +39,26 @@ class RecurrentDecoder(IncrementalLSTMState, FairseqIncrementalDecoder):
     def __init__(self, dictionary, embed_tokens: nn.Module, lstm: nn.Module, state_name: str, input_flag: str):
         super().__init__(dictionary)
         if embed_tokens.embedding_dim != lstm.input_size:
-            raise ValueError(f"the embedding gives {embed_tokens.embedding_dim} features but the first recurrent layer "
-                             f"takes {lstm.input_size} ({input_flag}); they must match")
+            raise ValueError(
+                f"the embedding gives {embed_tokens.embedding_dim} features but the first recurrent layer "
+                f"takes {lstm.input_size} ({input_flag}); they must match"
+            )
         self.embed_tokens = embed_tokens
         self.lstm = lstm
         self.carried_state = CarriedState(state_name)  # its training state is saved in checkpoints
 
-    def forward(self, prev_output_tokens, src_lengths=None, reset_state=None, incremental_state=None,
-                features_only: bool = False, **unused):
-        x, extra = self.extract_features(prev_output_tokens, reset_state=reset_state,
-                                         incremental_state=incremental_state)
+    def forward(
+        self,
+        prev_output_tokens,
+        src_lengths=None,
+        reset_state=None,
+        incremental_state=None,
+        features_only: bool = False,
+        **unused,
+    ):
+        x, extra = self.extract_features(
+            prev_output_tokens, reset_state=reset_state, incremental_state=incremental_state
+        )
         if not features_only:
             x = self.output_layer(x)
         return x, extra

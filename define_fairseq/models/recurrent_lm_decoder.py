@@ -9,8 +9,13 @@ import torch.nn as nn
 from fairseq.modules import AdaptiveSoftmax
 from torch import Tensor
 
-from define_fairseq.models.config_helpers import (check_rate, check_tail_widths, check_tied_bands, flag_names,
-                                                  parse_cutoff)
+from define_fairseq.models.config_helpers import (
+    check_rate,
+    check_tail_widths,
+    check_tied_bands,
+    flag_names,
+    parse_cutoff,
+)
 from define_fairseq.models.define_config import build_define_embedding
 from define_fairseq.models.recurrent_decoder import RecurrentDecoder
 from define_fairseq.modules.adaptive_input import AdaptiveInput
@@ -43,16 +48,28 @@ class RecurrentLMDecoder(RecurrentDecoder):
     tokens' positions are returned.
     """
 
-    def __init__(self, dictionary, embed_tokens: nn.Module, lstm: LSTMStack,
-                 output_projection: Optional[nn.Linear] = None, adaptive_softmax: Optional[AdaptiveSoftmax] = None,
-                 project_out_dim: Optional[nn.Linear] = None, input_dropout: float = 0.0,
-                 output_dropout: float = 0.0, embed_dropout: float = 0.0, ar_alpha: float = 0.0,
-                 tar_beta: float = 0.0):
+    def __init__(
+        self,
+        dictionary,
+        embed_tokens: nn.Module,
+        lstm: LSTMStack,
+        output_projection: Optional[nn.Linear] = None,
+        adaptive_softmax: Optional[AdaptiveSoftmax] = None,
+        project_out_dim: Optional[nn.Linear] = None,
+        input_dropout: float = 0.0,
+        output_dropout: float = 0.0,
+        embed_dropout: float = 0.0,
+        ar_alpha: float = 0.0,
+        tar_beta: float = 0.0,
+    ):
         super().__init__(dictionary, embed_tokens, lstm, "LSTM state", "the DeFINE output width m, --decoder-embed-dim")
         if (output_projection is None) == (adaptive_softmax is None):
             raise ValueError("give exactly one of output_projection (full softmax) and adaptive_softmax")
-        for value, name in ((input_dropout, "input_dropout"), (output_dropout, "output_dropout"),
-                            (embed_dropout, "embed_dropout")):
+        for value, name in (
+            (input_dropout, "input_dropout"),
+            (output_dropout, "output_dropout"),
+            (embed_dropout, "embed_dropout"),
+        ):
             check_probability(value, name)
         if ar_alpha < 0 or tar_beta < 0:
             raise ValueError(f"--awd-ar-alpha ({ar_alpha}) and --awd-tar-beta ({tar_beta}) must be >= 0")
@@ -110,8 +127,10 @@ def check_recurrent_config(cfg: Namespace, adaptive: bool) -> None:
     if depth < 0:
         raise ValueError(f"--define-depth={depth} must be >= 0 (0: no DeFINE unit)")
     if depth == 0 and n != m:
-        raise ValueError(f"--define-depth 0 (no DeFINE unit) feeds the map straight into the LSTM, so --define-n "
-                         f"({n}) must equal --decoder-embed-dim ({m}); set them equal or use --define-depth > 0")
+        raise ValueError(
+            f"--define-depth 0 (no DeFINE unit) feeds the map straight into the LSTM, so --define-n "
+            f"({n}) must equal --decoder-embed-dim ({m}); set them equal or use --define-depth > 0"
+        )
     if depth == 0 and cfg.define_folded:
         raise ValueError("--define-folded needs a DeFINE unit (--define-depth > 0)")
     if adaptive:
@@ -140,8 +159,9 @@ def build_recurrent_input(cfg: Namespace, dictionary, adaptive: bool) -> Tuple[n
     if use_adaptive_input:
         if not cfg.adaptive_input_cutoff:
             raise ValueError("--adaptive-input needs --adaptive-input-cutoff (e.g. 20000,40000,200000)")
-        input_cutoff = check_cutoff(parse_cutoff(cfg.adaptive_input_cutoff, "--adaptive-input-cutoff"), vocab,
-                                    "--adaptive-input-cutoff")
+        input_cutoff = check_cutoff(
+            parse_cutoff(cfg.adaptive_input_cutoff, "--adaptive-input-cutoff"), vocab, "--adaptive-input-cutoff"
+        )
     elif adaptive and cfg.adaptive_input_cutoff:
         raise ValueError("--adaptive-input-cutoff is given without --adaptive-input; add --adaptive-input or drop it")
     if depth == 0:
@@ -154,51 +174,79 @@ def build_recurrent_input(cfg: Namespace, dictionary, adaptive: bool) -> Tuple[n
         return embed, None
     if cfg.define_folded:
         if use_adaptive_input:
-            raise ValueError("--define-folded is not supported with --adaptive-input (the DeFINE embedding already "
-                             "computes its V x m table once in eval mode)")
+            raise ValueError(
+                "--define-folded is not supported with --adaptive-input (the DeFINE embedding already "
+                "computes its V x m table once in eval mode)"
+            )
         return FoldedDeFINEEmbedding(vocab, n, m, padding_idx=pad), None
-    return build_define_embedding(cfg, vocab, pad, m, "--decoder-embed-dim", adaptive_cutoff=input_cutoff,
-                                  adaptive_factor=cfg.adaptive_input_factor if use_adaptive_input else 4), input_cutoff
+    return build_define_embedding(
+        cfg,
+        vocab,
+        pad,
+        m,
+        "--decoder-embed-dim",
+        adaptive_cutoff=input_cutoff,
+        adaptive_factor=cfg.adaptive_input_factor if use_adaptive_input else 4,
+    ), input_cutoff
 
 
-def build_recurrent_output(cfg: Namespace, dictionary, embed: nn.Module, input_cutoff: Optional[list], last: int,
-                           adaptive: bool, tie_full_softmax: bool):
+def build_recurrent_output(
+    cfg: Namespace,
+    dictionary,
+    embed: nn.Module,
+    input_cutoff: Optional[list],
+    last: int,
+    adaptive: bool,
+    tie_full_softmax: bool,
+):
     """``(output_projection, adaptive_softmax, project_out_dim)`` for a last LSTM layer of ``last`` units: a full
     softmax (tied to the V x n table or not) or fairseq's adaptive softmax (tied to the adaptive input or not)."""
     vocab, n = len(dictionary), cfg.define_n
     project_out_dim = output_projection = adaptive_softmax = None
     softmax_cutoff = cfg.adaptive_softmax_cutoff if adaptive else None
     if softmax_cutoff:
-        cutoff = check_cutoff(parse_cutoff(softmax_cutoff, "--adaptive-softmax-cutoff"), vocab,
-                              "--adaptive-softmax-cutoff")
+        cutoff = check_cutoff(
+            parse_cutoff(softmax_cutoff, "--adaptive-softmax-cutoff"), vocab, "--adaptive-softmax-cutoff"
+        )
         if tie_full_softmax:
-            raise ValueError("--share-decoder-input-output-embed ties a full softmax; to tie the adaptive softmax "
-                             "(--adaptive-softmax-cutoff) use --tie-adaptive-weights instead")
+            raise ValueError(
+                "--share-decoder-input-output-embed ties a full softmax; to tie the adaptive softmax "
+                "(--adaptive-softmax-cutoff) use --tie-adaptive-weights instead"
+            )
         if cfg.tie_adaptive_weights:
             check_tied_bands(cfg, input_cutoff, cutoff)
             if last != n:
                 project_out_dim = nn.Linear(last, n, bias=False)
-            adaptive_softmax = AdaptiveSoftmax(vocab, n, cutoff, cfg.adaptive_softmax_dropout,
-                                               factor=cfg.adaptive_softmax_factor, adaptive_inputs=embed,
-                                               tie_proj=cfg.tie_adaptive_proj)
+            adaptive_softmax = AdaptiveSoftmax(
+                vocab,
+                n,
+                cutoff,
+                cfg.adaptive_softmax_dropout,
+                factor=cfg.adaptive_softmax_factor,
+                adaptive_inputs=embed,
+                tie_proj=cfg.tie_adaptive_proj,
+            )
         else:
             check_tail_widths(cutoff, last, cfg.adaptive_softmax_factor, softmax_cutoff)
-            adaptive_softmax = AdaptiveSoftmax(vocab, last, cutoff, cfg.adaptive_softmax_dropout,
-                                               factor=cfg.adaptive_softmax_factor)
+            adaptive_softmax = AdaptiveSoftmax(
+                vocab, last, cutoff, cfg.adaptive_softmax_dropout, factor=cfg.adaptive_softmax_factor
+            )
     else:
         if adaptive and cfg.tie_adaptive_weights:
             raise ValueError("--tie-adaptive-weights needs an adaptive softmax (--adaptive-softmax-cutoff)")
         if tie_full_softmax:
             if input_cutoff is not None:
-                raise ValueError("a full softmax cannot be tied to an adaptive input (it has no single V x n "
-                                 "table): add --adaptive-softmax-cutoff with --tie-adaptive-weights, or untie")
+                raise ValueError(
+                    "a full softmax cannot be tied to an adaptive input (it has no single V x n "
+                    "table): add --adaptive-softmax-cutoff with --tie-adaptive-weights, or untie"
+                )
             if last != n:
                 project_out_dim = nn.Linear(last, n, bias=False)
             output_projection = nn.Linear(n, vocab, bias=True)
             output_projection.weight = embed.weight
         else:
             output_projection = nn.Linear(last, vocab, bias=True)
-            nn.init.normal_(output_projection.weight, mean=0.0, std=last ** -0.5)
+            nn.init.normal_(output_projection.weight, mean=0.0, std=last**-0.5)
         nn.init.zeros_(output_projection.bias)
     if project_out_dim is not None:
         nn.init.xavier_uniform_(project_out_dim.weight)
@@ -217,14 +265,28 @@ def build_recurrent_decoder(cfg: Namespace, dictionary, adaptive: bool, tie_full
     embed, input_cutoff = build_recurrent_input(cfg, dictionary, adaptive)
     last = cfg.decoder_output_dim if cfg.decoder_output_dim is not None else cfg.define_n
     with flag_names(hidden_dropout=dropouts["hidden"][1], weight_drop="--awd-weight-drop"):
-        lstm = LSTMStack(cfg.decoder_embed_dim, [cfg.decoder_hidden_size] * (cfg.decoder_layers - 1) + [last],
-                         weight_drop=cfg.awd_weight_drop, hidden_dropout=dropouts["hidden"][0])
+        lstm = LSTMStack(
+            cfg.decoder_embed_dim,
+            [cfg.decoder_hidden_size] * (cfg.decoder_layers - 1) + [last],
+            weight_drop=cfg.awd_weight_drop,
+            hidden_dropout=dropouts["hidden"][0],
+        )
     output_projection, adaptive_softmax, project_out_dim = build_recurrent_output(
-        cfg, dictionary, embed, input_cutoff, last, adaptive, tie_full_softmax)
-    with flag_names(input_dropout=dropouts["input"][1], output_dropout=dropouts["output"][1],
-                    embed_dropout="--awd-embed-dropout"):
-        return RecurrentLMDecoder(dictionary, embed, lstm, output_projection=output_projection,
-                                  adaptive_softmax=adaptive_softmax, project_out_dim=project_out_dim,
-                                  input_dropout=dropouts["input"][0], output_dropout=dropouts["output"][0],
-                                  embed_dropout=cfg.awd_embed_dropout, ar_alpha=cfg.awd_ar_alpha,
-                                  tar_beta=cfg.awd_tar_beta)
+        cfg, dictionary, embed, input_cutoff, last, adaptive, tie_full_softmax
+    )
+    with flag_names(
+        input_dropout=dropouts["input"][1], output_dropout=dropouts["output"][1], embed_dropout="--awd-embed-dropout"
+    ):
+        return RecurrentLMDecoder(
+            dictionary,
+            embed,
+            lstm,
+            output_projection=output_projection,
+            adaptive_softmax=adaptive_softmax,
+            project_out_dim=project_out_dim,
+            input_dropout=dropouts["input"][0],
+            output_dropout=dropouts["output"][0],
+            embed_dropout=cfg.awd_embed_dropout,
+            ar_alpha=cfg.awd_ar_alpha,
+            tar_beta=cfg.awd_tar_beta,
+        )

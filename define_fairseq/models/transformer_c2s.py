@@ -32,27 +32,66 @@ from define_fairseq.models.transformer_define import _flat_fields
 from define_fairseq.modules.char2subword import Char2SubwordEmbedding
 
 C2S_FIELDS = [
-    ("c2s_char_dim", int, dataclasses.field(default=256, metadata={
-        "help": "Char2Subword: width of the character embeddings and of the character Transformer"})),
+    (
+        "c2s_char_dim",
+        int,
+        dataclasses.field(
+            default=256,
+            metadata={"help": "Char2Subword: width of the character embeddings and of the character Transformer"},
+        ),
+    ),
     ("c2s_layers", int, dataclasses.field(default=2, metadata={"help": "Char2Subword: character Transformer layers"})),
     ("c2s_heads", int, dataclasses.field(default=4, metadata={"help": "Char2Subword: attention heads"})),
     ("c2s_ffn_dim", int, dataclasses.field(default=512, metadata={"help": "Char2Subword: feed-forward width"})),
-    ("c2s_max_chars", int, dataclasses.field(default=24, metadata={
-        "help": "Char2Subword: characters kept per token (BPE markers included); longer tokens are cut"})),
-    ("c2s_dropout", float, dataclasses.field(default=0.0, metadata={
-        "help": "Char2Subword: dropout inside the character Transformer"})),
-    ("c2s_train_embedding_only", bool, dataclasses.field(default=False, metadata={
-        "help": "train only the encoder's Char2Subword module and keep every other weight as it is (the paper's "
-                "second stage: a trained model whose table was swapped for a distilled module, see "
-                "define_fairseq.tools.c2s_checkpoint)"})),
-    ("c2s_decoder", bool, dataclasses.field(default=False, metadata={
-        "help": "embed the decoder input with Char2Subword too (the output layer is then untied)"})),
-    ("c2s_define_decoder", bool, dataclasses.field(default=False, metadata={
-        "help": "embed the decoder input with DeFINE (--define-n, --define-k, ...), output tied to its V x n table"})),
+    (
+        "c2s_max_chars",
+        int,
+        dataclasses.field(
+            default=24,
+            metadata={"help": "Char2Subword: characters kept per token (BPE markers included); longer tokens are cut"},
+        ),
+    ),
+    (
+        "c2s_dropout",
+        float,
+        dataclasses.field(default=0.0, metadata={"help": "Char2Subword: dropout inside the character Transformer"}),
+    ),
+    (
+        "c2s_train_embedding_only",
+        bool,
+        dataclasses.field(
+            default=False,
+            metadata={
+                "help": "train only the encoder's Char2Subword module and keep every other weight as it is "
+                "(the paper's second stage: a trained model whose table was swapped for a distilled module, see "
+                "define_fairseq.tools.c2s_checkpoint)"
+            },
+        ),
+    ),
+    (
+        "c2s_decoder",
+        bool,
+        dataclasses.field(
+            default=False,
+            metadata={"help": "embed the decoder input with Char2Subword too (the output layer is then untied)"},
+        ),
+    ),
+    (
+        "c2s_define_decoder",
+        bool,
+        dataclasses.field(
+            default=False,
+            metadata={
+                "help": "embed the decoder input with DeFINE (--define-n, --define-k, ...), output tied to its "
+                "V x n table"
+            },
+        ),
+    ),
 ]
 
 TransformerC2SConfig = dataclasses.make_dataclass(
-    "TransformerC2SConfig", [*C2S_FIELDS, *_flat_fields(TransformerConfig)], bases=(DeFINEConfig,))
+    "TransformerC2SConfig", [*C2S_FIELDS, *_flat_fields(TransformerConfig)], bases=(DeFINEConfig,)
+)
 TransformerC2SConfig.__module__ = __name__
 TransformerC2SConfig.__doc__ = "Flat config of transformer_c2s: TransformerConfig's flags, c2s_* and define_* flags."
 
@@ -61,9 +100,18 @@ def build_char2subword(args, dictionary, embed_dim: int, output_scale: float) ->
     """A :class:`Char2SubwordEmbedding` of ``dictionary`` from the ``c2s_*`` options."""
     with flag_names(dropout="--c2s-dropout"):
         return Char2SubwordEmbedding(
-            dictionary.symbols, dictionary.pad(), embed_dim, special_indices=range(dictionary.nspecial),
-            char_dim=args.c2s_char_dim, layers=args.c2s_layers, heads=args.c2s_heads, ffn_dim=args.c2s_ffn_dim,
-            max_chars=args.c2s_max_chars, dropout=args.c2s_dropout, output_scale=output_scale)
+            dictionary.symbols,
+            dictionary.pad(),
+            embed_dim,
+            special_indices=range(dictionary.nspecial),
+            char_dim=args.c2s_char_dim,
+            layers=args.c2s_layers,
+            heads=args.c2s_heads,
+            ffn_dim=args.c2s_ffn_dim,
+            max_chars=args.c2s_max_chars,
+            dropout=args.c2s_dropout,
+            output_scale=output_scale,
+        )
 
 
 class Char2SubwordTransformerEncoder(TransformerEncoderBase):
@@ -71,8 +119,14 @@ class Char2SubwordTransformerEncoder(TransformerEncoderBase):
     each source token (rows of zeros: use the token id). ``forward(src_tokens [B, T], src_lengths, ...,
     src_chars=None)`` returns fairseq's encoder output dict."""
 
-    def forward(self, src_tokens, src_lengths: Optional[torch.Tensor] = None, return_all_hiddens: bool = False,
-                token_embeddings: Optional[torch.Tensor] = None, src_chars: Optional[torch.Tensor] = None):
+    def forward(
+        self,
+        src_tokens,
+        src_lengths: Optional[torch.Tensor] = None,
+        return_all_hiddens: bool = False,
+        token_embeddings: Optional[torch.Tensor] = None,
+        src_chars: Optional[torch.Tensor] = None,
+    ):
         if token_embeddings is None:
             token_embeddings = self.embed_tokens(src_tokens, src_chars)
         return super().forward(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
@@ -92,15 +146,20 @@ class TransformerC2SModel(TransformerModel):
         args = config_namespace(args, TransformerC2SConfig, defaults=False)
         transformer_c2s(args)
         if args.share_all_embeddings:
-            raise ValueError("transformer_c2s cannot --share-all-embeddings: a Char2Subword encoder embedding has "
-                             "no table to tie an output layer to; drop the flag (--share-decoder-input-output-embed "
-                             "still ties the decoder's own table)")
+            raise ValueError(
+                "transformer_c2s cannot --share-all-embeddings: a Char2Subword encoder embedding has "
+                "no table to tie an output layer to; drop the flag (--share-decoder-input-output-embed "
+                "still ties the decoder's own table)"
+            )
         if args.c2s_decoder and args.c2s_define_decoder:
-            raise ValueError("--c2s-decoder and --c2s-define-decoder both choose the decoder's input embedding; "
-                             "give one")
+            raise ValueError(
+                "--c2s-decoder and --c2s-define-decoder both choose the decoder's input embedding; give one"
+            )
         if args.encoder_embed_path:
-            raise ValueError("--encoder-embed-path cannot be used with transformer_c2s (the encoder builds its "
-                             "embeddings from characters)")
+            raise ValueError(
+                "--encoder-embed-path cannot be used with transformer_c2s (the encoder builds its "
+                "embeddings from characters)"
+            )
         if getattr(args, "max_source_positions", None) is None:
             args.max_source_positions = DEFAULT_MAX_SOURCE_POSITIONS
         if getattr(args, "max_target_positions", None) is None:
@@ -112,19 +171,24 @@ class TransformerC2SModel(TransformerModel):
             args.no_scale_embedding = True
             args.share_decoder_input_output_embed = True
             args.decoder_output_dim = args.define_n
-            decoder_embed = build_define_embedding(args, len(tgt_dict), tgt_dict.pad(), args.decoder_embed_dim,
-                                                   "--decoder-embed-dim")
+            decoder_embed = build_define_embedding(
+                args, len(tgt_dict), tgt_dict.pad(), args.decoder_embed_dim, "--decoder-embed-dim"
+            )
         elif args.c2s_decoder:
             if args.share_decoder_input_output_embed:
-                raise ValueError("--share-decoder-input-output-embed needs a decoder table; with --c2s-decoder the "
-                                 "output layer is its own V x d matrix: drop one of the two flags")
-            decoder_embed = build_char2subword(args, tgt_dict, args.decoder_embed_dim,
-                                               1.0 if args.no_scale_embedding else args.decoder_embed_dim ** -0.5)
+                raise ValueError(
+                    "--share-decoder-input-output-embed needs a decoder table; with --c2s-decoder the "
+                    "output layer is its own V x d matrix: drop one of the two flags"
+                )
+            decoder_embed = build_char2subword(
+                args, tgt_dict, args.decoder_embed_dim, 1.0 if args.no_scale_embedding else args.decoder_embed_dim**-0.5
+            )
         else:
             decoder_embed = cls.build_embedding(args, tgt_dict, args.decoder_embed_dim, args.decoder_embed_path)
         # The module ends in a LayerNorm (unit scale); fairseq multiplies by sqrt(d) unless --no-scale-embedding.
-        encoder_embed = build_char2subword(args, src_dict, args.encoder_embed_dim,
-                                           1.0 if args.no_scale_embedding else args.encoder_embed_dim ** -0.5)
+        encoder_embed = build_char2subword(
+            args, src_dict, args.encoder_embed_dim, 1.0 if args.no_scale_embedding else args.encoder_embed_dim**-0.5
+        )
         encoder = cls.build_encoder(args, src_dict, encoder_embed)
         decoder = cls.build_decoder(args, tgt_dict, decoder_embed)
         model = cls(args, encoder, decoder)
@@ -137,14 +201,29 @@ class TransformerC2SModel(TransformerModel):
     def build_encoder(cls, args, src_dict, embed_tokens):
         return Char2SubwordTransformerEncoder(TransformerConfig.from_namespace(args), src_dict, embed_tokens)
 
-    def forward(self, src_tokens, src_lengths, prev_output_tokens, src_chars: Optional[torch.Tensor] = None,
-                return_all_hiddens: bool = True, features_only: bool = False,
-                alignment_layer: Optional[int] = None, alignment_heads: Optional[int] = None):
-        encoder_out = self.encoder(src_tokens, src_lengths=src_lengths, return_all_hiddens=return_all_hiddens,
-                                   src_chars=src_chars)
-        return self.decoder(prev_output_tokens, encoder_out=encoder_out, features_only=features_only,
-                            alignment_layer=alignment_layer, alignment_heads=alignment_heads,
-                            src_lengths=src_lengths, return_all_hiddens=return_all_hiddens)
+    def forward(
+        self,
+        src_tokens,
+        src_lengths,
+        prev_output_tokens,
+        src_chars: Optional[torch.Tensor] = None,
+        return_all_hiddens: bool = True,
+        features_only: bool = False,
+        alignment_layer: Optional[int] = None,
+        alignment_heads: Optional[int] = None,
+    ):
+        encoder_out = self.encoder(
+            src_tokens, src_lengths=src_lengths, return_all_hiddens=return_all_hiddens, src_chars=src_chars
+        )
+        return self.decoder(
+            prev_output_tokens,
+            encoder_out=encoder_out,
+            features_only=features_only,
+            alignment_layer=alignment_layer,
+            alignment_heads=alignment_heads,
+            src_lengths=src_lengths,
+            return_all_hiddens=return_all_hiddens,
+        )
 
 
 def _c2s_defaults(args):
@@ -170,10 +249,18 @@ def transformer_c2s_iwslt_de_en(args):
 @register_model_architecture("transformer_c2s", "transformer_c2s_small")
 def transformer_c2s_small(args):
     """A CPU size: 3+3 layers, d 256, FFN 1024, 4 heads; characters 128 wide, 2 layers, FFN 256."""
-    for name, value in (("encoder_layers", 3), ("decoder_layers", 3), ("encoder_embed_dim", 256),
-                        ("decoder_embed_dim", 256), ("encoder_ffn_embed_dim", 1024), ("decoder_ffn_embed_dim", 1024),
-                        ("encoder_attention_heads", 4), ("decoder_attention_heads", 4), ("c2s_char_dim", 128),
-                        ("c2s_ffn_dim", 256)):
+    for name, value in (
+        ("encoder_layers", 3),
+        ("decoder_layers", 3),
+        ("encoder_embed_dim", 256),
+        ("decoder_embed_dim", 256),
+        ("encoder_ffn_embed_dim", 1024),
+        ("decoder_ffn_embed_dim", 1024),
+        ("encoder_attention_heads", 4),
+        ("decoder_attention_heads", 4),
+        ("c2s_char_dim", 128),
+        ("c2s_ffn_dim", 256),
+    ):
         if getattr(args, name, None) is None:
             setattr(args, name, value)
     _c2s_defaults(args)

@@ -55,17 +55,35 @@ def _flat_fields(config_cls, prefix: str = "") -> List[Tuple[str, Any, dataclass
 TransformerDefineConfig = dataclasses.make_dataclass(
     "TransformerDefineConfig",
     [
-        ("define_untie_output", bool, dataclasses.field(default=False, metadata={
-            "help": "give the decoder its own V x d_model output layer instead of tying it to the V x n table"})),
-        ("define_separate_units", bool, dataclasses.field(default=False, metadata={
-            "help": "with --share-all-embeddings, share only the V x n table: encoder and decoder each get their "
-                    "own DeFINE unit (the authors' code)"})),
+        (
+            "define_untie_output",
+            bool,
+            dataclasses.field(
+                default=False,
+                metadata={
+                    "help": "give the decoder its own V x d_model output layer instead of tying it to the V x n table"
+                },
+            ),
+        ),
+        (
+            "define_separate_units",
+            bool,
+            dataclasses.field(
+                default=False,
+                metadata={
+                    "help": "with --share-all-embeddings, share only the V x n table: encoder and decoder each "
+                    "get their own DeFINE unit (the authors' code)"
+                },
+            ),
+        ),
         *_flat_fields(TransformerConfig),
     ],
     bases=(DeFINEConfig,),
 )
 TransformerDefineConfig.__module__ = __name__
-TransformerDefineConfig.__doc__ = "Flat config of transformer_define: TransformerConfig's flags plus the define_* flags."
+TransformerDefineConfig.__doc__ = (
+    "Flat config of transformer_define: TransformerConfig's flags plus the define_* flags."
+)
 
 
 @register_model("transformer_define", dataclass=TransformerDefineConfig)
@@ -86,14 +104,18 @@ class TransformerDefineModel(TransformerModel):
         args.no_scale_embedding = True  # DeFINE's output already has unit scale: no sqrt(d_model) multiplier
         args.share_decoder_input_output_embed = not args.define_untie_output
         if args.define_separate_units and not args.share_all_embeddings:
-            raise ValueError("--define-separate-units shares the V x n table between encoder and decoder, which "
-                             "needs --share-all-embeddings; without it each side has its own table and unit already")
+            raise ValueError(
+                "--define-separate-units shares the V x n table between encoder and decoder, which "
+                "needs --share-all-embeddings; without it each side has its own table and unit already"
+            )
         if args.share_decoder_input_output_embed:
             # The tied output layer is the V x n table; the decoder projects d_model -> n before it.
             if args.decoder_output_dim not in (args.decoder_embed_dim, args.define_n):
-                raise ValueError(f"--decoder-output-dim={args.decoder_output_dim}: with a tied output layer "
-                                 f"transformer_define projects the decoder output to --define-n={args.define_n}; "
-                                 f"drop the flag, or untie with --define-untie-output")
+                raise ValueError(
+                    f"--decoder-output-dim={args.decoder_output_dim}: with a tied output layer "
+                    f"transformer_define projects the decoder output to --define-n={args.define_n}; "
+                    f"drop the flag, or untie with --define-untie-output"
+                )
             args.decoder_output_dim = args.define_n
         if args.share_all_embeddings and (args.define_untie_output or args.define_separate_units):
             return cls.build_shared_embeddings(args, task)
@@ -106,11 +128,15 @@ class TransformerDefineModel(TransformerModel):
         ``--share-all-embeddings`` alone cannot build."""
         src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
         if src_dict != tgt_dict:
-            raise ValueError("--share-all-embeddings needs one dictionary for both languages: binarise with "
-                             "fairseq-preprocess --joined-dictionary")
+            raise ValueError(
+                "--share-all-embeddings needs one dictionary for both languages: binarise with "
+                "fairseq-preprocess --joined-dictionary"
+            )
         if args.encoder_embed_dim != args.decoder_embed_dim:
-            raise ValueError(f"--share-all-embeddings needs --encoder-embed-dim ({args.encoder_embed_dim}) equal to "
-                             f"--decoder-embed-dim ({args.decoder_embed_dim})")
+            raise ValueError(
+                f"--share-all-embeddings needs --encoder-embed-dim ({args.encoder_embed_dim}) equal to "
+                f"--decoder-embed-dim ({args.decoder_embed_dim})"
+            )
         if getattr(args, "max_source_positions", None) is None:
             args.max_source_positions = DEFAULT_MAX_SOURCE_POSITIONS
         if getattr(args, "max_target_positions", None) is None:
@@ -125,12 +151,15 @@ class TransformerDefineModel(TransformerModel):
     @classmethod
     def build_embedding(cls, cfg, dictionary, embed_dim, path=None):
         if path:
-            raise ValueError(f"transformer_define builds its embeddings with DeFINE; --encoder-embed-path / "
-                             f"--decoder-embed-path ({path}) cannot be used with it")
+            raise ValueError(
+                f"transformer_define builds its embeddings with DeFINE; --encoder-embed-path / "
+                f"--decoder-embed-path ({path}) cannot be used with it"
+            )
         if cfg.define_folded:
             return FoldedDeFINEEmbedding(len(dictionary), cfg.define_n, embed_dim, padding_idx=dictionary.pad())
-        return build_define_embedding(cfg, len(dictionary), dictionary.pad(), embed_dim,
-                                      "--encoder-embed-dim / --decoder-embed-dim")
+        return build_define_embedding(
+            cfg, len(dictionary), dictionary.pad(), embed_dim, "--encoder-embed-dim / --decoder-embed-dim"
+        )
 
 
 def _set_default(args, name, value):

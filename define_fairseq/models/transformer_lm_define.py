@@ -33,16 +33,38 @@ from define_fairseq.models.define_config import DeFINEConfig, build_define_embed
 
 TransformerLMDefineConfig = dataclasses.make_dataclass(
     "TransformerLMDefineConfig",
-    [("define_untie_output", bool, dataclasses.field(default=False, metadata={
-        "help": "with a full softmax: give the model its own V x d_model output layer instead of tying it to the "
-                "V x n table"})),
-     # fairseq's defaults for these are "${model.decoder_embed_dim}", which resolves against the dataclass
-     # default (512), not against --decoder-embed-dim; None lets the arch function copy the real value.
-     ("decoder_input_dim", Optional[int], dataclasses.field(default=None, metadata={
-         "help": "decoder input dimension (DeFINE's output m); default: --decoder-embed-dim"})),
-     ("decoder_output_dim", Optional[int], dataclasses.field(default=None, metadata={
-         "help": "decoder output dimension; a tied output uses --define-n"}))],
-    bases=(DeFINEConfig, TransformerLanguageModelConfig))
+    [
+        (
+            "define_untie_output",
+            bool,
+            dataclasses.field(
+                default=False,
+                metadata={
+                    "help": "with a full softmax: give the model its own V x d_model output layer instead of tying "
+                    "it to the V x n table"
+                },
+            ),
+        ),
+        # fairseq's defaults for these are "${model.decoder_embed_dim}", which resolves against the dataclass
+        # default (512), not against --decoder-embed-dim; None lets the arch function copy the real value.
+        (
+            "decoder_input_dim",
+            Optional[int],
+            dataclasses.field(
+                default=None,
+                metadata={"help": "decoder input dimension (DeFINE's output m); default: --decoder-embed-dim"},
+            ),
+        ),
+        (
+            "decoder_output_dim",
+            Optional[int],
+            dataclasses.field(
+                default=None, metadata={"help": "decoder output dimension; a tied output uses --define-n"}
+            ),
+        ),
+    ],
+    bases=(DeFINEConfig, TransformerLanguageModelConfig),
+)
 TransformerLMDefineConfig.__module__ = __name__
 TransformerLMDefineConfig.__doc__ = "transformer_lm's flags plus the define_* flags."
 
@@ -68,42 +90,57 @@ class TransformerLMDefine(TransformerLanguageModel):
         # left for the arch function to fill in.
         args = config_namespace(args, TransformerLMDefineConfig, defaults=False)
         for name in ("decoder_input_dim", "decoder_output_dim"):  # unset: fairseq's arch functions copy
-            if getattr(args, name, None) is None:                 # --decoder-embed-dim, but only into a
-                args.__dict__.pop(name, None)                     # missing attribute
+            if getattr(args, name, None) is None:  # --decoder-embed-dim, but only into a
+                args.__dict__.pop(name, None)  # missing attribute
         transformer_lm_define(args)
         if args.decoder_layers_to_keep:
             args.decoder_layers = len(args.decoder_layers_to_keep.split(","))
         if getattr(args, "max_target_positions", None) is None:
             args.max_target_positions = getattr(args, "tokens_per_sample", DEFAULT_MAX_TARGET_POSITIONS)
         if args.character_embeddings:
-            raise ValueError("--character-embeddings cannot be used with transformer_lm_define, whose input layer "
-                             "is DeFINE; use --arch transformer_lm for character embeddings")
+            raise ValueError(
+                "--character-embeddings cannot be used with transformer_lm_define, whose input layer "
+                "is DeFINE; use --arch transformer_lm for character embeddings"
+            )
         args.no_scale_embedding = True
         n = args.define_n
-        input_cutoff = parse_cutoff(args.adaptive_input_cutoff if args.adaptive_input else None,
-                                    "--adaptive-input-cutoff")
+        input_cutoff = parse_cutoff(
+            args.adaptive_input_cutoff if args.adaptive_input else None, "--adaptive-input-cutoff"
+        )
         if args.adaptive_input and not input_cutoff:
             raise ValueError("--adaptive-input needs --adaptive-input-cutoff (e.g. 20000,60000)")
         softmax_cutoff = parse_cutoff(args.adaptive_softmax_cutoff, "--adaptive-softmax-cutoff")
         if args.tie_adaptive_weights:
             check_tied_bands(args, input_cutoff, softmax_cutoff)
             if args.define_untie_output:
-                raise ValueError("--define-untie-output is for a full softmax; drop --tie-adaptive-weights to untie "
-                                 "an adaptive softmax")
+                raise ValueError(
+                    "--define-untie-output is for a full softmax; drop --tie-adaptive-weights to untie "
+                    "an adaptive softmax"
+                )
         elif args.adaptive_input or softmax_cutoff:
             if args.share_decoder_input_output_embed:
-                raise ValueError("--share-decoder-input-output-embed ties a full softmax to the V x n table; with "
-                                 "an adaptive input or softmax use --tie-adaptive-weights instead")
+                raise ValueError(
+                    "--share-decoder-input-output-embed ties a full softmax to the V x n table; with "
+                    "an adaptive input or softmax use --tie-adaptive-weights instead"
+                )
         else:
             args.share_decoder_input_output_embed = not args.define_untie_output
         if args.tie_adaptive_weights or args.share_decoder_input_output_embed:
             if args.decoder_output_dim not in (args.decoder_embed_dim, n):
-                raise ValueError(f"--decoder-output-dim={args.decoder_output_dim}: a tied output works in "
-                                 f"--define-n={n} dimensions; drop the flag")
+                raise ValueError(
+                    f"--decoder-output-dim={args.decoder_output_dim}: a tied output works in "
+                    f"--define-n={n} dimensions; drop the flag"
+                )
             args.decoder_output_dim = n
         embed_tokens = build_define_embedding(
-            args, len(task.source_dictionary), task.source_dictionary.pad(), args.decoder_input_dim,
-            "--decoder-input-dim", adaptive_cutoff=input_cutoff, adaptive_factor=args.adaptive_input_factor)
+            args,
+            len(task.source_dictionary),
+            task.source_dictionary.pad(),
+            args.decoder_input_dim,
+            "--decoder-input-dim",
+            adaptive_cutoff=input_cutoff,
+            adaptive_factor=args.adaptive_input_factor,
+        )
         return cls(DeFINELMDecoder(args, task.target_dictionary, embed_tokens))
 
 

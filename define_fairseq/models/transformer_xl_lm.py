@@ -15,16 +15,17 @@ The model, from tokens to the vocabulary::
        d -> n projection per cluster
 
 Projections (d -> n, one per cluster, none when n = d), so that a model with n != d has the paper's input/output
-count V·n + V + 4·n·d (Table 2's input/output column): the projective model ties the head cluster's projection to its input
-projection and gives each tail cluster its own; the DeFINE model has no input projection (DeFINE reduces to d
-itself) and four output projections. Transformer-XL's own code ties the tail clusters' projections to the input
+count V·n + V + 4·n·d (Table 2's input/output column): the projective model ties the head cluster's projection to
+its input projection and gives each tail cluster its own; the DeFINE model has no input projection (DeFINE reduces
+to d itself) and four output projections. Transformer-XL's own code ties the tail clusters' projections to the input
 projection instead, which gives two distinct matrices; the paper's counts need four.
 
 With ``--task stateful_lm`` the memory is carried from batch to batch (reset at the start of each epoch and
 evaluation pass), as Transformer-XL trains and evaluates; the training memory is saved in checkpoints, so a run
-resumed mid-epoch continues it (see :mod:`define_fairseq.models.carried_state`). With any other task (e.g. ``language_modeling`` for
-sampling) every batch starts without memory. In incremental decoding (fairseq-generate, sampling) the memory
-holds every earlier position, so each step equals the full pass. Evaluation in Transformer-XL's setting:
+resumed mid-epoch continues it (see :mod:`define_fairseq.models.carried_state`). With any other task (e.g.
+``language_modeling`` for sampling) every batch starts without memory. In incremental decoding (fairseq-generate,
+sampling) the memory holds every earlier position, so each step equals the full pass. Evaluation in Transformer-XL's
+setting:
 ``--model-overrides "{'txl_mem_len': 640, 'txl_clamp_len': 400, 'txl_same_length': True}"`` with
 ``--tokens-per-sample 64``.
 
@@ -61,26 +62,39 @@ class TransformerXLConfig(DeFINEConfig):
     decoder_embed_dim: int = field(default=410, metadata={"help": "model width d (d_model)"})
     decoder_attention_heads: int = field(default=10, metadata={"help": "attention heads"})
     txl_head_dim: int = field(
-        default=41, metadata={"help": "width of each head (heads x width may differ from d: the paper's 384 model "
-                                      "keeps 10 x 41)"})
+        default=41,
+        metadata={"help": "width of each head (heads x width may differ from d: the paper's 384 model keeps 10 x 41)"},
+    )
     decoder_ffn_embed_dim: int = field(default=2100, metadata={"help": "inner width of the feed-forward layers"})
-    dropout: float = field(default=0.1, metadata={"help": "dropout on the embeddings, positions, sublayer outputs "
-                                                          "and the features given to the softmax"})
+    dropout: float = field(
+        default=0.1,
+        metadata={
+            "help": "dropout on the embeddings, positions, sublayer outputs and the features given to the softmax"
+        },
+    )
     attention_dropout: float = field(default=0.0, metadata={"help": "dropout on the attention probabilities"})
     txl_input: ChoiceEnum(INPUTS) = field(
         default="standard",
-        metadata={"help": "input layer: standard (V x d table), projective (V x n table, n -> d projection; n is "
-                          "--define-n), define (V x n table and a DeFINE unit to d)"})
+        metadata={
+            "help": "input layer: standard (V x d table), projective (V x n table, n -> d projection; n is "
+            "--define-n), define (V x n table and a DeFINE unit to d)"
+        },
+    )
     txl_pre_norm: bool = field(default=False, metadata={"help": "LayerNorm before each sublayer (default: after)"})
     txl_mem_len: int = field(default=150, metadata={"help": "states kept per layer from the previous segments"})
     txl_clamp_len: int = field(
-        default=-1, metadata={"help": "relative distances beyond this use the encoding of this distance (-1: none)"})
+        default=-1, metadata={"help": "relative distances beyond this use the encoding of this distance (-1: none)"}
+    )
     txl_same_length: bool = field(
-        default=False, metadata={"help": "every position attends to the same number of states (evaluation)"})
+        default=False, metadata={"help": "every position attends to the same number of states (evaluation)"}
+    )
     adaptive_softmax_cutoff: Optional[str] = field(
         default=WT103_CUTOFF,
-        metadata={"help": "comma separated cluster boundaries of the projected adaptive softmax (empty: one "
-                          "cluster, a full softmax)"})
+        metadata={
+            "help": "comma separated cluster boundaries of the projected adaptive softmax (empty: one "
+            "cluster, a full softmax)"
+        },
+    )
     adaptive_softmax_dropout: float = field(default=0.0, metadata={"help": "dropout on the softmax's input"})
 
 
@@ -91,21 +105,29 @@ class TransformerXLDecoder(FairseqIncrementalDecoder):
     ``(features [B, T, d], extra)``; the criterion and ``get_normalized_probs`` apply ``self.adaptive_softmax``.
     """
 
-    def __init__(self, dictionary, embed_tokens: nn.Module, stack: TransformerXLStack,
-                 adaptive_softmax: ProjectedAdaptiveSoftmax):
+    def __init__(
+        self, dictionary, embed_tokens: nn.Module, stack: TransformerXLStack, adaptive_softmax: ProjectedAdaptiveSoftmax
+    ):
         super().__init__(dictionary)
         self.embed_tokens = embed_tokens
         self.stack = stack
         self.adaptive_softmax = adaptive_softmax
         self.memory = CarriedState("Transformer-XL memory")
 
-    def forward(self, prev_output_tokens: Tensor, src_lengths=None, reset_state: Optional[bool] = None,
-                incremental_state=None, features_only: bool = False, **unused):
-        return self.extract_features(prev_output_tokens, reset_state=reset_state,
-                                     incremental_state=incremental_state)
+    def forward(
+        self,
+        prev_output_tokens: Tensor,
+        src_lengths=None,
+        reset_state: Optional[bool] = None,
+        incremental_state=None,
+        features_only: bool = False,
+        **unused,
+    ):
+        return self.extract_features(prev_output_tokens, reset_state=reset_state, incremental_state=incremental_state)
 
-    def extract_features(self, prev_output_tokens: Tensor, reset_state: Optional[bool] = None,
-                         incremental_state=None, **unused):
+    def extract_features(
+        self, prev_output_tokens: Tensor, reset_state: Optional[bool] = None, incremental_state=None, **unused
+    ):
         tokens = prev_output_tokens
         batch = tokens.size(0)
         # Without autograd (evaluation, generation) the weights cannot change between two calls, so the keys and
@@ -149,14 +171,14 @@ class TransformerXLDecoder(FairseqIncrementalDecoder):
             return memory, None
         return memory, [(cached[f"k{i}"], cached[f"v{i}"]) for i in range(layers)]
 
-    def reorder_incremental_state(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]],
-                                  new_order: Tensor):
+    def reorder_incremental_state(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]], new_order: Tensor):
         cached = self.get_incremental_state(incremental_state, "memory")
         if cached is None:
             return
         # memory, keys and values are [M, B, *]: the batch is dimension 1
-        self.set_incremental_state(incremental_state, "memory",
-                                   {key: value.index_select(1, new_order) for key, value in cached.items()})
+        self.set_incremental_state(
+            incremental_state, "memory", {key: value.index_select(1, new_order) for key, value in cached.items()}
+        )
 
     def output_layer(self, features: Tensor, **kwargs) -> Tensor:
         return features
@@ -172,20 +194,29 @@ def build_transformer_xl_decoder(cfg, dictionary) -> TransformerXLDecoder:
     """
     vocab, pad = len(dictionary), dictionary.pad()
     d, n, kind = cfg.decoder_embed_dim, cfg.define_n, str(cfg.txl_input)
-    for name in ("decoder_layers", "decoder_embed_dim", "decoder_attention_heads", "txl_head_dim",
-                 "decoder_ffn_embed_dim", "define_n"):
+    for name in (
+        "decoder_layers",
+        "decoder_embed_dim",
+        "decoder_attention_heads",
+        "txl_head_dim",
+        "decoder_ffn_embed_dim",
+        "define_n",
+    ):
         if getattr(cfg, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}={getattr(cfg, name)} must be at least 1")
     if d % 2:
-        raise ValueError(f"--decoder-embed-dim={d} must be even (the sinusoidal position encoding has d/2 sine and "
-                         f"d/2 cosine components)")
+        raise ValueError(
+            f"--decoder-embed-dim={d} must be even (the sinusoidal position encoding has d/2 sine and "
+            f"d/2 cosine components)"
+        )
     if cfg.txl_mem_len < 0:
         raise ValueError(f"--txl-mem-len={cfg.txl_mem_len} must be >= 0 (0: no memory)")
     if cfg.txl_clamp_len < -1:
         raise ValueError(f"--txl-clamp-len={cfg.txl_clamp_len} must be -1 (no clamping) or >= 0")
     if cfg.txl_same_length and cfg.txl_mem_len == 0:
-        raise ValueError("--txl-same-length needs a memory (--txl-mem-len > 0): it makes every position attend to "
-                         "mem_len states")
+        raise ValueError(
+            "--txl-same-length needs a memory (--txl-mem-len > 0): it makes every position attend to mem_len states"
+        )
     if cfg.define_folded and kind != "define":
         raise ValueError(f"--define-folded needs --txl-input define (got {kind})")
 
@@ -195,8 +226,10 @@ def build_transformer_xl_decoder(cfg, dictionary) -> TransformerXLDecoder:
         table_dim = d
     elif kind == "projective":
         if n == d:
-            raise ValueError(f"--txl-input projective with --define-n {n} = --decoder-embed-dim: nothing to "
-                             f"project; use --txl-input standard")
+            raise ValueError(
+                f"--txl-input projective with --define-n {n} = --decoder-embed-dim: nothing to "
+                f"project; use --txl-input standard"
+            )
         embed = ProjectiveEmbedding(vocab, n, d, padding_idx=pad)
         table_dim = n
     else:
@@ -210,22 +243,38 @@ def build_transformer_xl_decoder(cfg, dictionary) -> TransformerXLDecoder:
 
     cutoff = []
     if cfg.adaptive_softmax_cutoff:
-        cutoff = check_cutoff(parse_cutoff(cfg.adaptive_softmax_cutoff, "--adaptive-softmax-cutoff"), vocab,
-                              "--adaptive-softmax-cutoff")[:-1]
+        cutoff = check_cutoff(
+            parse_cutoff(cfg.adaptive_softmax_cutoff, "--adaptive-softmax-cutoff"), vocab, "--adaptive-softmax-cutoff"
+        )[:-1]
     clusters = len(cutoff) + 1
     projections = None
     if kind == "projective":
         projections = [embed.projection] + [None] * (clusters - 1)
     with flag_names(dropout="--adaptive-softmax-dropout"):
-        adaptive_softmax = ProjectedAdaptiveSoftmax(vocab, table_dim, d, cutoff, table=embed.weight,
-                                                    projections=projections, dropout=cfg.adaptive_softmax_dropout)
+        adaptive_softmax = ProjectedAdaptiveSoftmax(
+            vocab,
+            table_dim,
+            d,
+            cutoff,
+            table=embed.weight,
+            projections=projections,
+            dropout=cfg.adaptive_softmax_dropout,
+        )
 
     with flag_names(dropout="--dropout", attention_dropout="--attention-dropout"):
-        stack = TransformerXLStack(cfg.decoder_layers, d, cfg.decoder_attention_heads, cfg.txl_head_dim,
-                                   cfg.decoder_ffn_embed_dim, dropout=cfg.dropout,
-                                   attention_dropout=cfg.attention_dropout, pre_norm=cfg.txl_pre_norm,
-                                   mem_len=cfg.txl_mem_len, clamp_len=cfg.txl_clamp_len,
-                                   same_length=cfg.txl_same_length)
+        stack = TransformerXLStack(
+            cfg.decoder_layers,
+            d,
+            cfg.decoder_attention_heads,
+            cfg.txl_head_dim,
+            cfg.decoder_ffn_embed_dim,
+            dropout=cfg.dropout,
+            attention_dropout=cfg.attention_dropout,
+            pre_norm=cfg.txl_pre_norm,
+            mem_len=cfg.txl_mem_len,
+            clamp_len=cfg.txl_clamp_len,
+            same_length=cfg.txl_same_length,
+        )
     return TransformerXLDecoder(dictionary, embed, stack, adaptive_softmax)
 
 
@@ -271,13 +320,17 @@ def transformer_xl_wt103_d384(args):
 
 def _register_variants():
     for n in (64, 128, 256):
+
         def projective(args, n=n):
             _defaults(args, 384, 1920, "projective", n)
+
         projective.__doc__ = f"d 384 with a projective input: V x {n} table and a {n} -> 384 projection."
         register_model_architecture("transformer_xl_lm", f"transformer_xl_projective_wt103_n{n}")(projective)
     for n in (64, 128, 256, 384):
+
         def define(args, n=n):
             _defaults(args, 384, 1920, "define", n)
+
         define.__doc__ = f"d 384 with a DeFINE input: V x {n} table, DeFINE N = 3, k = 4096, m = 384."
         register_model_architecture("transformer_xl_lm", f"transformer_xl_define_wt103_n{n}")(define)
 

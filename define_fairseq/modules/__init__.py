@@ -51,5 +51,12 @@ from .transformer_xl import (  # noqa: E402
     rel_shift,
 )
 
-__all__ += ["PositionwiseFeedForward", "ProjectedAdaptiveSoftmax", "ProjectiveEmbedding",
-            "RelativeMultiheadAttention", "TransformerXLLayer", "TransformerXLStack", "rel_shift"]
+__all__ += [
+    "PositionwiseFeedForward",
+    "ProjectedAdaptiveSoftmax",
+    "ProjectiveEmbedding",
+    "RelativeMultiheadAttention",
+    "TransformerXLLayer",
+    "TransformerXLStack",
+    "rel_shift",
+]

@@ -22,8 +22,15 @@ class AdaptiveInput(nn.Module):
     No embedding scale is applied. Shapes: ``tokens [...]`` (long) -> ``[..., output_dim]``.
     """
 
-    def __init__(self, num_embeddings: int, padding_idx: Optional[int], dim: int, cutoff: Sequence[int],
-                 factor: float = 4, output_dim: Optional[int] = None):
+    def __init__(
+        self,
+        num_embeddings: int,
+        padding_idx: Optional[int],
+        dim: int,
+        cutoff: Sequence[int],
+        factor: float = 4,
+        output_dim: Optional[int] = None,
+    ):
         super().__init__()
         output_dim = dim if output_dim is None else output_dim
         self.cutoff = check_cutoff(cutoff, num_embeddings)
@@ -35,13 +42,17 @@ class AdaptiveInput(nn.Module):
         self.projections = nn.ModuleList()
         start = 0
         for band, end in enumerate(self.cutoff):
-            band_dim = int(dim // (factor ** band))
+            band_dim = int(dim // (factor**band))
             if band_dim < 1:
-                raise ParameterError("factor", factor, f"band {band} would have {dim} // {factor}**{band} = 0 "
-                                                       f"dimensions; use fewer cutoffs or a smaller factor")
+                raise ParameterError(
+                    "factor",
+                    factor,
+                    f"band {band} would have {dim} // {factor}**{band} = 0 "
+                    f"dimensions; use fewer cutoffs or a smaller factor",
+                )
             pad = padding_idx if band == 0 and padding_idx is not None and padding_idx < end else None
             table = nn.Embedding(end - start, band_dim, padding_idx=pad)
-            nn.init.normal_(table.weight, mean=0.0, std=band_dim ** -0.5)
+            nn.init.normal_(table.weight, mean=0.0, std=band_dim**-0.5)
             self.tables.append(table)
             if band == 0 and band_dim == output_dim:
                 self.projections.append(nn.Identity())

@@ -46,7 +46,7 @@ def token_characters(symbol: str) -> Tuple[str, bool, bool]:
     if symbol.endswith(SUBWORD_NMT_MARK) and len(symbol) > len(SUBWORD_NMT_MARK):
         symbol, continues = symbol[: -len(SUBWORD_NMT_MARK)], True
     if symbol.startswith(SENTENCEPIECE_MARK) and len(symbol) > len(SENTENCEPIECE_MARK):
-        symbol, word_start = symbol[len(SENTENCEPIECE_MARK):], True
+        symbol, word_start = symbol[len(SENTENCEPIECE_MARK) :], True
     return symbol, word_start, continues
 
 
@@ -101,12 +101,29 @@ class Char2SubwordEmbedding(nn.Module):
             the LayerNorm already gives unit scale).
     """
 
-    def __init__(self, symbols: Sequence[str], padding_idx: int, embedding_dim: int,
-                 special_indices: Sequence[int] = (), char_dim: int = 128, layers: int = 2, heads: int = 4,
-                 ffn_dim: int = 512, max_chars: int = 24, dropout: float = 0.0, output_scale: float = 1.0):
+    def __init__(
+        self,
+        symbols: Sequence[str],
+        padding_idx: int,
+        embedding_dim: int,
+        special_indices: Sequence[int] = (),
+        char_dim: int = 128,
+        layers: int = 2,
+        heads: int = 4,
+        ffn_dim: int = 512,
+        max_chars: int = 24,
+        dropout: float = 0.0,
+        output_scale: float = 1.0,
+    ):
         super().__init__()
-        for name, value in (("embedding_dim", embedding_dim), ("char_dim", char_dim), ("layers", layers),
-                            ("heads", heads), ("ffn_dim", ffn_dim), ("max_chars", max_chars)):
+        for name, value in (
+            ("embedding_dim", embedding_dim),
+            ("char_dim", char_dim),
+            ("layers", layers),
+            ("heads", heads),
+            ("ffn_dim", ffn_dim),
+            ("max_chars", max_chars),
+        ):
             if value < 1:
                 raise ValueError(f"Char2SubwordEmbedding: {name}={value} must be at least 1")
         if char_dim % heads:
@@ -130,12 +147,13 @@ class Char2SubwordEmbedding(nn.Module):
         self._pad_slot = specials.index(padding_idx) if padding_idx is not None else None
 
         self.char_embed = nn.Embedding(NUM_CHARS, char_dim, padding_idx=PAD_CHAR)
-        nn.init.normal_(self.char_embed.weight, std=char_dim ** -0.5)
+        nn.init.normal_(self.char_embed.weight, std=char_dim**-0.5)
         with torch.no_grad():
             self.char_embed.weight[PAD_CHAR].zero_()
         self.register_buffer("positions", sinusoidal_positions(max_chars, char_dim), persistent=False)
-        layer = nn.TransformerEncoderLayer(char_dim, heads, ffn_dim, dropout, activation="gelu", batch_first=True,
-                                           norm_first=True)
+        layer = nn.TransformerEncoderLayer(
+            char_dim, heads, ffn_dim, dropout, activation="gelu", batch_first=True, norm_first=True
+        )
         # (not named "encoder": fairseq upgrades any key ending in "encoder.layers.N.self_attn.in_proj_weight")
         self.char_transformer = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.final_norm = nn.LayerNorm(char_dim)
@@ -229,5 +247,7 @@ class Char2SubwordEmbedding(nn.Module):
         return vectors[inverse]
 
     def extra_repr(self) -> str:
-        return (f"{self.num_embeddings}, {self.embedding_dim}, max_chars={self.max_chars}, "
-                f"output_scale={self.output_scale:.4g}")
+        return (
+            f"{self.num_embeddings}, {self.embedding_dim}, max_chars={self.max_chars}, "
+            f"output_scale={self.output_scale:.4g}"
+        )

@@ -15,13 +15,26 @@ class ParameterError(ValueError):
     as ``other=value``, so that :meth:`renamed` can name their flags too.
     """
 
-    def __init__(self, name: str, value, requirement: str, note: Optional[str] = None, sep: str = "=",
-                 related: Optional[Dict[str, object]] = None, labels: Optional[Dict[str, str]] = None):
+    def __init__(
+        self,
+        name: str,
+        value,
+        requirement: str,
+        note: Optional[str] = None,
+        sep: str = "=",
+        related: Optional[Dict[str, object]] = None,
+        labels: Optional[Dict[str, str]] = None,
+    ):
         self.name, self.value, self.requirement, self.note, self.sep = name, value, requirement, note, sep
         self.related = dict(related or {})
         labels = labels or {}
-        shown = requirement.format_map({other: f"{labels.get(other, other)}={value}"
-                                        for other, value in self.related.items()}) if related else requirement
+        shown = (
+            requirement.format_map(
+                {other: f"{labels.get(other, other)}={value}" for other, value in self.related.items()}
+            )
+            if related
+            else requirement
+        )
         super().__init__(f"{labels.get(name, name)}{sep}{value}: {shown}" + (f" ({note})" if note else ""))
 
     def renamed(self, labels: Dict[str, str]) -> "ParameterError":
@@ -50,10 +63,21 @@ def check_cutoff(cutoff: Sequence[int], vocab_size: int, name: str = "cutoff", n
         cutoff = cutoff[:-1]
     shown = ",".join(map(str, cutoff))
     if any(c <= 0 for c in cutoff) or any(b <= a for a, b in zip(cutoff, cutoff[1:])):
-        raise ParameterError(name, shown, f"the cutoffs must be positive and increasing, within the vocabulary of "
-                                          f"{vocab_size} words", note, sep=" ")
+        raise ParameterError(
+            name,
+            shown,
+            f"the cutoffs must be positive and increasing, within the vocabulary of {vocab_size} words",
+            note,
+            sep=" ",
+        )
     if cutoff and cutoff[-1] >= vocab_size:
-        raise ParameterError(name, shown, f"the last cutoff must be below the vocabulary size {vocab_size} (cutoff "
-                                          f"{cutoff[-1]} is beyond the vocabulary of {vocab_size} words); lower the "
-                                          f"cutoffs or drop the ones at or beyond it", note, sep=" ")
+        raise ParameterError(
+            name,
+            shown,
+            f"the last cutoff must be below the vocabulary size {vocab_size} (cutoff "
+            f"{cutoff[-1]} is beyond the vocabulary of {vocab_size} words); lower the "
+            f"cutoffs or drop the ones at or beyond it",
+            note,
+            sep=" ",
+        )
     return cutoff + [vocab_size]

@@ -92,35 +92,46 @@ def define_layer_sizes(n: int, k: int, m: int, depth: int, max_groups: int, vari
                 raise ParameterError(name, value, "must be positive")
         return [(n, m, 1)]
     if depth < 2:
-        raise ParameterError("depth", depth, "DeFINE needs at least 2 layers (N-1 expansion layers to k, then the "
-                                             "reduce to m)")
+        raise ParameterError(
+            "depth", depth, "DeFINE needs at least 2 layers (N-1 expansion layers to k, then the reduce to m)"
+        )
     if not _is_power_of_two(max_groups):
         raise ParameterError("max_groups", max_groups, "must be a power of two (1, 2, 4, 8, ...)")
     for name, value in (("n", n), ("k", k), ("m", m)):
         if value < 1:
             raise ParameterError(name, value, "must be positive")
     if n > k:
-        raise ParameterError("n", n, "is larger than the expansion width {k}; DeFINE expands n up to k",
-                             related=dict(k=k))
+        raise ParameterError(
+            "n", n, "is larger than the expansion width {k}; DeFINE expands n up to k", related=dict(k=k)
+        )
 
     if variant == "lt":
         groups = [1] * depth
     elif variant == "glt":
         groups = [max_groups] * depth
     else:
-        groups = [max(max_groups // 2 ** layer, 1) for layer in range(depth)]
+        groups = [max(max_groups // 2**layer, 1) for layer in range(depth)]
     skip = variant in ("define", "define_concat")
 
     if n % groups[0] != 0:
-        raise ParameterError("n", n, f"is not divisible by the {groups[0]} groups of the first layer "
-                                     f"({{max_groups}}); use a multiple of {groups[0]}",
-                             related=dict(max_groups=max_groups))
+        raise ParameterError(
+            "n",
+            n,
+            f"is not divisible by the {groups[0]} groups of the first layer "
+            f"({{max_groups}}); use a multiple of {groups[0]}",
+            related=dict(max_groups=max_groups),
+        )
     if k % groups[depth - 2] != 0:
-        raise ParameterError("k", k, f"is not divisible by the {groups[depth - 2]} groups of the layer that "
-                                     f"produces it; use a multiple of {groups[depth - 2]}")
+        raise ParameterError(
+            "k",
+            k,
+            f"is not divisible by the {groups[depth - 2]} groups of the layer that "
+            f"produces it; use a multiple of {groups[depth - 2]}",
+        )
     if m % groups[-1] != 0:
-        raise ParameterError("m", m, f"is not divisible by the {groups[-1]} groups of the reduce layer; "
-                                     f"use a multiple of {groups[-1]}")
+        raise ParameterError(
+            "m", m, f"is not divisible by the {groups[-1]} groups of the reduce layer; use a multiple of {groups[-1]}"
+        )
 
     widths = []
     for layer in range(1, depth):

@@ -33,7 +33,7 @@ def delight_groups(depth: int, max_groups: int):
     """The authors' group schedule: 1, 2, 4, ... up to ``max_groups``, wrapping to 1, reversed."""
     groups, exponent = [], 0
     for _ in range(depth):
-        g = 2 ** exponent
+        g = 2**exponent
         if g <= max_groups:
             exponent += 1
         else:
@@ -57,8 +57,12 @@ def delight_layer_sizes(n: int, k: int, m: int, depth: int, max_groups: int):
         if value < 1:
             raise ParameterError(name, value, "must be positive")
     if half % max(groups) != 0:
-        raise ParameterError("m", m, f"the authors' unit works at m/2 = {half}, which is not divisible by the "
-                                     f"{max(groups)} groups of its layers; use a multiple of {2 * max(groups)}")
+        raise ParameterError(
+            "m",
+            m,
+            f"the authors' unit works at m/2 = {half}, which is not divisible by the "
+            f"{max(groups)} groups of its layers; use a multiple of {2 * max(groups)}",
+        )
     grid = np.linspace(half, k, depth).astype(np.int64).tolist()[1:]
     sizes, width_in = [], half
     for layer in range(depth):
@@ -109,14 +113,24 @@ class DelightDeFINE(nn.Module):
 
     variant = "delight"
 
-    def __init__(self, n: int, k: int, m: int, depth: int = 3, max_groups: int = 4, activation: str = "swish",
-                 norm: str = "group", dropout: float = 0.0):
+    def __init__(
+        self,
+        n: int,
+        k: int,
+        m: int,
+        depth: int = 3,
+        max_groups: int = 4,
+        activation: str = "swish",
+        norm: str = "group",
+        dropout: float = 0.0,
+    ):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ParameterError("activation", repr(activation), f"unknown; choose one of {', '.join(ACTIVATIONS)}")
         if norm not in ("group", "none"):
-            raise ParameterError("norm", repr(norm), "the authors' unit normalises per group ('group') or not at "
-                                                     "all ('none')")
+            raise ParameterError(
+                "norm", repr(norm), "the authors' unit normalises per group ('group') or not at all ('none')"
+            )
         check_probability(dropout, "dropout")
         self.sizes = delight_layer_sizes(n, k, m, depth, max_groups)
         self.n, self.k, self.m = n, k, m
@@ -125,8 +139,7 @@ class DelightDeFINE(nn.Module):
         half = m // 2
         self.input_layer = _Dense(n, half, norm == "group", activation, dropout)
         self.layers = nn.ModuleList(GroupLinear(i, o, g) for i, o, g in self.sizes)
-        self.norms = nn.ModuleList(nn.LayerNorm(o // g) if norm == "group" else nn.Identity()
-                                   for _, o, g in self.sizes)
+        self.norms = nn.ModuleList(nn.LayerNorm(o // g) if norm == "group" else nn.Identity() for _, o, g in self.sizes)
         self.output_layer = _Dense(half + m, m, norm == "group", activation, dropout)
         for layer in self.layers:
             # The authors' Xavier init is over their tensors: [g, in/g, out/g], or [out, in] for one group.

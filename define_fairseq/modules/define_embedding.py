@@ -41,10 +41,25 @@ class DeFINEEmbedding(nn.Module):
     Shapes: ``tokens [...]`` (long) -> ``[..., m]``.
     """
 
-    def __init__(self, num_embeddings: int, n: int, k: int, m: int, padding_idx=None, depth: int = 3,
-                 max_groups: int = 4, variant: str = "define", activation=None, norm=None,
-                 dropout: float = 0.0, unique_tokens: bool = True, adaptive_cutoff=None, adaptive_factor: float = 4,
-                 init: str = "unit", map_dropout: float = 0.0):
+    def __init__(
+        self,
+        num_embeddings: int,
+        n: int,
+        k: int,
+        m: int,
+        padding_idx=None,
+        depth: int = 3,
+        max_groups: int = 4,
+        variant: str = "define",
+        activation=None,
+        norm=None,
+        dropout: float = 0.0,
+        unique_tokens: bool = True,
+        adaptive_cutoff=None,
+        adaptive_factor: float = 4,
+        init: str = "unit",
+        map_dropout: float = 0.0,
+    ):
         super().__init__()
         check_probability(map_dropout, "map_dropout")
         self.map_dropout = map_dropout
@@ -53,13 +68,14 @@ class DeFINEEmbedding(nn.Module):
         self.embedding_dim = m
         self.unique_tokens = unique_tokens
         if adaptive_cutoff:
-            self.adaptive = AdaptiveInput(num_embeddings, padding_idx, n, adaptive_cutoff, adaptive_factor,
-                                          output_dim=n)
+            self.adaptive = AdaptiveInput(
+                num_embeddings, padding_idx, n, adaptive_cutoff, adaptive_factor, output_dim=n
+            )
             self.table = None
         else:
             self.adaptive = None
             self.table = nn.Embedding(num_embeddings, n, padding_idx=padding_idx)
-            nn.init.normal_(self.table.weight, mean=0.0, std=n ** -0.5)
+            nn.init.normal_(self.table.weight, mean=0.0, std=n**-0.5)
             if padding_idx is not None:
                 nn.init.zeros_(self.table.weight[padding_idx])
         self.n = n
@@ -80,15 +96,19 @@ class DeFINEEmbedding(nn.Module):
     def weight(self) -> nn.Parameter:
         """The ``V x n`` map table (what a full-softmax output layer ties to)."""
         if self.adaptive is not None:
-            raise AttributeError("this DeFINEEmbedding maps through an adaptive input and has no single V x n "
-                                 "table; tie an adaptive softmax to it with weights_for_band()")
+            raise AttributeError(
+                "this DeFINEEmbedding maps through an adaptive input and has no single V x n "
+                "table; tie an adaptive softmax to it with weights_for_band()"
+            )
         return self.table.weight
 
     def weights_for_band(self, band: int):
         """``(table [size_i, n_i], projection [n, n_i] or None)`` of the adaptive map's band ``band``."""
         if self.adaptive is None:
-            raise AttributeError("this DeFINEEmbedding maps through a plain table; weights_for_band() needs "
-                                 "adaptive_cutoff (an adaptive input map)")
+            raise AttributeError(
+                "this DeFINEEmbedding maps through a plain table; weights_for_band() needs "
+                "adaptive_cutoff (an adaptive input map)"
+            )
         return self.adaptive.weights_for_band(band)
 
     @property
@@ -134,10 +154,13 @@ class DeFINEEmbedding(nn.Module):
         """An inference-only copy whose DeFINE unit is replaced by :meth:`folded_table`; it shares this
         module's ``V x n`` table, so a tied output layer stays tied."""
         if self.adaptive is not None:
-            raise NotImplementedError("folding a DeFINEEmbedding with an adaptive input map is not supported; "
-                                      "in eval mode it already computes its V x m table once and looks rows up")
-        folded = FoldedDeFINEEmbedding(self.num_embeddings, self.table.embedding_dim, self.embedding_dim,
-                                       padding_idx=self.padding_idx)
+            raise NotImplementedError(
+                "folding a DeFINEEmbedding with an adaptive input map is not supported; "
+                "in eval mode it already computes its V x m table once and looks rows up"
+            )
+        folded = FoldedDeFINEEmbedding(
+            self.num_embeddings, self.table.embedding_dim, self.embedding_dim, padding_idx=self.padding_idx
+        )
         folded.table = self.table
         with torch.no_grad():  # on this module's device and in its dtype
             folded.folded = nn.Parameter(self.folded_table())

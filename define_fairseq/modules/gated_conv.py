@@ -41,6 +41,7 @@ Block = List[Tuple[int, int]]  # [(width, kernel), ...]: the layers of one resid
 
 # -- the layer specification --------------------------------------------------------------------------------
 
+
 def _literal(node: ast.AST, text: str, name: str):
     """Evaluate a Python literal of ints, tuples and lists with ``+`` and ``*`` (and nothing else)."""
     if isinstance(node, ast.Expression):
@@ -57,8 +58,10 @@ def _literal(node: ast.AST, text: str, name: str):
             return left + right if isinstance(node.op, ast.Add) else left * right
         except TypeError:
             pass
-    raise ValueError(f"{name} {text!r}: only integers, (width, kernel) tuples, lists, + and * are allowed, e.g. "
-                     f"\"[(850, 6)] * 3 + [[(128, 1), (128, 5), (512, 1)]]\"")
+    raise ValueError(
+        f"{name} {text!r}: only integers, (width, kernel) tuples, lists, + and * are allowed, e.g. "
+        f'"[(850, 6)] * 3 + [[(128, 1), (128, 5), (512, 1)]]"'
+    )
 
 
 def parse_layer_spec(spec: Union[str, Sequence], name: str = "blocks") -> List[Block]:
@@ -76,8 +79,9 @@ def parse_layer_spec(spec: Union[str, Sequence], name: str = "blocks") -> List[B
         try:
             spec = _literal(ast.parse(spec.strip(), mode="eval"), text, name)
         except SyntaxError:
-            raise ValueError(f"{name} {text!r} is not a Python list of (width, kernel) tuples, e.g. "
-                             f"\"[(850, 6)] * 3 + [(1024, 4)]\"") from None
+            raise ValueError(
+                f'{name} {text!r} is not a Python list of (width, kernel) tuples, e.g. "[(850, 6)] * 3 + [(1024, 4)]"'
+            ) from None
     if not isinstance(spec, (list, tuple)) or len(spec) == 0:
         raise ValueError(f"{name} {text!r}: give a non-empty list of blocks")
     if isinstance(spec, tuple) and len(spec) == 2 and all(isinstance(v, int) for v in spec):
@@ -90,8 +94,10 @@ def parse_layer_spec(spec: Union[str, Sequence], name: str = "blocks") -> List[B
         if width < 1:
             raise ValueError(f"{name} {text!r}: {where} has width {width}; a layer needs at least 1 channel")
         if kernel < 1:
-            raise ValueError(f"{name} {text!r}: {where} has kernel width {kernel}; a causal convolution needs a "
-                             f"kernel of at least 1 (1 = a position-wise layer)")
+            raise ValueError(
+                f"{name} {text!r}: {where} has kernel width {kernel}; a causal convolution needs a "
+                f"kernel of at least 1 (1 = a position-wise layer)"
+            )
         return width, kernel
 
     blocks: List[Block] = []
@@ -105,7 +111,8 @@ def parse_layer_spec(spec: Union[str, Sequence], name: str = "blocks") -> List[B
                 if width > out:
                     raise ValueError(
                         f"{name} {text!r}: bottleneck block {b} widens to {width} channels inside (layer {i}) but "
-                        f"ends with {out}; the inner layers of a bottleneck must not be wider than its output")
+                        f"ends with {out}; the inner layers of a bottleneck must not be wider than its output"
+                    )
         else:
             block = [layer(item, f"block {b}")]
         blocks.append(block)
@@ -118,6 +125,7 @@ def receptive_field(blocks: Sequence[Block]) -> int:
 
 
 # -- layers ---------------------------------------------------------------------------------------------
+
 
 class CausalConv1d(nn.Module):
     """A causal, weight-normalised convolution over time. Shapes: ``x [B, T, in_dim] -> [B, T, out_dim]``.
@@ -208,8 +216,15 @@ def gate(y: Tensor, activation: str) -> Tensor:
 class GatedConvLayer(nn.Module):
     """Dropout, a causal convolution and its gate. Shapes: ``x [B, T, in_dim] -> [B, T, out_dim]``."""
 
-    def __init__(self, in_dim: int, out_dim: int, kernel: int, activation: str = "glu", weight_norm: bool = True,
-                 dropout: float = 0.0):
+    def __init__(
+        self,
+        in_dim: int,
+        out_dim: int,
+        kernel: int,
+        activation: str = "glu",
+        weight_norm: bool = True,
+        dropout: float = 0.0,
+    ):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation {activation!r}; choose one of {', '.join(ACTIVATIONS)}")
@@ -232,7 +247,7 @@ class GatedConvLayer(nn.Module):
         if self.kernel == 1:
             return gate(self.conv(x), self.activation), history
         window = torch.cat([history, x], dim=1)
-        return gate(self.conv.over_window(window), self.activation), window[:, -(self.kernel - 1):]
+        return gate(self.conv.over_window(window), self.activation), window[:, -(self.kernel - 1) :]
 
 
 class GatedConvBlock(nn.Module):
@@ -241,8 +256,16 @@ class GatedConvBlock(nn.Module):
 
     ``branch_init_scale`` multiplies the initial output of ``layers`` (the value weights of the last layer)."""
 
-    def __init__(self, in_dim: int, layers: Block, activation: str = "glu", weight_norm: bool = True,
-                 dropout: float = 0.0, residual_scale: float = 1.0, branch_init_scale: float = 1.0):
+    def __init__(
+        self,
+        in_dim: int,
+        layers: Block,
+        activation: str = "glu",
+        weight_norm: bool = True,
+        dropout: float = 0.0,
+        residual_scale: float = 1.0,
+        branch_init_scale: float = 1.0,
+    ):
         super().__init__()
         self.layers = nn.ModuleList()
         width = in_dim
@@ -291,8 +314,15 @@ class GatedConvStack(nn.Module):
     previous call); the updated list is returned with the output.
     """
 
-    def __init__(self, input_dim: int, blocks: Union[str, Sequence], activation: str = "glu",
-                 weight_norm: bool = True, dropout: float = 0.0, residual_scale: float = 1.0):
+    def __init__(
+        self,
+        input_dim: int,
+        blocks: Union[str, Sequence],
+        activation: str = "glu",
+        weight_norm: bool = True,
+        dropout: float = 0.0,
+        residual_scale: float = 1.0,
+    ):
         super().__init__()
         check_probability(dropout, "dropout")
         blocks = parse_layer_spec(blocks)
@@ -318,7 +348,7 @@ class GatedConvStack(nn.Module):
         start = 0
         for block in self.blocks:
             count = len(block.layers)
-            histories = None if state is None else state[start:start + count]
+            histories = None if state is None else state[start : start + count]
             x, new = block(x, histories)
             if updated is not None:
                 updated.extend(new)

@@ -31,9 +31,7 @@ class GroupLinear(nn.Module):
             raise ValueError(f"GroupLinear: groups must be >= 1, got {groups}")
         for name, value in (("in_features", in_features), ("out_features", out_features)):
             if value < 1 or value % groups != 0:
-                raise ValueError(
-                    f"GroupLinear: {name}={value} is not a positive multiple of groups={groups}"
-                )
+                raise ValueError(f"GroupLinear: {name}={value} is not a positive multiple of groups={groups}")
         self.in_features = in_features
         self.out_features = out_features
         self.groups = groups

@@ -38,13 +38,16 @@ class LSTMStack(nn.Module):
         state after the last time step).
     """
 
-    def __init__(self, input_size: int, layer_sizes: Sequence[int], weight_drop: float = 0.0,
-                 hidden_dropout: float = 0.0):
+    def __init__(
+        self, input_size: int, layer_sizes: Sequence[int], weight_drop: float = 0.0, hidden_dropout: float = 0.0
+    ):
         super().__init__()
         layer_sizes = [int(s) for s in layer_sizes]
         if not layer_sizes or input_size < 1 or any(s < 1 for s in layer_sizes):
-            raise ValueError(f"LSTMStack needs a positive input size and at least one positive layer size, got "
-                             f"input_size={input_size}, layer_sizes={layer_sizes}")
+            raise ValueError(
+                f"LSTMStack needs a positive input size and at least one positive layer size, got "
+                f"input_size={input_size}, layer_sizes={layer_sizes}"
+            )
         check_probability(hidden_dropout, "hidden_dropout")
         self.input_size = input_size
         self.layer_sizes = layer_sizes

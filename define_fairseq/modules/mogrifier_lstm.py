@@ -118,8 +118,15 @@ class MogrifierLSTMLayer(nn.Module):
     round ``i + 1``: ``n -> m`` for odd rounds (they gate x), ``m -> n`` for even rounds (they gate h).
     """
 
-    def __init__(self, input_size: int, hidden_size: int, rounds: int = 5, rank: int = 0,
-                 cap_input_gate: bool = True, forget_bias: float = 1.0):
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        rounds: int = 5,
+        rank: int = 0,
+        cap_input_gate: bool = True,
+        forget_bias: float = 1.0,
+    ):
         super().__init__()
         self.input_size = input_size
         self.hidden_size = hidden_size
@@ -144,7 +151,7 @@ class MogrifierLSTMLayer(nn.Module):
         variance_scaling_(self.weight_hh, n)
         variance_scaling_(self.bias, n)  # the official code's four gate biases: vectors of n, fan_in n
         with torch.no_grad():
-            self.bias[n: 2 * n] += self.forget_bias
+            self.bias[n : 2 * n] += self.forget_bias
         for mog in self.mogrifier:
             mog.reset_parameters()
 
@@ -165,8 +172,9 @@ class MogrifierLSTMLayer(nn.Module):
                 h = 2.0 * torch.sigmoid(mog(x)) * h
         return x, h
 
-    def reference_step(self, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor,
-                       state_mask: Optional[torch.Tensor] = None) -> LSTMState:
+    def reference_step(
+        self, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor, state_mask: Optional[torch.Tensor] = None
+    ) -> LSTMState:
         """One time step, readable: ``x [B, m]`` (dropped), ``h, c [B, n]`` -> new ``(h, c)``."""
         if state_mask is not None:
             h = h * state_mask
@@ -179,14 +187,22 @@ class MogrifierLSTMLayer(nn.Module):
         c = f * c + i * j
         return o * torch.tanh(c), c
 
-    def forward(self, x: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor,
-                state_mask: Optional[torch.Tensor] = None, reference: bool = False):
+    def forward(
+        self,
+        x: torch.Tensor,
+        h0: torch.Tensor,
+        c0: torch.Tensor,
+        state_mask: Optional[torch.Tensor] = None,
+        reference: bool = False,
+    ):
         """``x [T, B, m]`` (time major, dropout applied), ``h0, c0 [B, n]``, ``state_mask`` None, ``[B, n]`` (every
         step) or ``[T, B, n]`` (one per step) -> ``(y [T, B, n], (h_T, c_T))``."""
         per_step = state_mask is not None and state_mask.dim() == 3
         if state_mask is not None and state_mask.shape != ((x.shape[0],) if per_step else ()) + h0.shape:
-            raise ValueError(f"MogrifierLSTMLayer: the state mask must be [B, n] = {list(h0.shape)} or [T, B, n], "
-                             f"T = {x.shape[0]}; got {list(state_mask.shape)}")
+            raise ValueError(
+                f"MogrifierLSTMLayer: the state mask must be [B, n] = {list(h0.shape)} or [T, B, n], "
+                f"T = {x.shape[0]}; got {list(state_mask.shape)}"
+            )
         if reference:
             h, c = h0, c0
             outputs = []
@@ -198,19 +214,49 @@ class MogrifierLSTMLayer(nn.Module):
             zero = torch.zeros_like(self.bias)
             # With no dropout, the train flag only makes cuDNN keep what its backward reads: needed for gradients in
             # eval mode too (cuDNN refuses a backward through an eval-mode call).
-            y, h, c = torch.lstm(x, (h0.unsqueeze(0), c0.unsqueeze(0)),
-                                 [self.weight_ih, self.weight_hh, self.bias, zero],
-                                 True, 1, 0.0, self.training or torch.is_grad_enabled(), False, False)
+            y, h, c = torch.lstm(
+                x,
+                (h0.unsqueeze(0), c0.unsqueeze(0)),
+                [self.weight_ih, self.weight_hh, self.bias, zero],
+                True,
+                1,
+                0.0,
+                self.training or torch.is_grad_enabled(),
+                False,
+                False,
+            )
             return y, (h.squeeze(0), c.squeeze(0))
         params = self.round_parameters()
         tensors = [x, h0, c0, self.weight_ih, self.weight_hh, self.bias] + params
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-            y, c = MogrifierLayerFunction.apply(x, h0, c0, state_mask, self.weight_ih, self.weight_hh, self.bias,
-                                                self.cap_input_gate, self.rank, self.workspace, *params)
+            y, c = MogrifierLayerFunction.apply(
+                x,
+                h0,
+                c0,
+                state_mask,
+                self.weight_ih,
+                self.weight_hh,
+                self.bias,
+                self.cap_input_gate,
+                self.rank,
+                self.workspace,
+                *params,
+            )
         else:
-            y, c = LayerRecurrence(x, h0, c0, state_mask, self.weight_ih, self.weight_hh, self.bias,
-                                   self.cap_input_gate, self.rank, params, save=False,
-                                   workspace=self.workspace).forward()
+            y, c = LayerRecurrence(
+                x,
+                h0,
+                c0,
+                state_mask,
+                self.weight_ih,
+                self.weight_hh,
+                self.bias,
+                self.cap_input_gate,
+                self.rank,
+                params,
+                save=False,
+                workspace=self.workspace,
+            ).forward()
         return y, (y[-1], c)
 
     def lstm_weights(self) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -218,8 +264,10 @@ class MogrifierLSTMLayer(nn.Module):
         return self.weight_ih, self.weight_hh, self.bias, torch.zeros_like(self.bias)
 
     def extra_repr(self) -> str:
-        return (f"input_size={self.input_size}, hidden_size={self.hidden_size}, rounds={self.rounds}, "
-                f"rank={self.rank}, cap_input_gate={self.cap_input_gate}")
+        return (
+            f"input_size={self.input_size}, hidden_size={self.hidden_size}, rounds={self.rounds}, "
+            f"rank={self.rank}, cap_input_gate={self.cap_input_gate}"
+        )
 
 
 class MogrifierLSTM(nn.Module):
@@ -246,21 +294,38 @@ class MogrifierLSTM(nn.Module):
     :meth:`load_lstm_weights` / :meth:`to_lstm` copy the LSTM weights from / to an ``nn.LSTM``.
     """
 
-    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, rounds: int = 5, rank: int = 0,
-                 cap_input_gate: bool = True, forget_bias: float = 1.0, input_dropout: float = 0.0,
-                 inter_layer_dropout: float = 0.0, state_dropout: float = 0.0, output_dropout: float = 0.0,
-                 sum_layer_outputs: bool = False, shared_mask_dropout: bool = False,
-                 state_dropout_per_step: bool = False):
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        rounds: int = 5,
+        rank: int = 0,
+        cap_input_gate: bool = True,
+        forget_bias: float = 1.0,
+        input_dropout: float = 0.0,
+        inter_layer_dropout: float = 0.0,
+        state_dropout: float = 0.0,
+        output_dropout: float = 0.0,
+        sum_layer_outputs: bool = False,
+        shared_mask_dropout: bool = False,
+        state_dropout_per_step: bool = False,
+    ):
         super().__init__()
-        for name, value, least, note in (("input_size", input_size, 1, None), ("hidden_size", hidden_size, 1, None),
-                                         ("num_layers", num_layers, 1, None), ("rounds", rounds, 0, "0: a plain LSTM"),
-                                         ("rank", rank, 0, "0: full rank")):
+        for name, value, least, note in (
+            ("input_size", input_size, 1, None),
+            ("hidden_size", hidden_size, 1, None),
+            ("num_layers", num_layers, 1, None),
+            ("rounds", rounds, 0, "0: a plain LSTM"),
+            ("rank", rank, 0, "0: full rank"),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ParameterError(name, repr(value), f"must be an integer >= {least}", note)
         smallest = min(input_size, hidden_size)
         if rounds > 0 and rank >= smallest:
-            raise ParameterError("rank", rank, f"give 0 (full rank) or a rank below min(input_size, hidden_size) = "
-                                               f"{smallest}")
+            raise ParameterError(
+                "rank", rank, f"give 0 (full rank) or a rank below min(input_size, hidden_size) = {smallest}"
+            )
         self.input_size = input_size
         self.hidden_size = hidden_size
         self.num_layers = num_layers
@@ -268,15 +333,20 @@ class MogrifierLSTM(nn.Module):
         self.rank = rank
         self.cap_input_gate = bool(cap_input_gate)
         self.forget_bias = float(forget_bias)
-        for name, p in (("input_dropout", input_dropout), ("inter_layer_dropout", inter_layer_dropout),
-                        ("state_dropout", state_dropout), ("output_dropout", output_dropout)):
+        for name, p in (
+            ("input_dropout", input_dropout),
+            ("inter_layer_dropout", inter_layer_dropout),
+            ("state_dropout", state_dropout),
+            ("output_dropout", output_dropout),
+        ):
             setattr(self, name, check_probability(p, name))
         self.sum_layer_outputs = bool(sum_layer_outputs)
         self.shared_mask_dropout = bool(shared_mask_dropout)
         self.state_dropout_per_step = bool(state_dropout_per_step)
         self.layers = nn.ModuleList(
-            MogrifierLSTMLayer(input_size if i == 0 else hidden_size, hidden_size, rounds, rank,
-                               self.cap_input_gate, self.forget_bias)
+            MogrifierLSTMLayer(
+                input_size if i == 0 else hidden_size, hidden_size, rounds, rank, self.cap_input_gate, self.forget_bias
+            )
             for i in range(num_layers)
         )
 
@@ -286,8 +356,10 @@ class MogrifierLSTM(nn.Module):
 
     def zero_state(self, batch_size: int, like: torch.Tensor) -> List[LSTMState]:
         """Zero ``(h, c)`` for every layer, with the dtype and device of ``like``."""
-        return [(like.new_zeros(batch_size, self.hidden_size), like.new_zeros(batch_size, self.hidden_size))
-                for _ in range(self.num_layers)]
+        return [
+            (like.new_zeros(batch_size, self.hidden_size), like.new_zeros(batch_size, self.hidden_size))
+            for _ in range(self.num_layers)
+        ]
 
     def sample_dropout_masks(self, batch_size: int, steps: int, like: torch.Tensor) -> MogrifierDropoutMasks:
         """Draw the masks of one forward call over ``steps`` time steps (what ``forward`` does in training mode):
@@ -300,22 +372,26 @@ class MogrifierLSTM(nn.Module):
             return like.new_empty(shape).bernoulli_(1.0 - p).div_(1.0 - p)
 
         per_step = not self.shared_mask_dropout
-        inputs = [mask(self.input_dropout if i == 0 else self.inter_layer_dropout, layer.input_size, per_step)
-                  for i, layer in enumerate(self.layers)]
+        inputs = [
+            mask(self.input_dropout if i == 0 else self.inter_layer_dropout, layer.input_size, per_step)
+            for i, layer in enumerate(self.layers)
+        ]
         states = [mask(self.state_dropout, self.hidden_size, self.state_dropout_per_step) for _ in self.layers]
         return MogrifierDropoutMasks(inputs, states, mask(self.output_dropout, self.hidden_size, per_step))
 
     def no_dropout_masks(self) -> MogrifierDropoutMasks:
         return MogrifierDropoutMasks([None] * self.num_layers, [None] * self.num_layers, None)
 
-    def forward(self, x: torch.Tensor, state: Optional[List[LSTMState]] = None,
-                masks: Optional[MogrifierDropoutMasks] = None):
+    def forward(
+        self, x: torch.Tensor, state: Optional[List[LSTMState]] = None, masks: Optional[MogrifierDropoutMasks] = None
+    ):
         """``x [B, T, input_size]`` -> ``(output [B, T, H], new_state)``. ``masks`` (optional) overrides the
         dropout masks, in any mode; by default they are drawn in training mode and absent in eval mode."""
         return self._run(x, state, masks, reference=False)
 
-    def reference_forward(self, x: torch.Tensor, state: Optional[List[LSTMState]] = None,
-                          masks: Optional[MogrifierDropoutMasks] = None):
+    def reference_forward(
+        self, x: torch.Tensor, state: Optional[List[LSTMState]] = None, masks: Optional[MogrifierDropoutMasks] = None
+    ):
         """Same as :meth:`forward`, computed step by step and round by round with plain autograd operations."""
         return self._run(x, state, masks, reference=True)
 
@@ -363,8 +439,10 @@ class MogrifierLSTM(nn.Module):
         the mogrifier rounds, if any, are left as they are."""
         sizes = (self.input_size, self.hidden_size, self.num_layers)
         if (lstm.input_size, lstm.hidden_size, lstm.num_layers) != sizes or lstm.bidirectional or lstm.proj_size:
-            raise ValueError(f"load_lstm_weights needs a unidirectional nn.LSTM({self.input_size}, "
-                             f"{self.hidden_size}, num_layers={self.num_layers}) without projection, got {lstm}")
+            raise ValueError(
+                f"load_lstm_weights needs a unidirectional nn.LSTM({self.input_size}, "
+                f"{self.hidden_size}, num_layers={self.num_layers}) without projection, got {lstm}"
+            )
         with torch.no_grad():
             for k, layer in enumerate(self.layers):
                 layer.weight_ih.copy_(getattr(lstm, f"weight_ih_l{k}"))
@@ -386,9 +464,11 @@ class MogrifierLSTM(nn.Module):
         return lstm
 
     def extra_repr(self) -> str:
-        return (f"input_size={self.input_size}, hidden_size={self.hidden_size}, num_layers={self.num_layers}, "
-                f"rounds={self.rounds}, rank={self.rank}, cap_input_gate={self.cap_input_gate}, "
-                f"input_dropout={self.input_dropout}, inter_layer_dropout={self.inter_layer_dropout}, "
-                f"state_dropout={self.state_dropout}, output_dropout={self.output_dropout}, "
-                f"sum_layer_outputs={self.sum_layer_outputs}, shared_mask_dropout={self.shared_mask_dropout}, "
-                f"state_dropout_per_step={self.state_dropout_per_step}")
+        return (
+            f"input_size={self.input_size}, hidden_size={self.hidden_size}, num_layers={self.num_layers}, "
+            f"rounds={self.rounds}, rank={self.rank}, cap_input_gate={self.cap_input_gate}, "
+            f"input_dropout={self.input_dropout}, inter_layer_dropout={self.inter_layer_dropout}, "
+            f"state_dropout={self.state_dropout}, output_dropout={self.output_dropout}, "
+            f"sum_layer_outputs={self.sum_layer_outputs}, shared_mask_dropout={self.shared_mask_dropout}, "
+            f"state_dropout_per_step={self.state_dropout_per_step}"
+        )

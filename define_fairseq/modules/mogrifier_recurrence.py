@@ -109,7 +109,7 @@ class Workspace:
 
 def _split_rounds(round_params: Sequence[torch.Tensor], rank: int) -> List[Tuple[torch.Tensor, ...]]:
     per_round = 2 if rank == 0 else 3
-    return [tuple(round_params[i:i + per_round]) for i in range(0, len(round_params), per_round)]
+    return [tuple(round_params[i : i + per_round]) for i in range(0, len(round_params), per_round)]
 
 
 class LayerRecurrence:
@@ -123,8 +123,21 @@ class LayerRecurrence:
     ``h_{t-1}`` themselves. The last x and h of the chains are the two halves of ``z = [x_up; h_up; 1]``.
     """
 
-    def __init__(self, x, h0, c0, state_mask, weight_ih, weight_hh, bias, cap: bool, rank: int, round_params,
-                 save: bool, workspace: Optional[Workspace] = None):
+    def __init__(
+        self,
+        x,
+        h0,
+        c0,
+        state_mask,
+        weight_ih,
+        weight_hh,
+        bias,
+        cap: bool,
+        rank: int,
+        round_params,
+        save: bool,
+        workspace: Optional[Workspace] = None,
+    ):
         T, B, m = x.shape
         n = h0.shape[1]
         self.x, self.h0, self.c0, self.state_mask = x, h0, c0, state_mask
@@ -165,7 +178,7 @@ class LayerRecurrence:
         self.z[:, :, m + n].fill_(1.0)
         self.weight = torch.cat([weight_ih, weight_hh, bias.unsqueeze(1)], 1, out=new(4 * n, m + n + 1))
         self.weight_t = self.weight.t()
-        z_x, self.z_h = self.z[:, :, :m], self.z[:, :, m: m + n]
+        z_x, self.z_h = self.z[:, :, :m], self.z[:, :, m : m + n]
         if state_mask is not None:
             self.masked_h = self.z_h if r == 1 else new(steps, B, n)
         last_x = max(i for i in range(r) if i % 2 == 0)
@@ -242,9 +255,9 @@ class LayerRecurrence:
             g = torch.mm(self.z[s], self.weight_t, out=self.gates[s])
             threads.small()
         g[:, : 2 * n].sigmoid_()
-        g[:, 2 * n: 3 * n].tanh_()
-        g[:, 3 * n:].sigmoid_()
-        ig, fg, jg, og = g[:, :n], g[:, n: 2 * n], g[:, 2 * n: 3 * n], g[:, 3 * n:]
+        g[:, 2 * n : 3 * n].tanh_()
+        g[:, 3 * n :].sigmoid_()
+        ig, fg, jg, og = g[:, :n], g[:, n : 2 * n], g[:, 2 * n : 3 * n], g[:, 3 * n :]
         if self.cap:
             ig = torch.minimum(ig, 1.0 - fg, out=self.capped[s])
         c = torch.mul(fg, c, out=self.cells[s]).addcmul_(ig, jg)
@@ -294,7 +307,7 @@ class LayerRecurrence:
         else:  # [dW_ih, dW_hh, d_bias] in one GEMM against [x_up; h_up; 1]
             dx = self.dx
             d_weight = torch.mm(flat_dg.t(), self.z.view(T * B, m + n + 1))
-            d_weight_ih, d_weight_hh, d_bias = d_weight[:, :m], d_weight[:, m: m + n], d_weight[:, m + n]
+            d_weight_ih, d_weight_hh, d_bias = d_weight[:, :m], d_weight[:, m : m + n], d_weight[:, m + n]
         d_rounds = []
         for i, params in enumerate(self.rounds):  # d/da = d/d(a/2) / 2
             flat_dh2 = self.dhalf[i].view(T * B, -1)
@@ -304,8 +317,11 @@ class LayerRecurrence:
                 d_rounds.append(flat_dh2.sum(0).mul_(0.5))
             else:  # [d_left, d_bias] in one GEMM against [u; 1]
                 d_left_bias = torch.mm(flat_dh2.t(), self.lowrank[i].view(T * B, rank + 1)).mul_(0.5)
-                d_rounds += [d_left_bias[:, :rank], torch.mm(self.dlow[i].view(T * B, rank).t(), cond).mul_(0.5),
-                             d_left_bias[:, rank]]
+                d_rounds += [
+                    d_left_bias[:, :rank],
+                    torch.mm(self.dlow[i].view(T * B, rank).t(), cond).mul_(0.5),
+                    d_left_bias[:, rank],
+                ]
         return (dx, dh_next, dc, d_weight_ih, d_weight_hh, d_bias, *d_rounds)
 
     def _backward_step(self, t: int, dy_t, dh_next, dc, threads: Threads):
@@ -313,25 +329,25 @@ class LayerRecurrence:
         ``h_{t-1}`` and ``c_{t-1}``."""
         n, m, r, rank = self.n, self.m, self.r, self.rank
         g = self.gates[t]
-        ig, fg, jg, og = g[:, :n], g[:, n: 2 * n], g[:, 2 * n: 3 * n], g[:, 3 * n:]
+        ig, fg, jg, og = g[:, :n], g[:, n : 2 * n], g[:, 2 * n : 3 * n], g[:, 3 * n :]
         c_prev = self.cells[t - 1] if t > 0 else self.c0
         tc = self.tanh_c[t]
         dg = self.dgates[t]
         dh = torch.add(dy_t, dh_next)
-        _sigmoid_backward(dh * tc, og, grad_input=dg[:, 3 * n:])
+        _sigmoid_backward(dh * tc, og, grad_input=dg[:, 3 * n :])
         dc.add_(torch.ops.aten.tanh_backward(dh * og, tc))
         d_input = dc * jg  # gradient of the (capped) input gate
         if self.cap:
             ic = self.capped[t]
             d_i = d_input * torch.eq(ic, ig)  # to i where it was below 1 - f, else to 1 - f
             d_f = torch.mul(dc, c_prev).sub_(d_input).add_(d_i)
-            _tanh_backward(dc * ic, jg, grad_input=dg[:, 2 * n: 3 * n])
+            _tanh_backward(dc * ic, jg, grad_input=dg[:, 2 * n : 3 * n])
         else:
             d_i = d_input
             d_f = dc * c_prev
-            _tanh_backward(dc * ig, jg, grad_input=dg[:, 2 * n: 3 * n])
+            _tanh_backward(dc * ig, jg, grad_input=dg[:, 2 * n : 3 * n])
         _sigmoid_backward(d_i, ig, grad_input=dg[:, :n])
-        _sigmoid_backward(d_f, fg, grad_input=dg[:, n: 2 * n])
+        _sigmoid_backward(d_f, fg, grad_input=dg[:, n : 2 * n])
         dc = dc * fg
         threads.large()
         dz = torch.mm(dg, self.d_weight)
@@ -376,8 +392,9 @@ class MogrifierLayerFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, h0, c0, state_mask, weight_ih, weight_hh, bias, cap, rank, workspace, *round_params):
-        run = LayerRecurrence(x, h0, c0, state_mask, weight_ih, weight_hh, bias, cap, rank, round_params,
-                              save=True, workspace=workspace)
+        run = LayerRecurrence(
+            x, h0, c0, state_mask, weight_ih, weight_hh, bias, cap, rank, round_params, save=True, workspace=workspace
+        )
         y, c_last = run.forward()
         run.y = None  # the output refers to this node: holding it would make a reference cycle
         ctx.run = run

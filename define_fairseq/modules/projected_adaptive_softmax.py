@@ -61,9 +61,16 @@ class ProjectedAdaptiveSoftmax(nn.Module):
         dropout: on the input, while training.
     """
 
-    def __init__(self, vocab_size: int, embed_dim: int, input_dim: int, cutoff: Sequence[int],
-                 table: Optional[nn.Parameter] = None, projections: Optional[Sequence[Optional[nn.Parameter]]] = None,
-                 dropout: float = 0.0):
+    def __init__(
+        self,
+        vocab_size: int,
+        embed_dim: int,
+        input_dim: int,
+        cutoff: Sequence[int],
+        table: Optional[nn.Parameter] = None,
+        projections: Optional[Sequence[Optional[nn.Parameter]]] = None,
+        dropout: float = 0.0,
+    ):
         super().__init__()
         for name, value in (("vocab_size", vocab_size), ("embed_dim", embed_dim), ("input_dim", input_dim)):
             if int(value) < 1:
@@ -84,8 +91,9 @@ class ProjectedAdaptiveSoftmax(nn.Module):
             if not isinstance(table, nn.Parameter):
                 raise ValueError("table must be an nn.Parameter (it is tied, not copied)")
             if table.shape != (vocab_size, embed_dim):
-                raise ValueError(f"table must be [vocab_size, embed_dim] = [{vocab_size}, {embed_dim}], "
-                                 f"got {list(table.shape)}")
+                raise ValueError(
+                    f"table must be [vocab_size, embed_dim] = [{vocab_size}, {embed_dim}], got {list(table.shape)}"
+                )
             self.table = table
         self.bias = nn.Parameter(torch.zeros(vocab_size))
         self.cluster_weight = nn.Parameter(torch.empty(clusters - 1, embed_dim))
@@ -96,8 +104,10 @@ class ProjectedAdaptiveSoftmax(nn.Module):
             projections = [None] * clusters
         projections = list(projections)
         if len(projections) != clusters:
-            raise ValueError(f"projections must have one entry per cluster ({clusters} for cutoff "
-                             f"{self.cutoff}), got {len(projections)}")
+            raise ValueError(
+                f"projections must have one entry per cluster ({clusters} for cutoff "
+                f"{self.cutoff}), got {len(projections)}"
+            )
         for c, proj in enumerate(projections):
             if proj is None:
                 if embed_dim != input_dim:
@@ -107,8 +117,10 @@ class ProjectedAdaptiveSoftmax(nn.Module):
                 if not isinstance(proj, nn.Parameter):
                     raise ValueError(f"projections[{c}] must be None or an nn.Parameter (tied, not copied)")
                 if proj.shape != (input_dim, embed_dim):
-                    raise ValueError(f"projections[{c}] must be [input_dim, embed_dim] = [{input_dim}, {embed_dim}], "
-                                     f"got {list(proj.shape)}")
+                    raise ValueError(
+                        f"projections[{c}] must be [input_dim, embed_dim] = [{input_dim}, {embed_dim}], "
+                        f"got {list(proj.shape)}"
+                    )
             self.register_parameter(f"projection_{c}", proj)
         self.dropout = nn.Dropout(dropout)
 
@@ -142,8 +154,9 @@ class ProjectedAdaptiveSoftmax(nn.Module):
         bias = torch.cat([bias, self.cluster_bias], dim=0)
         return F.linear(p, weight, bias)
 
-    def forward(self, input: torch.Tensor, target: torch.Tensor
-                ) -> Tuple[List[Optional[torch.Tensor]], List[Optional[torch.Tensor]]]:
+    def forward(
+        self, input: torch.Tensor, target: torch.Tensor
+    ) -> Tuple[List[Optional[torch.Tensor]], List[Optional[torch.Tensor]]]:
         """Logits and targets per cluster, for ``cross_entropy`` (fairseq's ``adaptive_loss``).
 
         Args:
@@ -193,7 +206,7 @@ class ProjectedAdaptiveSoftmax(nn.Module):
         with_grad = torch.is_grad_enabled() and (h.requires_grad or any(p.requires_grad for p in self.parameters()))
         for c in range(1, self.num_clusters):
             lo, hi = self.cutoff[c - 1], self.cutoff[c]
-            prior = head[:, c0 + c - 1:c0 + c]  # log p(cluster c)
+            prior = head[:, c0 + c - 1 : c0 + c]  # log p(cluster c)
             block = out[:, lo:hi]
             proj = getattr(self, f"projection_{c}")
             p = h if proj is None else h @ proj
@@ -209,7 +222,7 @@ class ProjectedAdaptiveSoftmax(nn.Module):
                 # to a contiguous buffer and back, and the prior would take another pass.
                 step = _rows_per_chunk(block)
                 for start in range(0, block.size(0), step):
-                    rows = block[start:start + step]
-                    shift = torch.logsumexp(rows, dim=-1, keepdim=True).sub_(prior[start:start + step])
+                    rows = block[start : start + step]
+                    shift = torch.logsumexp(rows, dim=-1, keepdim=True).sub_(prior[start : start + step])
                     rows.sub_(shift)
         return out.view(*shape, self.vocab_size)

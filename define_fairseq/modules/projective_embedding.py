@@ -32,8 +32,11 @@ class ProjectiveEmbedding(nn.Module):
 
     def __init__(self, num_embeddings: int, embedding_dim: int, output_dim: int, padding_idx: Optional[int] = None):
         super().__init__()
-        for name, value in (("num_embeddings", num_embeddings), ("embedding_dim", embedding_dim),
-                            ("output_dim", output_dim)):
+        for name, value in (
+            ("num_embeddings", num_embeddings),
+            ("embedding_dim", embedding_dim),
+            ("output_dim", output_dim),
+        ):
             if int(value) < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         if padding_idx is not None and not 0 <= padding_idx < num_embeddings:

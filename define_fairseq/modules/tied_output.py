@@ -23,8 +23,14 @@ class TiedOutput(nn.Module):
     Shapes: ``x [..., H]`` -> ``[..., V]``.
     """
 
-    def __init__(self, table: nn.Parameter, hidden_size: int, components: int = 1, dropout: float = 0.0,
-                 shared_mask: bool = False):
+    def __init__(
+        self,
+        table: nn.Parameter,
+        hidden_size: int,
+        components: int = 1,
+        dropout: float = 0.0,
+        shared_mask: bool = False,
+    ):
         super().__init__()
         vocab, width = table.shape
         check_probability(dropout, "dropout")
@@ -64,5 +70,6 @@ class TiedOutput(nn.Module):
         return F.dropout(x, self.dropout, self.training)
 
     def extra_repr(self) -> str:
-        return (f"components={self.components}, width={self.width}, dropout={self.dropout}, "
-                f"shared_mask={self.shared_mask}")
+        return (
+            f"components={self.components}, width={self.width}, dropout={self.dropout}, shared_mask={self.shared_mask}"
+        )

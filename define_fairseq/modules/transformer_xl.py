@@ -66,8 +66,15 @@ class RelativeMultiheadAttention(nn.Module):
         pre_norm: pre-norm instead of post-norm residual.
     """
 
-    def __init__(self, d_model: int, num_heads: int, head_dim: int, dropout: float = 0.0,
-                 attention_dropout: float = 0.0, pre_norm: bool = False):
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        head_dim: int,
+        dropout: float = 0.0,
+        attention_dropout: float = 0.0,
+        pre_norm: bool = False,
+    ):
         super().__init__()
         _check_positive("d_model", d_model)
         _check_positive("num_heads", num_heads)
@@ -87,9 +94,17 @@ class RelativeMultiheadAttention(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.attention_dropout = nn.Dropout(attention_dropout)
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor, r_w_bias: torch.Tensor, r_r_bias: torch.Tensor,
-                mask: torch.Tensor, memory: Optional[torch.Tensor] = None,
-                memory_kv: Optional[Tuple[torch.Tensor, torch.Tensor]] = None, return_kv: bool = False):
+    def forward(
+        self,
+        x: torch.Tensor,
+        pos: torch.Tensor,
+        r_w_bias: torch.Tensor,
+        r_r_bias: torch.Tensor,
+        mask: torch.Tensor,
+        memory: Optional[torch.Tensor] = None,
+        memory_kv: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+        return_kv: bool = False,
+    ):
         """Attend from ``x`` over ``cat(memory, x)``.
 
         Args:
@@ -111,14 +126,17 @@ class RelativeMultiheadAttention(nn.Module):
         q, key, value = self.qkv(self.layer_norm(x) if self.pre_norm else x).chunk(3, dim=-1)
         if memory_kv is not None:
             if memory_kv[0].shape != (m, b, h * dh) or memory_kv[1].shape != (m, b, h * dh):
-                raise ValueError(f"memory_kv must be two [M, B, H*dh] = [{m}, {b}, {h * dh}] tensors, got "
-                                 f"{list(memory_kv[0].shape)} and {list(memory_kv[1].shape)}")
+                raise ValueError(
+                    f"memory_kv must be two [M, B, H*dh] = [{m}, {b}, {h * dh}] tensors, got "
+                    f"{list(memory_kv[0].shape)} and {list(memory_kv[1].shape)}"
+                )
             memory_key, memory_value = memory_kv
         elif m > 0:
             # The memory needs keys and values only (no queries, and no gradient of its own in training): it
             # goes through the key/value rows of the weight alone rather than cat(memory, x) through all of it.
-            memory_key, memory_value = F.linear(self.layer_norm(memory) if self.pre_norm else memory,
-                                                self.qkv.weight[h * dh:]).chunk(2, dim=-1)
+            memory_key, memory_value = F.linear(
+                self.layer_norm(memory) if self.pre_norm else memory, self.qkv.weight[h * dh :]
+            ).chunk(2, dim=-1)
         if m > 0:
             key = torch.cat([memory_key, key], dim=0)
             value = torch.cat([memory_value, value], dim=0)
@@ -133,7 +151,7 @@ class RelativeMultiheadAttention(nn.Module):
         value = value.reshape(k, b, h, dh)
         r = self.r_net(pos).view(k, h, dh)
 
-        content = torch.einsum("ibhd,jbhd->bhij", q + r_w_bias, key)          # [B, H, T, K]
+        content = torch.einsum("ibhd,jbhd->bhij", q + r_w_bias, key)  # [B, H, T, K]
         position = rel_shift(torch.einsum("ibhd,jhd->bhij", q + r_r_bias, r))  # [B, H, T, K]
         scores = (content + position) * self.scale
         scores = scores.masked_fill(mask, torch.finfo(scores.dtype).min)
@@ -179,16 +197,33 @@ class TransformerXLLayer(nn.Module):
     Shapes: ``x [T, B, d]``, ``memory [M, B, d]`` or ``None``, ``pos [K, d]``, ``mask [T, K]`` -> ``[T, B, d]``.
     """
 
-    def __init__(self, d_model: int, num_heads: int, head_dim: int, d_inner: int, dropout: float,
-                 attention_dropout: float, pre_norm: bool):
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        head_dim: int,
+        d_inner: int,
+        dropout: float,
+        attention_dropout: float,
+        pre_norm: bool,
+    ):
         super().__init__()
-        self.attention = RelativeMultiheadAttention(d_model, num_heads, head_dim, dropout=dropout,
-                                                    attention_dropout=attention_dropout, pre_norm=pre_norm)
+        self.attention = RelativeMultiheadAttention(
+            d_model, num_heads, head_dim, dropout=dropout, attention_dropout=attention_dropout, pre_norm=pre_norm
+        )
         self.feed_forward = PositionwiseFeedForward(d_model, d_inner, dropout=dropout, pre_norm=pre_norm)
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor, r_w_bias: torch.Tensor, r_r_bias: torch.Tensor,
-                mask: torch.Tensor, memory: Optional[torch.Tensor] = None,
-                memory_kv: Optional[Tuple[torch.Tensor, torch.Tensor]] = None, return_kv: bool = False):
+    def forward(
+        self,
+        x: torch.Tensor,
+        pos: torch.Tensor,
+        r_w_bias: torch.Tensor,
+        r_r_bias: torch.Tensor,
+        mask: torch.Tensor,
+        memory: Optional[torch.Tensor] = None,
+        memory_kv: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+        return_kv: bool = False,
+    ):
         """``[T, B, d]``, or with ``return_kv`` ``([T, B, d], (keys, values))`` (see the attention)."""
         if not return_kv:
             return self.feed_forward(self.attention(x, pos, r_w_bias, r_r_bias, mask, memory, memory_kv))
@@ -222,9 +257,20 @@ class TransformerXLStack(nn.Module):
     ``(output [B, T, d], new_memory)`` with ``new_memory`` a list of ``num_layers`` detached ``[n, B, d]``.
     """
 
-    def __init__(self, num_layers: int, d_model: int, num_heads: int, head_dim: int, d_inner: int,
-                 dropout: float = 0.1, attention_dropout: float = 0.0, pre_norm: bool = False,
-                 mem_len: int = 150, clamp_len: int = -1, same_length: bool = False):
+    def __init__(
+        self,
+        num_layers: int,
+        d_model: int,
+        num_heads: int,
+        head_dim: int,
+        d_inner: int,
+        dropout: float = 0.1,
+        attention_dropout: float = 0.0,
+        pre_norm: bool = False,
+        mem_len: int = 150,
+        clamp_len: int = -1,
+        same_length: bool = False,
+    ):
         super().__init__()
         _check_positive("num_layers", num_layers)
         _check_positive("d_model", d_model)
@@ -249,7 +295,8 @@ class TransformerXLStack(nn.Module):
         self.same_length = same_length
         self.layers = nn.ModuleList(
             TransformerXLLayer(d_model, num_heads, head_dim, d_inner, dropout, attention_dropout, pre_norm)
-            for _ in range(num_layers))
+            for _ in range(num_layers)
+        )
         self.r_w_bias = nn.Parameter(torch.empty(num_heads, head_dim))
         self.r_r_bias = nn.Parameter(torch.empty(num_heads, head_dim))
         self.final_norm = nn.LayerNorm(d_model) if pre_norm else None
@@ -300,8 +347,14 @@ class TransformerXLStack(nn.Module):
             mask = mask | torch.tril(ones, diagonal=-shift)
         return mask
 
-    def forward(self, x: torch.Tensor, memory: Optional[List[torch.Tensor]] = None, keep: Optional[int] = None,
-                memory_kv: Optional[List[Tuple[torch.Tensor, torch.Tensor]]] = None, return_kv: bool = False):
+    def forward(
+        self,
+        x: torch.Tensor,
+        memory: Optional[List[torch.Tensor]] = None,
+        keep: Optional[int] = None,
+        memory_kv: Optional[List[Tuple[torch.Tensor, torch.Tensor]]] = None,
+        return_kv: bool = False,
+    ):
         """Run the segment ``x [B, T, d]`` after ``memory`` (``num_layers`` tensors ``[M, B, d]``, or ``None``).
 
         Returns ``(output [B, T, d], new_memory)``: for each layer ``cat(memory[i], input of layer i)[-n:]``,
@@ -327,8 +380,10 @@ class TransformerXLStack(nn.Module):
             mlen = memory[0].size(0) if memory[0].dim() == 3 else -1
             for i, mem in enumerate(memory):
                 if mem.dim() != 3 or mem.size(0) != mlen or mem.shape[1:] != (batch, self.d_model):
-                    raise ValueError(f"memory[{i}] must be [M, B, d] = [{max(mlen, 0)}, {batch}, {self.d_model}] "
-                                     f"(the same M for every layer), got {list(mem.shape)}")
+                    raise ValueError(
+                        f"memory[{i}] must be [M, B, d] = [{max(mlen, 0)}, {batch}, {self.d_model}] "
+                        f"(the same M for every layer), got {list(mem.shape)}"
+                    )
         if memory_kv is not None and (memory is None or len(memory_kv) != self.num_layers):
             raise ValueError("memory_kv needs the memory it was computed from, and one (keys, values) pair per layer")
         klen = mlen + qlen

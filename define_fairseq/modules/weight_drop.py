@@ -17,7 +17,6 @@ from torch.func import functional_call
 
 from .checks import check_probability
 
-
 LSTMState = Tuple[torch.Tensor, torch.Tensor]
 
 
@@ -60,8 +59,9 @@ class WeightDropLSTM(nn.Module):
         return f"weight_drop={self.weight_drop}"
 
 
-def embedding_dropout(embedded: torch.Tensor, tokens: torch.Tensor, num_embeddings: int, p: float,
-                      training: bool = True) -> torch.Tensor:
+def embedding_dropout(
+    embedded: torch.Tensor, tokens: torch.Tensor, num_embeddings: int, p: float, training: bool = True
+) -> torch.Tensor:
     """Drop whole words: one Bernoulli draw per vocabulary entry, applied to every position holding that token.
 
     This equals dropping rows of the ``V x C`` table the vectors were looked up in (AWD-LSTM's

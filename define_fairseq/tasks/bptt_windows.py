@@ -8,14 +8,12 @@ import numpy as np
 import torch
 from fairseq.data import FairseqDataset
 
-
 # AWD-LSTM's variable-length BPTT: with this probability the base length is T, otherwise T / 2 ...
 FULL_LENGTH_PROBABILITY = 0.95
 # ... and no window is shorter than this (unless the row ends) ...
 MIN_VARIABLE_LENGTH = 5
 # ... nor longer than this many times T.
 MAX_LENGTH_FACTOR = 2
-
 
 
 class TokenStream(FairseqDataset):
@@ -38,8 +36,9 @@ class TokenStream(FairseqDataset):
         return self.stream[index + 1].long()
 
 
-def window_schedule(row_length: int, tokens_per_sample: int, variable: bool = False, std: float = 5.0,
-                    seed: int = 1, epoch: int = 1) -> List[Tuple[int, int]]:
+def window_schedule(
+    row_length: int, tokens_per_sample: int, variable: bool = False, std: float = 5.0, seed: int = 1, epoch: int = 1
+) -> List[Tuple[int, int]]:
     """The windows ``(start, length)`` that tile positions ``[0, row_length)`` of every row, in order.
 
     Fixed: windows of ``tokens_per_sample``, the last one shorter if needed. Variable (AWD-LSTM): each length is
@@ -82,8 +81,7 @@ class BPTTWindows(FairseqDataset):
     schedule of windows is just a list of indices and the dataset keeps no per-epoch state.
     """
 
-    def __init__(self, stream: torch.Tensor, num_rows: int, rank_rows: Tuple[int, int], keep_remainder: bool,
-                 pad: int):
+    def __init__(self, stream: torch.Tensor, num_rows: int, rank_rows: Tuple[int, int], keep_remainder: bool, pad: int):
         super().__init__()
         num_targets = stream.numel() - 1
         row_length = (num_targets + num_rows - 1) // num_rows if keep_remainder else num_targets // num_rows
@@ -111,14 +109,16 @@ class BPTTWindows(FairseqDataset):
 
     def window(self, start: int, length: int) -> Tuple[torch.Tensor, torch.Tensor]:
         """``(src_tokens, target)``, both ``[B, length]`` (int64)."""
-        inputs = self.rows[:, start:start + length].long()
-        targets = self.rows[:, start + 1:start + length + 1].long()
+        inputs = self.rows[:, start : start + length].long()
+        targets = self.rows[:, start + 1 : start + length + 1].long()
         return inputs, targets
 
     def collater(self, samples):
         if len(samples) != 1:
-            raise ValueError(f"--task stateful_lm: every batch is one window of all rows, got {len(samples)} windows "
-                             "(the task's batch sampler gives each batch one window)")
+            raise ValueError(
+                f"--task stateful_lm: every batch is one window of all rows, got {len(samples)} windows "
+                "(the task's batch sampler gives each batch one window)"
+            )
         start, length = samples[0]
         inputs, targets = self.window(start, length)
         bsz = inputs.size(0)

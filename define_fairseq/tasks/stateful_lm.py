@@ -40,13 +40,19 @@ from omegaconf import II
 
 from define_fairseq.models.config_helpers import take_deprecated_flags
 from define_fairseq.tasks.bptt_windows import (  # noqa: F401 (window_schedule: imported from here too)
-    MAX_LENGTH_FACTOR, BPTTWindows, TokenStream, schedule_batches, window_schedule)
+    MAX_LENGTH_FACTOR,
+    BPTTWindows,
+    TokenStream,
+    schedule_batches,
+    window_schedule,
+)
 
 logger = logging.getLogger(__name__)
 
 TASK = "stateful_lm"
 # The options' spellings before they were renamed (deprecated, kept for one release).
 RENAMES = {"define_variable_bptt": "variable_bptt", "define_bptt_std": "bptt_std"}
+
 
 @dataclass
 class StatefulLMConfig(FairseqDataclass):
@@ -60,19 +66,25 @@ class StatefulLMConfig(FairseqDataclass):
 
     data: Optional[str] = field(
         default=None,
-        metadata={"help": "data directory written by fairseq-preprocess --only-source (dict.txt, <split>.bin/.idx); "
-                          "several directories separated by ':' are used one per epoch for the training split"},
+        metadata={
+            "help": "data directory written by fairseq-preprocess --only-source (dict.txt, <split>.bin/.idx); "
+            "several directories separated by ':' are used one per epoch for the training split"
+        },
     )
     tokens_per_sample: int = field(
         default=70,
-        metadata={"help": "BPTT length T: tokens per stream in one batch (batches are batch size x T tokens; "
-                          "--max-tokens is not used by this task)"},
+        metadata={
+            "help": "BPTT length T: tokens per stream in one batch (batches are batch size x T tokens; "
+            "--max-tokens is not used by this task)"
+        },
     )
     variable_bptt: bool = field(
         default=False,
-        metadata={"help": "training split only: AWD-LSTM's variable BPTT length: base T (probability 0.95) or T/2, "
-                          "window max(5, int(normal(base, --bptt-std))) capped at 2T; the schedule is "
-                          "deterministic for (--seed, epoch)"},
+        metadata={
+            "help": "training split only: AWD-LSTM's variable BPTT length: base T (probability 0.95) or T/2, "
+            "window max(5, int(normal(base, --bptt-std))) capped at 2T; the schedule is "
+            "deterministic for (--seed, epoch)"
+        },
     )
     bptt_std: float = field(
         default=5.0, metadata={"help": "standard deviation of the window length for --variable-bptt"}
@@ -109,8 +121,10 @@ def check_model_carries_state(model) -> None:
     if decoder is not None:
         outer = inspect.signature(model.forward).parameters
         if "reset_state" not in outer and not any(p.kind is p.VAR_KEYWORD for p in outer.values()):
-            raise ValueError(f"--task {TASK}: {type(model).__name__}.forward does not pass `reset_state` on to its "
-                             f"decoder; for non-recurrent models use --task language_modeling.")
+            raise ValueError(
+                f"--task {TASK}: {type(model).__name__}.forward does not pass `reset_state` on to its "
+                f"decoder; for non-recurrent models use --task language_modeling."
+            )
 
 
 @register_task(TASK, dataclass=StatefulLMConfig)
@@ -127,8 +141,9 @@ class StatefulLMTask(FairseqTask):
         super().__init__(cfg)
         self.dictionary = dictionary
         if cfg.tokens_per_sample < 1:
-            raise ValueError(f"--tokens-per-sample must be at least 1 (it is the BPTT length), got "
-                             f"{cfg.tokens_per_sample}")
+            raise ValueError(
+                f"--tokens-per-sample must be at least 1 (it is the BPTT length), got {cfg.tokens_per_sample}"
+            )
         # The deprecated --define-* spellings (one release) are read once, here; use these, not cfg's fields.
         given = Namespace(**{name: getattr(cfg, name, None) for name in ("variable_bptt", "bptt_std", *RENAMES)})
         given = take_deprecated_flags(given, StatefulLMConfig, RENAMES)
@@ -139,17 +154,23 @@ class StatefulLMTask(FairseqTask):
     @classmethod
     def setup_task(cls, cfg: StatefulLMConfig, **kwargs):
         if not cfg.data:
-            raise ValueError(f"--task {TASK} needs the data directory written by fairseq-preprocess --only-source "
-                             f"(the first positional argument)")
+            raise ValueError(
+                f"--task {TASK} needs the data directory written by fairseq-preprocess --only-source "
+                f"(the first positional argument)"
+            )
         paths = utils.split_paths(cfg.data)
         for path in paths:
             if not os.path.isdir(path):
-                raise FileNotFoundError(f"--task {TASK}: data directory {path} does not exist; give the directory "
-                                        f"written by fairseq-preprocess --only-source")
+                raise FileNotFoundError(
+                    f"--task {TASK}: data directory {path} does not exist; give the directory "
+                    f"written by fairseq-preprocess --only-source"
+                )
         dict_path = os.path.join(paths[0], "dict.txt")
         if not os.path.isfile(dict_path):
-            raise FileNotFoundError(f"--task {TASK}: dictionary {dict_path} not found; binarize the corpus with "
-                                    f"fairseq-preprocess --only-source --destdir {paths[0]}")
+            raise FileNotFoundError(
+                f"--task {TASK}: dictionary {dict_path} not found; binarize the corpus with "
+                f"fairseq-preprocess --only-source --destdir {paths[0]}"
+            )
         dictionary = Dictionary.load(dict_path)
         logger.info(f"dictionary: {len(dictionary)} types")
         return cls(cfg, dictionary)
@@ -159,23 +180,28 @@ class StatefulLMTask(FairseqTask):
         paths = utils.split_paths(self.cfg.data)
         data_path = paths[(epoch - 1) % len(paths)]
         split_path = os.path.join(data_path, split)
-        dataset = data_utils.load_indexed_dataset(split_path, self.dictionary, _resolved(self.cfg.dataset_impl),
-                                                  combine=combine)
+        dataset = data_utils.load_indexed_dataset(
+            split_path, self.dictionary, _resolved(self.cfg.dataset_impl), combine=combine
+        )
         if dataset is None:
-            raise FileNotFoundError(f"--task {TASK}: split '{split}' not found ({split_path}.bin/.idx); binarize it "
-                                    f"with fairseq-preprocess --only-source (e.g. --{split}pref) or choose another "
-                                    f"split (--train-subset / --valid-subset / --gen-subset)")
+            raise FileNotFoundError(
+                f"--task {TASK}: split '{split}' not found ({split_path}.bin/.idx); binarize it "
+                f"with fairseq-preprocess --only-source (e.g. --{split}pref) or choose another "
+                f"split (--train-subset / --valid-subset / --gen-subset)"
+            )
         sizes = np.asarray(dataset.sizes, dtype=np.int64)
         stream = torch.empty(int(sizes.sum()) + 1, dtype=torch.int32)
         stream[0] = self.dictionary.eos()
         position = 1
         for index in range(len(dataset)):
             line = dataset[index]
-            stream[position:position + line.numel()] = line
+            stream[position : position + line.numel()] = line
             position += line.numel()
         if position != stream.numel():
-            raise ValueError(f"--task {TASK}: {split_path}: the index sizes ({int(sizes.sum())} tokens) do not match "
-                             f"the data ({position - 1} tokens); re-binarize the split")
+            raise ValueError(
+                f"--task {TASK}: {split_path}: the index sizes ({int(sizes.sum())} tokens) do not match "
+                f"the data ({position - 1} tokens); re-binarize the split"
+            )
         logger.info(f"{split_path}: {len(dataset)} lines, {position - 1} tokens")
         self.datasets[split] = TokenStream(stream, split, split_path)
 
@@ -190,14 +216,23 @@ class StatefulLMTask(FairseqTask):
             rows = _resolved(self.cfg.batch_size)
         if rows is None:
             flags = "--batch-size" if training else "--batch-size (fairseq-eval-lm) or --batch-size-valid"
-            raise ValueError(f"--task {TASK} needs {flags}: the number of parallel token streams per GPU for split "
-                             f"'{dataset.split}' (--max-tokens is not used by this task)")
+            raise ValueError(
+                f"--task {TASK} needs {flags}: the number of parallel token streams per GPU for split "
+                f"'{dataset.split}' (--max-tokens is not used by this task)"
+            )
         if rows < 1:
             raise ValueError(f"--task {TASK}: {flag} must be at least 1, got {rows}")
         return int(rows)
 
-    def stateful_batches(self, dataset: TokenStream, rows_per_rank: int, num_shards: int = 1, shard_id: int = 0,
-                         training: bool = False, flag: str = "--batch-size") -> BPTTWindows:
+    def stateful_batches(
+        self,
+        dataset: TokenStream,
+        rows_per_rank: int,
+        num_shards: int = 1,
+        shard_id: int = 0,
+        training: bool = False,
+        flag: str = "--batch-size",
+    ) -> BPTTWindows:
         """The :class:`BPTTWindows` of rank ``shard_id`` of ``num_shards`` with ``rows_per_rank`` rows each."""
         if not 0 <= shard_id < num_shards:
             raise ValueError(f"{TASK}: shard {shard_id} out of range for {num_shards} shards")
@@ -206,23 +241,43 @@ class StatefulLMTask(FairseqTask):
             raise ValueError(
                 f"--task {TASK}: split '{dataset.split}' ({dataset.path}) has {len(dataset)} tokens, fewer than the "
                 f"{num_rows} streams it must be cut into ({flag} {rows_per_rank} x {num_shards} GPUs); lower {flag} "
-                f"or use a longer split")
-        return BPTTWindows(dataset.stream, num_rows, (shard_id * rows_per_rank, (shard_id + 1) * rows_per_rank),
-                           keep_remainder=not training, pad=self.dictionary.pad())
+                f"or use a longer split"
+            )
+        return BPTTWindows(
+            dataset.stream,
+            num_rows,
+            (shard_id * rows_per_rank, (shard_id + 1) * rows_per_rank),
+            keep_remainder=not training,
+            pad=self.dictionary.pad(),
+        )
 
-    def _iterator(self, dataset, max_sentences, num_shards, shard_id, num_workers, epoch, data_buffer_size,
-                  training: bool, skip_remainder_batch=False) -> iterators.EpochBatchIterator:
+    def _iterator(
+        self,
+        dataset,
+        max_sentences,
+        num_shards,
+        shard_id,
+        num_workers,
+        epoch,
+        data_buffer_size,
+        training: bool,
+        skip_remainder_batch=False,
+    ) -> iterators.EpochBatchIterator:
         if not isinstance(dataset, TokenStream):
             raise TypeError(f"--task {TASK} batches the datasets it loads itself, got {type(dataset).__name__}")
         rows = self._rows_per_rank(dataset, max_sentences, training)
-        windows = self.stateful_batches(dataset, rows, num_shards, shard_id, training,
-                                        flag="--batch-size" if training else "--batch-size-valid")
+        windows = self.stateful_batches(
+            dataset, rows, num_shards, shard_id, training, flag="--batch-size" if training else "--batch-size-valid"
+        )
         if training and self.variable_bptt:
-            batch_sampler = partial(schedule_batches, tokens_per_sample=self.cfg.tokens_per_sample,
-                                    std=self.bptt_std, seed=self.cfg.seed)
+            batch_sampler = partial(
+                schedule_batches, tokens_per_sample=self.cfg.tokens_per_sample, std=self.bptt_std, seed=self.cfg.seed
+            )
         else:
-            batch_sampler = [[windows.code(start, length)]
-                             for start, length in window_schedule(windows.row_length, self.cfg.tokens_per_sample)]
+            batch_sampler = [
+                [windows.code(start, length)]
+                for start, length in window_schedule(windows.row_length, self.cfg.tokens_per_sample)
+            ]
         # The rows are already this rank's share: fairseq must not shard the batches again (every rank gets the
         # same number of batches), and must never shuffle them.
         return iterators.EpochBatchIterator(
@@ -239,10 +294,25 @@ class StatefulLMTask(FairseqTask):
             skip_remainder_batch=skip_remainder_batch,
         )
 
-    def get_batch_iterator(self, dataset, max_tokens=None, max_sentences=None, max_positions=None,
-                           ignore_invalid_inputs=False, required_batch_size_multiple=1, seed=1, num_shards=1,
-                           shard_id=0, num_workers=0, epoch=1, data_buffer_size=0, disable_iterator_cache=False,
-                           skip_remainder_batch=False, grouped_shuffling=False, update_epoch_batch_itr=False):
+    def get_batch_iterator(
+        self,
+        dataset,
+        max_tokens=None,
+        max_sentences=None,
+        max_positions=None,
+        ignore_invalid_inputs=False,
+        required_batch_size_multiple=1,
+        seed=1,
+        num_shards=1,
+        shard_id=0,
+        num_workers=0,
+        epoch=1,
+        data_buffer_size=0,
+        disable_iterator_cache=False,
+        skip_remainder_batch=False,
+        grouped_shuffling=False,
+        update_epoch_batch_itr=False,
+    ):
         """Batches of ``dataset`` in order (see the module docstring).
 
         ``max_sentences`` is the number of rows per rank (fairseq passes ``--batch-size`` for training and
@@ -250,18 +320,39 @@ class StatefulLMTask(FairseqTask):
         rank. ``max_tokens``, ``max_positions``, ``seed`` (``--seed`` of the task is used) and the shuffling options
         do not apply.
         """
-        return self._iterator(dataset, max_sentences, num_shards, shard_id, num_workers, epoch, data_buffer_size,
-                              training=self._is_training_split(dataset), skip_remainder_batch=skip_remainder_batch)
+        return self._iterator(
+            dataset,
+            max_sentences,
+            num_shards,
+            shard_id,
+            num_workers,
+            epoch,
+            data_buffer_size,
+            training=self._is_training_split(dataset),
+            skip_remainder_batch=skip_remainder_batch,
+        )
 
-    def eval_lm_dataloader(self, dataset, max_tokens: Optional[int] = 36000, batch_size: Optional[int] = None,
-                           max_positions: Optional[int] = None, num_shards: int = 1, shard_id: int = 0,
-                           num_workers: int = 1, data_buffer_size: int = 10, context_window: int = 0):
+    def eval_lm_dataloader(
+        self,
+        dataset,
+        max_tokens: Optional[int] = 36000,
+        batch_size: Optional[int] = None,
+        max_positions: Optional[int] = None,
+        num_shards: int = 1,
+        shard_id: int = 0,
+        num_workers: int = 1,
+        data_buffer_size: int = 10,
+        context_window: int = 0,
+    ):
         """fairseq-eval-lm: every token of the split scored once, in order, with state carried across windows."""
         if context_window > 0:
-            raise ValueError(f"--task {TASK} carries the recurrent state across windows, so every token already sees "
-                             f"all the text before it; drop --context-window (got {context_window})")
-        return self._iterator(dataset, batch_size, num_shards, shard_id, num_workers, 1, data_buffer_size,
-                              training=False).next_epoch_itr(shuffle=False)
+            raise ValueError(
+                f"--task {TASK} carries the recurrent state across windows, so every token already sees "
+                f"all the text before it; drop --context-window (got {context_window})"
+            )
+        return self._iterator(
+            dataset, batch_size, num_shards, shard_id, num_workers, 1, data_buffer_size, training=False
+        ).next_epoch_itr(shuffle=False)
 
     def build_model(self, cfg, from_checkpoint=False):
         model = super().build_model(cfg, from_checkpoint)

@@ -37,11 +37,12 @@ logger = logging.getLogger(__name__)
 @dataclass
 class TranslationC2SConfig(TranslationConfig):
     c2s_noise_rate: float = field(
-        default=0.0, metadata={"help": "probability that a character of a training source word is edited "
-                                       "(0: no noise)"})
+        default=0.0, metadata={"help": "probability that a character of a training source word is edited (0: no noise)"}
+    )
     c2s_noise_types: str = field(
-        default=",".join(NOISE_TYPES), metadata={"help": "comma separated edits to draw from: "
-                                                         + ", ".join(NOISE_TYPES)})
+        default=",".join(NOISE_TYPES),
+        metadata={"help": "comma separated edits to draw from: " + ", ".join(NOISE_TYPES)},
+    )
     seed: int = II("common.seed")
 
 
@@ -144,12 +145,16 @@ class TranslationC2STask(TranslationTask):
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
         super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
         noise = self.noise if split == self.cfg.train_subset else None
-        self.datasets[split] = CharacterSourceDataset(self.datasets[split], self.src_dict, noise=noise,
-                                                      seed=self.cfg.seed)
+        self.datasets[split] = CharacterSourceDataset(
+            self.datasets[split], self.src_dict, noise=noise, seed=self.cfg.seed
+        )
         if noise is not None:
-            logger.info(f"{split}: source characters noised with rate {self.cfg.c2s_noise_rate} "
-                        f"({self.cfg.c2s_noise_types}), new noise every epoch")
+            logger.info(
+                f"{split}: source characters noised with rate {self.cfg.c2s_noise_rate} "
+                f"({self.cfg.c2s_noise_types}), new noise every epoch"
+            )
 
     def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
-        return CharacterSourceDataset(super().build_dataset_for_inference(src_tokens, src_lengths, constraints),
-                                      self.src_dict)
+        return CharacterSourceDataset(
+            super().build_dataset_for_inference(src_tokens, src_lengths, constraints), self.src_dict
+        )

@@ -5,6 +5,7 @@ import argparse
 
 def int_at_least(low: int, flag: str):
     """An argparse ``type``: an integer of at least ``low``; the error names ``flag``."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -13,4 +14,5 @@ def int_at_least(low: int, flag: str):
         if value < low:
             raise argparse.ArgumentTypeError(f"{flag} must be at least {low}, got {value}")
         return value
+
     return parse

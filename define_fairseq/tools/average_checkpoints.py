@@ -72,16 +72,21 @@ def last_checkpoints(save_dir, n: int, epochs: bool = False) -> List[Path]:
         names = ", ".join(path.name for _, path in found) or "none"
         if epochs:
             what = "epoch checkpoints checkpoint<epoch>.pt"
-            how = ("fairseq-train writes one at the end of every epoch unless --no-epoch-checkpoints is given "
-                   f"(--keep-last-epochs M keeps the last M; it must be at least {n})")
+            how = (
+                "fairseq-train writes one at the end of every epoch unless --no-epoch-checkpoints is given "
+                f"(--keep-last-epochs M keeps the last M; it must be at least {n})"
+            )
             other = "" if not _found(save_dir, False) else "; it has update checkpoints: drop --epochs to use those"
         else:
             what = "update checkpoints checkpoint_<epoch>_<updates>.pt"
-            how = ("fairseq-train writes them with --save-interval-updates U, and --keep-interval-updates K "
-                   f"keeps the last K (K must be at least {n})")
+            how = (
+                "fairseq-train writes them with --save-interval-updates U, and --keep-interval-updates K "
+                f"keeps the last K (K must be at least {n})"
+            )
             other = "" if not _found(save_dir, True) else "; it has epoch checkpoints: add --epochs to use those"
-        raise CheckpointError(f"--dir {save_dir} has {len(found)} {what} ({names}), fewer than --last {n}; "
-                              f"{how}{other}")
+        raise CheckpointError(
+            f"--dir {save_dir} has {len(found)} {what} ({names}), fewer than --last {n}; {how}{other}"
+        )
     return [path for _, path in found[-n:]]
 
 
@@ -124,9 +129,11 @@ def read_torch_file(path, load: Optional[Callable] = None, what: str = "checkpoi
         lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
         refused = next((line for line in lines if "Unsupported global" in line), None)
         if refused is not None:
-            raise CheckpointError(f"{what} {path}: torch.load(weights_only=True) refused it ({refused}); if you "
-                                  f"trust this file, rerun with the environment variable "
-                                  f"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1") from e
+            raise CheckpointError(
+                f"{what} {path}: torch.load(weights_only=True) refused it ({refused}); if you "
+                f"trust this file, rerun with the environment variable "
+                f"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1"
+            ) from e
         reason = next((line for line in lines if "WeightsUnpickler error" in line), lines[0])
         raise CheckpointError(f"{what} {path} cannot be read as a PyTorch checkpoint: {reason}") from e
 
@@ -199,19 +206,25 @@ class StateAverage:
             value = model_state[key]
             if torch.is_tensor(expected) or torch.is_tensor(value):
                 if not (torch.is_tensor(expected) and torch.is_tensor(value)):
-                    raise CheckpointError(f"{name}: {key!r} is a {type(value).__name__} but a "
-                                          f"{type(expected).__name__} in {self.first}")
+                    raise CheckpointError(
+                        f"{name}: {key!r} is a {type(value).__name__} but a {type(expected).__name__} in {self.first}"
+                    )
                 if tuple(value.shape) != tuple(expected.shape):
-                    raise CheckpointError(f"{name}: {key!r} has shape {tuple(value.shape)} but "
-                                          f"{tuple(expected.shape)} in {self.first}")
+                    raise CheckpointError(
+                        f"{name}: {key!r} has shape {tuple(value.shape)} but {tuple(expected.shape)} in {self.first}"
+                    )
                 if value.dtype != expected.dtype:
-                    raise CheckpointError(f"{name}: {key!r} has dtype {value.dtype} but {expected.dtype} in "
-                                          f"{self.first}; average checkpoints saved with the same precision")
+                    raise CheckpointError(
+                        f"{name}: {key!r} has dtype {value.dtype} but {expected.dtype} in "
+                        f"{self.first}; average checkpoints saved with the same precision"
+                    )
                 if key in self.sums:
                     self.sums[key].add_(value.detach().to(device="cpu", dtype=torch.float64))
                 elif not torch.equal(value.cpu(), expected.cpu()):
-                    raise CheckpointError(f"{name}: {key!r} ({value.dtype}, not averaged) differs from its value "
-                                          f"in {self.first}; such entries must be equal in all inputs")
+                    raise CheckpointError(
+                        f"{name}: {key!r} ({value.dtype}, not averaged) differs from its value "
+                        f"in {self.first}; such entries must be equal in all inputs"
+                    )
             elif value != expected:
                 raise CheckpointError(f"{name}: {key!r} = {value!r} differs from {expected!r} in {self.first}")
         self.count += 1
@@ -220,8 +233,10 @@ class StateAverage:
         """The averaged state dict, in the key order of the first one added."""
         if self.count == 0:
             raise CheckpointError("no state dicts to average")
-        return {key: (self.sums[key] / self.count).to(expected.dtype) if key in self.sums else expected
-                for key, expected in self.reference.items()}
+        return {
+            key: (self.sums[key] / self.count).to(expected.dtype) if key in self.sums else expected
+            for key, expected in self.reference.items()
+        }
 
 
 def average_state_dicts(states: Sequence[Mapping], names: Optional[Sequence[str]] = None) -> Dict:
@@ -247,8 +262,10 @@ def average_checkpoints(paths: Sequence, output) -> List[str]:
             if first_arch is None:
                 first_arch, first_arch_path = arch, path
             elif arch != first_arch:
-                raise CheckpointError(f"{path} is a checkpoint of arch {arch!r} but {first_arch_path} of "
-                                      f"{first_arch!r}; average checkpoints of one training run")
+                raise CheckpointError(
+                    f"{path} is a checkpoint of arch {arch!r} but {first_arch_path} of "
+                    f"{first_arch!r}; average checkpoints of one training run"
+                )
         average.add(state.pop("model"), str(path))
         state.pop("last_optimizer_state", None)  # the optimizer state of one input does not fit the average
         updates = checkpoint_updates(state)
@@ -271,15 +288,25 @@ def average_checkpoints(paths: Sequence, output) -> List[str]:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m define_fairseq.tools.average_checkpoints", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m define_fairseq.tools.average_checkpoints",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--inputs", nargs="+", metavar="CHECKPOINT", help="the checkpoints to average")
     source.add_argument("--dir", metavar="SAVE_DIR", help="a fairseq-train --save-dir; use with --last N")
-    parser.add_argument("--last", type=int_at_least(1, "--last"), metavar="N",
-                        help="with --dir: average the N newest update checkpoints (checkpoint_<epoch>_<updates>.pt)")
-    parser.add_argument("--epochs", action="store_true",
-                        help="with --dir: take the N newest epoch checkpoints (checkpoint<epoch>.pt) instead")
+    parser.add_argument(
+        "--last",
+        type=int_at_least(1, "--last"),
+        metavar="N",
+        help="with --dir: average the N newest update checkpoints (checkpoint_<epoch>_<updates>.pt)",
+    )
+    parser.add_argument(
+        "--epochs",
+        action="store_true",
+        help="with --dir: take the N newest epoch checkpoints (checkpoint<epoch>.pt) instead",
+    )
     parser.add_argument("--output", required=True, metavar="OUT.pt", help="where to write the averaged checkpoint")
     args = parser.parse_args(argv)
     if args.dir is not None and args.last is None:

@@ -40,11 +40,13 @@ def swap_in(state: Dict, module, checkpoint: str) -> Dict[str, torch.Tensor]:
     model = state["model"]
     table = model[TABLE_KEY]
     if tuple(table.shape) != (module.num_embeddings, module.embedding_dim):
-        raise ValueError(f"--checkpoint {checkpoint}: {TABLE_KEY} is {tuple(table.shape)} but the module embeds "
-                         f"{module.num_embeddings} entries into {module.embedding_dim} dimensions")
+        raise ValueError(
+            f"--checkpoint {checkpoint}: {TABLE_KEY} is {tuple(table.shape)} but the module embeds "
+            f"{module.num_embeddings} entries into {module.embedding_dim} dimensions"
+        )
     # (cfg.model: a DictConfig, or an argparse.Namespace in an argparse-era checkpoint; safe_getattr reads both)
     no_scale = bool(safe_getattr(safe_getattr(state.get("cfg"), "model"), "no_scale_embedding", False))
-    module.set_output_scale(1.0 if no_scale else module.embedding_dim ** -0.5)
+    module.set_output_scale(1.0 if no_scale else module.embedding_dim**-0.5)
     out = {name: value for name, value in model.items() if name != TABLE_KEY}
     for name, value in module.state_dict().items():
         out[f"encoder.embed_tokens.{name}"] = value.detach().clone()
@@ -57,8 +59,7 @@ def write_start_checkpoint(path: str, model_state: Dict[str, torch.Tensor]) -> N
     state = {
         "model": model_state,
         "cfg": None,
-        "optimizer_history": [{"criterion_name": "", "optimizer_name": "", "lr_scheduler_state": {},
-                               "num_updates": 0}],
+        "optimizer_history": [{"criterion_name": "", "optimizer_name": "", "lr_scheduler_state": {}, "num_updates": 0}],
         "extra_state": {"train_iterator": {"epoch": 1}},
         "last_optimizer_state": None,
     }
@@ -76,8 +77,10 @@ def build(args) -> Dict:
     dictionary, _ = checkpoint_table(state, args.checkpoint, "encoder", args.data)
     saved = read_distilled(args.c2s)
     if saved.get("side") != "encoder":
-        raise ValueError(f"--c2s {args.c2s} was distilled from a {saved.get('side')} table; transformer_c2s embeds "
-                         f"the encoder side (distil with --side encoder)")
+        raise ValueError(
+            f"--c2s {args.c2s} was distilled from a {saved.get('side')} table; transformer_c2s embeds "
+            f"the encoder side (distil with --side encoder)"
+        )
     module = load_distilled(args.c2s, dictionary, saved)
     model_state = swap_in(state, module, args.checkpoint)
     write_start_checkpoint(args.output, model_state)
@@ -93,8 +96,9 @@ def get_parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint", required=True, help="the trained Transformer whose encoder table was distilled")
     parser.add_argument("--c2s", required=True, help="the module written by define_fairseq.tools.distill_c2s")
     parser.add_argument("--output", required=True, help="where to write the starting checkpoint (.pt)")
-    parser.add_argument("--data", default=None,
-                        help="the binarized data directory (its dict.*.txt), if not where the checkpoint says")
+    parser.add_argument(
+        "--data", default=None, help="the binarized data directory (its dict.*.txt), if not where the checkpoint says"
+    )
     return parser
 
 

@@ -53,21 +53,25 @@ def keep_pair(src_tokens: List[str], tgt_tokens: List[str], min_len: int, max_le
     return True
 
 
-def clean_parallel(src_in: str, tgt_in: str, src_out: str, tgt_out: str, min_len: int = 1, max_len: int = 250,
-                   ratio: float = 1.5) -> Tuple[int, int]:
+def clean_parallel(
+    src_in: str, tgt_in: str, src_out: str, tgt_out: str, min_len: int = 1, max_len: int = 250, ratio: float = 1.5
+) -> Tuple[int, int]:
     """Write the kept pairs of ``src_in``/``tgt_in`` to ``src_out``/``tgt_out``; returns (kept, total)."""
     for path in (src_in, tgt_in):
         if not os.path.isfile(path):
             raise SystemExit(f"error: input file {path} does not exist")
     n_src, n_tgt = count_lines(src_in), count_lines(tgt_in)
     if n_src != n_tgt:
-        raise SystemExit(f"error: {src_in} has {n_src} lines but {tgt_in} has {n_tgt}; the two sides of a "
-                         f"parallel corpus must have one line per sentence pair")
+        raise SystemExit(
+            f"error: {src_in} has {n_src} lines but {tgt_in} has {n_tgt}; the two sides of a "
+            f"parallel corpus must have one line per sentence pair"
+        )
     tmp_paths = (src_out + ".tmp", tgt_out + ".tmp")
     kept = total = 0
     try:
-        with open(tmp_paths[0], "w", encoding="utf-8", newline="\n") as src_file, \
-                open(tmp_paths[1], "w", encoding="utf-8", newline="\n") as tgt_file:
+        with open(tmp_paths[0], "w", encoding="utf-8", newline="\n") as src_file, open(
+            tmp_paths[1], "w", encoding="utf-8", newline="\n"
+        ) as tgt_file:
             for src_line, tgt_line in zip(read_lines(src_in), read_lines(tgt_in)):
                 total += 1
                 src_tokens, tgt_tokens = src_line.split(), tgt_line.split()
@@ -76,8 +80,9 @@ def clean_parallel(src_in: str, tgt_in: str, src_out: str, tgt_out: str, min_len
                     tgt_file.write(" ".join(tgt_tokens) + "\n")
                     kept += 1
         if total != n_src:
-            raise SystemExit(f"error: {src_in} or {tgt_in} changed while being read ({n_src} lines counted, "
-                             f"{total} read)")
+            raise SystemExit(
+                f"error: {src_in} or {tgt_in} changed while being read ({n_src} lines counted, {total} read)"
+            )
         os.replace(tmp_paths[0], src_out)
         os.replace(tmp_paths[1], tgt_out)
     except BaseException:
@@ -99,18 +104,27 @@ def _ratio(text: str) -> float:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m define_fairseq.tools.clean_parallel", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m define_fairseq.tools.clean_parallel",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("src_in", metavar="SRC_IN", help="source side, one sentence a line")
     parser.add_argument("tgt_in", metavar="TGT_IN", help="target side, line i translates line i of SRC_IN")
     parser.add_argument("src_out", metavar="SRC_OUT", help="where to write the kept source lines")
     parser.add_argument("tgt_out", metavar="TGT_OUT", help="where to write the kept target lines")
-    parser.add_argument("--min-len", type=int_at_least(0, "--min-len"), default=1,
-                        help="fewest tokens a side may have (default: 1)")
-    parser.add_argument("--max-len", type=int_at_least(0, "--max-len"), default=250,
-                        help="most tokens a side may have (default: 250)")
-    parser.add_argument("--ratio", type=_ratio, default=1.5,
-                        help="largest allowed length ratio, longer side / shorter side (default: 1.5)")
+    parser.add_argument(
+        "--min-len", type=int_at_least(0, "--min-len"), default=1, help="fewest tokens a side may have (default: 1)"
+    )
+    parser.add_argument(
+        "--max-len", type=int_at_least(0, "--max-len"), default=250, help="most tokens a side may have (default: 250)"
+    )
+    parser.add_argument(
+        "--ratio",
+        type=_ratio,
+        default=1.5,
+        help="largest allowed length ratio, longer side / shorter side (default: 1.5)",
+    )
     args = parser.parse_args(argv)
     if args.max_len < args.min_len:
         parser.error(f"--max-len ({args.max_len}) must be at least --min-len ({args.min_len})")
@@ -122,12 +136,16 @@ def main(argv: Optional[List[str]] = None) -> None:
         if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
             parser.error(f"{name} {path}: its directory does not exist")
     try:
-        kept, total = clean_parallel(args.src_in, args.tgt_in, args.src_out, args.tgt_out, args.min_len,
-                                     args.max_len, args.ratio)
+        kept, total = clean_parallel(
+            args.src_in, args.tgt_in, args.src_out, args.tgt_out, args.min_len, args.max_len, args.ratio
+        )
     except OSError as e:  # the message names the file
         raise SystemExit(f"error: {e}")
-    print(f"clean_parallel: kept {kept} of {total} sentence pairs (min-len {args.min_len}, max-len {args.max_len}, "
-          f"ratio {args.ratio:g})", file=sys.stderr)
+    print(
+        f"clean_parallel: kept {kept} of {total} sentence pairs (min-len {args.min_len}, max-len {args.max_len}, "
+        f"ratio {args.ratio:g})",
+        file=sys.stderr,
+    )
 
 
 if __name__ == "__main__":

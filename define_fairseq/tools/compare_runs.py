@@ -48,7 +48,7 @@ class Run:
             if entry:
                 values = json.loads(entry["json"])
                 if entry["kind"] == "train":  # an epoch's summary: train_num_updates, train_wall, ...
-                    values = {key[len("train_"):]: value for key, value in values.items() if key.startswith("train_")}
+                    values = {key[len("train_") :]: value for key, value in values.items() if key.startswith("train_")}
                 if entry["kind"] == "valid":
                     self.valid.append((int(values["valid_num_updates"]), float(values["valid_loss"])))
                 elif "num_updates" in values:
@@ -64,8 +64,11 @@ class Run:
             self.updates, self.seconds = int(cut["updates"]), float(cut["seconds"])
             self.valid = [(u, loss) for u, loss in self.valid if u <= self.updates]
             self.wall = {u: t for u, t in self.wall.items() if u <= self.updates}
-        self.params = dict(re.findall(r"^(DeFINE|context|input/output|total)\s+([\d.]+)M$",
-                                      (directory / "params.txt").read_text(), re.M))
+        self.params = dict(
+            re.findall(
+                r"^(DeFINE|context|input/output|total)\s+([\d.]+)M$", (directory / "params.txt").read_text(), re.M
+            )
+        )
         score = (directory / "score").read_text().split()
         if len(score) != 1:
             raise ValueError(f"{directory / 'score'}: expected one number, found {score!r}")
@@ -108,20 +111,31 @@ def table(runs: Dict[str, List[Run]], metric: str, order: List[str]) -> str:
         header += [f"{metric}, {REGIMES[regime]}", "training time (s)", "updates"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for model in order:
-        per_regime = {regime: sorted((r for r in rs if r.model == model), key=lambda r: r.seed)
-                      for regime, rs in runs.items()}
+        per_regime = {
+            regime: sorted((r for r in rs if r.model == model), key=lambda r: r.seed) for regime, rs in runs.items()
+        }
         first = next((rs[0] for rs in per_regime.values() if rs), None)
         if first is None:
             continue
         p = first.params
         row = [f"`{model}`", f"{p.get('total', '?')}M", f"{p.get('input/output', '?')}M", f"{p.get('DeFINE', '?')}M"]
         for rs in per_regime.values():
-            row += ([summary([r.score for r in rs], 2), f"{statistics.fmean(r.seconds for r in rs):.0f}",
-                     "/".join(str(r.updates) for r in rs)] if rs else ["-", "-", "-"])
+            row += (
+                [
+                    summary([r.score for r in rs], 2),
+                    f"{statistics.fmean(r.seconds for r in rs):.0f}",
+                    "/".join(str(r.updates) for r in rs),
+                ]
+                if rs
+                else ["-", "-", "-"]
+            )
         lines.append("| " + " | ".join(row) + " |")
     seeds = sorted({r.seed for rs in runs.values() for r in rs})
-    lines += ["", f"Seeds {', '.join(map(str, seeds))}: mean ± standard deviation over the seeds, each seed's value in "
-                  f"brackets (updates: per seed)."]
+    lines += [
+        "",
+        f"Seeds {', '.join(map(str, seeds))}: mean ± standard deviation over the seeds, each seed's value in "
+        f"brackets (updates: per seed).",
+    ]
     return "\n".join(lines)
 
 
@@ -129,6 +143,7 @@ def plot(runs: List[Run], order: List[str], path: Path) -> None:
     try:
         logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq's import leaves the root logger at DEBUG
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -144,8 +159,9 @@ def plot(runs: List[Run], order: List[str], path: Path) -> None:
             by_updates.plot(steps, losses, color=colour, alpha=0.8, linewidth=1.2, label=label)
             minutes = [run.seconds_at(u) for u in steps]
             kept = [(m / 60, loss) for m, loss in zip(minutes, losses) if m is not None]
-            by_time.plot([m for m, _ in kept], [loss for _, loss in kept], color=colour, alpha=0.8, linewidth=1.2,
-                         label=label)
+            by_time.plot(
+                [m for m, _ in kept], [loss for _, loss in kept], color=colour, alpha=0.8, linewidth=1.2, label=label
+            )
     for axis, xlabel in ((by_updates, "updates"), (by_time, "wall-clock minutes of training")):
         axis.set_xlabel(xlabel)
         axis.set_ylabel("validation loss (base 2)")

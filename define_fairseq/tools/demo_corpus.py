@@ -76,10 +76,10 @@ def parse_mo(data: bytes) -> List[Tuple[bytes, bytes]]:
         entry = table + 8 * index
         if entry + 8 > len(data):
             raise ValueError("corrupt .mo file: string table past the end")
-        length, offset = struct.unpack(order + "2I", data[entry:entry + 8])
+        length, offset = struct.unpack(order + "2I", data[entry : entry + 8])
         if offset + length > len(data):
             raise ValueError("corrupt .mo file: string past the end")
-        return data[offset:offset + length]
+        return data[offset : offset + length]
 
     return [(string(originals, i), string(translations, i)) for i in range(count)]
 
@@ -119,10 +119,12 @@ def catalog_pairs(entries: Iterable[Tuple[bytes, bytes]], max_words: int = MAX_W
 
 def catalog_files(locale_dir: str) -> List[str]:
     """The ``.mo`` files of ``locale_dir``, sorted by name; a clear error when there are none."""
-    hint = ("The demo reads the German translations that Debian/Ubuntu packages install there; install them "
-            "(do not strip locales, e.g. remove the path-exclude rule for /usr/share/locale in "
-            "/etc/dpkg/dpkg.cfg.d/ and reinstall the packages), or pass --locale-dir with a directory of "
-            "German .mo catalogs.")
+    hint = (
+        "The demo reads the German translations that Debian/Ubuntu packages install there; install them "
+        "(do not strip locales, e.g. remove the path-exclude rule for /usr/share/locale in "
+        "/etc/dpkg/dpkg.cfg.d/ and reinstall the packages), or pass --locale-dir with a directory of "
+        "German .mo catalogs."
+    )
     if not os.path.isdir(locale_dir):
         raise CorpusError(f"locale directory {locale_dir} does not exist. {hint}")
     names = sorted(name for name in os.listdir(locale_dir) if name.endswith(".mo"))
@@ -188,15 +190,18 @@ def _write_atomic(path: str, lines: Iterable[str]) -> None:
         raise
 
 
-def build_corpus(outdir: str, locale_dir: str = DEFAULT_LOCALE_DIR, min_pairs: int = 10000,
-                 max_words: int = MAX_WORDS) -> Dict[str, int]:
+def build_corpus(
+    outdir: str, locale_dir: str = DEFAULT_LOCALE_DIR, min_pairs: int = 10000, max_words: int = MAX_WORDS
+) -> Dict[str, int]:
     """Write ``outdir/{train,valid,test}.{en,de}``; returns the number of pairs of each split."""
     files = catalog_files(locale_dir)
     pairs = collect_pairs(files, max_words)
     if len(pairs) < min_pairs:
-        raise CorpusError(f"only {len(pairs)} usable English-German pairs in the {len(files)} catalogs of "
-                          f"{locale_dir}, fewer than the {min_pairs} required (--min-pairs); install more "
-                          f"packages' German translations or pass --locale-dir with a fuller directory")
+        raise CorpusError(
+            f"only {len(pairs)} usable English-German pairs in the {len(files)} catalogs of "
+            f"{locale_dir}, fewer than the {min_pairs} required (--min-pairs); install more "
+            f"packages' German translations or pass --locale-dir with a fuller directory"
+        )
     return write_splits(outdir, pairs)
 
 
@@ -217,20 +222,31 @@ def main(argv: Optional[List[str]] = None) -> None:
         description="Build an English-German corpus from the German gettext catalogs installed on this machine.",
     )
     parser.add_argument("outdir", help="where to write {train,valid,test}.{en,de}")
-    parser.add_argument("--locale-dir", default=DEFAULT_LOCALE_DIR,
-                        help=f"directory of German .mo catalogs (default: {DEFAULT_LOCALE_DIR})")
-    parser.add_argument("--min-pairs", type=int, default=10000,
-                        help="fail when fewer unique pairs come out (default: 10000)")
-    parser.add_argument("--max-words", type=int, default=MAX_WORDS,
-                        help=f"skip pairs with a side longer than this many words (default: {MAX_WORDS})")
+    parser.add_argument(
+        "--locale-dir",
+        default=DEFAULT_LOCALE_DIR,
+        help=f"directory of German .mo catalogs (default: {DEFAULT_LOCALE_DIR})",
+    )
+    parser.add_argument(
+        "--min-pairs", type=int, default=10000, help="fail when fewer unique pairs come out (default: 10000)"
+    )
+    parser.add_argument(
+        "--max-words",
+        type=int,
+        default=MAX_WORDS,
+        help=f"skip pairs with a side longer than this many words (default: {MAX_WORDS})",
+    )
     args = parser.parse_args(argv)
     try:
         counts = build_corpus(args.outdir, args.locale_dir, args.min_pairs, args.max_words)
     except CorpusError as e:
         raise SystemExit(f"error: {e}")
     total = sum(counts.values())
-    print(f"{total} pairs from {args.locale_dir}: " + ", ".join(f"{name} {counts[name]}" for name in SPLITS)
-          + f" -> {args.outdir}/{{train,valid,test}}.{{en,de}}")
+    print(
+        f"{total} pairs from {args.locale_dir}: "
+        + ", ".join(f"{name} {counts[name]}" for name in SPLITS)
+        + f" -> {args.outdir}/{{train,valid,test}}.{{en,de}}"
+    )
 
 
 if __name__ == "__main__":

@@ -58,7 +58,13 @@ from define_fairseq.data.char_noise import NOISE_TYPES, parse_noise_types
 from define_fairseq.modules.char2subword import Char2SubwordEmbedding
 from define_fairseq.tools.average_checkpoints import CheckpointError, read_torch_file
 from define_fairseq.tools.distill_c2s_data import (  # noqa: F401 (single_edit etc.: imported from here too)
-    checkpoint_table, load_checkpoint_state, load_table, noisy_samples, single_edit, symbols_md5)
+    checkpoint_table,
+    load_checkpoint_state,
+    load_table,
+    noisy_samples,
+    single_edit,
+    symbols_md5,
+)
 
 LOSS_TERMS = ("cos", "l2", "nbr", "ce")
 # The module's options, as the transformer_c2s flags name them (without the "c2s_" prefix).
@@ -68,8 +74,9 @@ C2S_OPTIONS = ("char_dim", "layers", "heads", "ffn_dim", "max_chars", "dropout")
 # -- losses and metrics ----------------------------------------------------------------------------------------
 
 
-def approximation_losses(pred: Tensor, target: Tensor, neighbours: Tensor, table: Tensor,
-                         labels: Tensor) -> Dict[str, Tensor]:
+def approximation_losses(
+    pred: Tensor, target: Tensor, neighbours: Tensor, table: Tensor, labels: Tensor
+) -> Dict[str, Tensor]:
     """The four terms of the approximation loss, each averaged over the batch.
 
     Args:
@@ -95,7 +102,7 @@ def nearest_neighbours(table: Tensor, k: int, chunk: int = 1024) -> Tensor:
     unit = F.normalize(table.float(), dim=-1)
     out = []
     for start in range(0, unit.size(0), chunk):
-        sim = unit[start: start + chunk] @ unit.t()
+        sim = unit[start : start + chunk] @ unit.t()
         rows = torch.arange(start, start + sim.size(0), device=sim.device)
         sim[torch.arange(sim.size(0), device=sim.device), rows] = float("-inf")
         out.append(sim.topk(k, dim=1).indices)
@@ -109,21 +116,26 @@ def approximation_metrics(pred: Tensor, table: Tensor, neighbours: Tensor, chunk
     unit_pred, unit_table = F.normalize(pred.float(), dim=-1), F.normalize(table.float(), dim=-1)
     hits, shared = 0, 0
     for start in range(0, pred.size(0), chunk):
-        sim = unit_pred[start: start + chunk] @ unit_table.t()
+        sim = unit_pred[start : start + chunk] @ unit_table.t()
         n = sim.size(0)
         rows = torch.arange(start, start + n, device=sim.device)
         hits += int(sim.argmax(dim=1).eq(rows).sum())
         sim[torch.arange(n, device=sim.device), rows] = float("-inf")
         found = sim.topk(k, dim=1).indices
-        shared += int((found.unsqueeze(2) == neighbours[start: start + n].unsqueeze(1)).any(dim=2).sum())
+        shared += int((found.unsqueeze(2) == neighbours[start : start + n].unsqueeze(1)).any(dim=2).sum())
     return {"accuracy": hits / pred.size(0), "precision": shared / (pred.size(0) * k)}
 
 
 def build_module(dictionary, embedding_dim: int, c2s_args: Dict, output_scale: float) -> Char2SubwordEmbedding:
     """A :class:`Char2SubwordEmbedding` of ``dictionary`` (specials: its first ``nspecial`` entries)."""
-    return Char2SubwordEmbedding(dictionary.symbols, dictionary.pad(), embedding_dim,
-                                 special_indices=range(dictionary.nspecial), output_scale=output_scale,
-                                 **{name: c2s_args[name] for name in C2S_OPTIONS})
+    return Char2SubwordEmbedding(
+        dictionary.symbols,
+        dictionary.pad(),
+        embedding_dim,
+        special_indices=range(dictionary.nspecial),
+        output_scale=output_scale,
+        **{name: c2s_args[name] for name in C2S_OPTIONS},
+    )
 
 
 def read_distilled(path: str) -> Dict:
@@ -145,17 +157,26 @@ def load_distilled(path: str, dictionary, saved: Optional[Dict] = None) -> Char2
         saved = read_distilled(path)
     fingerprint = symbols_md5(dictionary.symbols)
     if fingerprint != saved["symbols_md5"]:
-        raise ValueError(f"{path} was distilled for another dictionary ({saved.get('num_embeddings')} entries, md5 "
-                         f"{saved['symbols_md5']}) than the one given ({len(dictionary)} entries, md5 {fingerprint}); "
-                         f"use the {saved.get('side')} dictionary of the checkpoint it came from")
+        raise ValueError(
+            f"{path} was distilled for another dictionary ({saved.get('num_embeddings')} entries, md5 "
+            f"{saved['symbols_md5']}) than the one given ({len(dictionary)} entries, md5 {fingerprint}); "
+            f"use the {saved.get('side')} dictionary of the checkpoint it came from"
+        )
     args = saved["c2s_args"]
     module = build_module(dictionary, args["embedding_dim"], args, float(saved["output_scale"]))
     module.load_state_dict(saved["state_dict"])
     return module
 
 
-def save_distilled(path: str, module: Char2SubwordEmbedding, c2s_args: Dict, side: str, symbols: Sequence[str],
-                   checkpoint: str, metrics: Dict) -> None:
+def save_distilled(
+    path: str,
+    module: Char2SubwordEmbedding,
+    c2s_args: Dict,
+    side: str,
+    symbols: Sequence[str],
+    checkpoint: str,
+    metrics: Dict,
+) -> None:
     """Write the module to ``path`` atomically (``path.tmp``, then a rename)."""
     saved = {
         "c2s_args": dict(c2s_args, embedding_dim=module.embedding_dim),
@@ -191,8 +212,10 @@ class Distiller:
         self.scale = float(module.output_scale)
         count = self.regular.numel()
         if not 1 <= neighbours < count:
-            raise ValueError(f"--neighbours {neighbours}: must be between 1 and {count - 1} (the table has {count} "
-                             f"non-special entries and an entry is not its own neighbour)")
+            raise ValueError(
+                f"--neighbours {neighbours}: must be between 1 and {count - 1} (the table has {count} "
+                f"non-special entries and an entry is not its own neighbour)"
+            )
         self.neighbours = nearest_neighbours(self.table[self.regular], neighbours)  # [R, k], positions in regular
 
     def predict(self, chars: Tensor) -> Tensor:
@@ -202,8 +225,9 @@ class Distiller:
     def losses(self, positions: Tensor, pred: Tensor) -> Dict[str, Tensor]:
         """The loss terms of the regular entries at ``positions [N]`` predicted as ``pred [N, d]``."""
         reg_table = self.table[self.regular]
-        return approximation_losses(pred, reg_table[positions], reg_table[self.neighbours[positions]], self.table,
-                                    self.regular[positions])
+        return approximation_losses(
+            pred, reg_table[positions], reg_table[self.neighbours[positions]], self.table, self.regular[positions]
+        )
 
     @torch.no_grad()
     def evaluate(self, batch_size: int) -> Dict[str, float]:
@@ -222,8 +246,16 @@ class Distiller:
         result.update(approximation_metrics(pred, self.table[self.regular], self.neighbours))
         return result
 
-    def train_epoch(self, epoch: int, optimizer, batch_size: int, seed: int, noise_rate: float,
-                    noise_types: Sequence[str], symbols: Sequence[str]) -> Dict[str, float]:
+    def train_epoch(
+        self,
+        epoch: int,
+        optimizer,
+        batch_size: int,
+        seed: int,
+        noise_rate: float,
+        noise_types: Sequence[str],
+        symbols: Sequence[str],
+    ) -> Dict[str, float]:
         """One pass over the clean entries plus this epoch's noisy copies; the mean loss terms."""
         self.module.train()
         device = self.table.device
@@ -232,8 +264,9 @@ class Distiller:
         chars = self.module.chars[self.regular].cpu()
         if noise_rate > 0:
             regular_symbols = [symbols[i] for i in self.regular.tolist()]
-            noisy_positions, noisy_chars = noisy_samples(regular_symbols, noise_rate, noise_types, seed, epoch,
-                                                         chars.size(1))
+            noisy_positions, noisy_chars = noisy_samples(
+                regular_symbols, noise_rate, noise_types, seed, epoch, chars.size(1)
+            )
             positions = torch.cat([positions, noisy_positions])
             chars = torch.cat([chars, noisy_chars])
         generator = torch.Generator().manual_seed(seed * 100003 + epoch)
@@ -260,8 +293,10 @@ def distill(args) -> Dict:
     if args.batch_size < 1:
         raise ValueError(f"--batch-size {args.batch_size}: must be at least 1")
     if not 0.0 <= args.noise_rate <= 1.0:
-        raise ValueError(f"--noise-rate {args.noise_rate}: must be in [0, 1] (the share of the entries with more "
-                         f"than four characters that get a misspelled copy each epoch)")
+        raise ValueError(
+            f"--noise-rate {args.noise_rate}: must be in [0, 1] (the share of the entries with more "
+            f"than four characters that get a misspelled copy each epoch)"
+        )
     noise_types = parse_noise_types(args.noise_types, flag="--noise-types")
     if not os.path.isfile(args.checkpoint):
         raise FileNotFoundError(f"--checkpoint {args.checkpoint}: no such file")
@@ -285,26 +320,35 @@ def distill(args) -> Dict:
         module.special[module.special_slot[specials]] = table[specials] / output_scale
     module.special.requires_grad_(False)
     distiller = Distiller(module, table, args.neighbours, device)
-    print(f"distilling the {args.side} table of {args.checkpoint}: {len(regular)} entries (+{len(specials)} "
-          f"special) x {table.size(1)}, output_scale {output_scale:.5g}, {args.neighbours} neighbours, "
-          f"{sum(p.numel() for p in module.parameters() if p.requires_grad)} parameters, device {device}",
-          flush=True)
+    print(
+        f"distilling the {args.side} table of {args.checkpoint}: {len(regular)} entries (+{len(specials)} "
+        f"special) x {table.size(1)}, output_scale {output_scale:.5g}, {args.neighbours} neighbours, "
+        f"{sum(p.numel() for p in module.parameters() if p.requires_grad)} parameters, device {device}",
+        flush=True,
+    )
 
     before = distiller.evaluate(args.batch_size)
     optimizer = torch.optim.Adam([p for p in module.parameters() if p.requires_grad], lr=args.lr)
     for epoch in range(1, args.epochs + 1):
-        terms = distiller.train_epoch(epoch, optimizer, args.batch_size, args.seed, args.noise_rate, noise_types,
-                                      dictionary.symbols)
-        print(_format(f"epoch {epoch}", terms, f" | samples {terms['samples']} | noisy {terms['noisy']}"),
-              flush=True)
+        terms = distiller.train_epoch(
+            epoch, optimizer, args.batch_size, args.seed, args.noise_rate, noise_types, dictionary.symbols
+        )
+        print(_format(f"epoch {epoch}", terms, f" | samples {terms['samples']} | noisy {terms['noisy']}"), flush=True)
     after = distiller.evaluate(args.batch_size)
     k = args.neighbours
     for name, result in (("before", before), ("after", after)):
         print(_format(name, result, f" | accuracy {result['accuracy']:.4f} | precision@{k} {result['precision']:.4f}"))
 
     module.cpu()
-    save_distilled(args.output, module, c2s_args, args.side, dictionary.symbols, args.checkpoint,
-                   {"before": before, "after": after})
+    save_distilled(
+        args.output,
+        module,
+        c2s_args,
+        args.side,
+        dictionary.symbols,
+        args.checkpoint,
+        {"before": before, "after": after},
+    )
     print(f"wrote {args.output}")
     return {"before": before, "after": after}
 
@@ -315,21 +359,37 @@ def get_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", required=True, help="a trained fairseq checkpoint")
     parser.add_argument("--output", required=True, help="where to write the distilled module (.pt)")
-    parser.add_argument("--side", choices=("encoder", "decoder"), default="encoder",
-                        help="which embedding table to distil (default: encoder)")
-    parser.add_argument("--data", default=None,
-                        help="the binarized data directory (its dict.*.txt), if not where the checkpoint says")
+    parser.add_argument(
+        "--side",
+        choices=("encoder", "decoder"),
+        default="encoder",
+        help="which embedding table to distil (default: encoder)",
+    )
+    parser.add_argument(
+        "--data", default=None, help="the binarized data directory (its dict.*.txt), if not where the checkpoint says"
+    )
     fields = {name: field for name, _, field in C2S_FIELDS}
     for name in C2S_OPTIONS:
         field = fields[f"c2s_{name}"]
-        parser.add_argument(f"--c2s-{name.replace('_', '-')}", type=type(field.default), default=field.default,
-                            help=f"{field.metadata['help']} (default: {field.default})")
+        parser.add_argument(
+            f"--c2s-{name.replace('_', '-')}",
+            type=type(field.default),
+            default=field.default,
+            help=f"{field.metadata['help']} (default: {field.default})",
+        )
     parser.add_argument("--neighbours", type=int, default=10, help="k of L_nbr and of precision@k (default: 10)")
-    parser.add_argument("--noise-rate", type=float, default=0.0,
-                        help="probability that an entry with more than four characters gets a copy with one "
-                             "character edit, each epoch (default: 0, no noise)")
-    parser.add_argument("--noise-types", default=",".join(NOISE_TYPES),
-                        help=f"comma-separated edit types (default: {','.join(NOISE_TYPES)})")
+    parser.add_argument(
+        "--noise-rate",
+        type=float,
+        default=0.0,
+        help="probability that an entry with more than four characters gets a copy with one "
+        "character edit, each epoch (default: 0, no noise)",
+    )
+    parser.add_argument(
+        "--noise-types",
+        default=",".join(NOISE_TYPES),
+        help=f"comma-separated edit types (default: {','.join(NOISE_TYPES)})",
+    )
     parser.add_argument("--epochs", type=int, default=20, help="passes over the entries (default: 20)")
     parser.add_argument("--batch-size", type=int, default=256, help="entries per update (default: 256)")
     parser.add_argument("--lr", type=float, default=1e-3, help="Adam's learning rate (default: 0.001)")

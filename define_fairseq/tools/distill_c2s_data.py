@@ -11,8 +11,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from define_fairseq.data.char_noise import CharNoise, NoiseStats, sample_rng
-from define_fairseq.modules.char2subword import (
-    BYTE_OFFSET, CONTINUES_CHAR, PAD_CHAR, WORD_START_CHAR, token_characters)
+from define_fairseq.modules.char2subword import BYTE_OFFSET, CONTINUES_CHAR, PAD_CHAR, WORD_START_CHAR, token_characters
 from define_fairseq.tools.average_checkpoints import load_checkpoint
 
 MIN_NOISE_CHARS = 5  # the paper noises only subwords longer than four characters
@@ -48,8 +47,7 @@ def spelling_characters(text: str, word_start: bool, continues: bool, max_chars:
     return head + data + tail
 
 
-def noisy_samples(symbols: Sequence[str], rate: float, types: Sequence[str], seed: int, epoch: int,
-                  max_chars: int):
+def noisy_samples(symbols: Sequence[str], rate: float, types: Sequence[str], seed: int, epoch: int, max_chars: int):
     """The noisy copies of one epoch: ``(positions [S] long, chars [S, max_chars] long)``; position i stands for
     ``symbols[i]``. Entry i is drawn with ``sample_rng(seed, epoch, i)``."""
     positions, rows = [], []
@@ -102,9 +100,11 @@ def checkpoint_table(state: Dict, checkpoint: str, side: str, data: Optional[str
     model_state = state.get("model") or {}
     if key not in model_state:
         found = sorted(name for name in model_state if "embed_tokens" in name)[:8]
-        raise ValueError(f"--checkpoint {checkpoint} has no {side} embedding table ({key!r} is not in its model "
-                         f"state; embedding weights found: {found or 'none'}); --side {side} needs a model whose "
-                         f"{side}.embed_tokens is an nn.Embedding")
+        raise ValueError(
+            f"--checkpoint {checkpoint} has no {side} embedding table ({key!r} is not in its model "
+            f"state; embedding weights found: {found or 'none'}); --side {side} needs a model whose "
+            f"{side}.embed_tokens is an nn.Embedding"
+        )
     table = model_state[key].float()
     if table.dim() != 2:
         raise ValueError(f"--checkpoint {checkpoint}: {key} has shape {tuple(table.shape)}, not [V, d]")
@@ -116,18 +116,22 @@ def checkpoint_table(state: Dict, checkpoint: str, side: str, data: Optional[str
     try:
         task = tasks.setup_task(cfg.task)
     except FileNotFoundError as error:
-        hint = (f"check --data {data}" if data else
-                "if the binarized data directory moved, pass it with --data DIR")
+        hint = f"check --data {data}" if data else "if the binarized data directory moved, pass it with --data DIR"
         raise FileNotFoundError(
-            f"--checkpoint {checkpoint}: its task could not read its dictionaries ({error}); {hint}") from error
+            f"--checkpoint {checkpoint}: its task could not read its dictionaries ({error}); {hint}"
+        ) from error
     dictionary = task.source_dictionary if side == "encoder" else task.target_dictionary
     if dictionary is None:
-        raise ValueError(f"--checkpoint {checkpoint}: its task ({cfg.task._name}) has no "
-                         f"{'source' if side == 'encoder' else 'target'} dictionary for --side {side}")
+        raise ValueError(
+            f"--checkpoint {checkpoint}: its task ({cfg.task._name}) has no "
+            f"{'source' if side == 'encoder' else 'target'} dictionary for --side {side}"
+        )
     if len(dictionary) != table.size(0):
-        raise ValueError(f"--checkpoint {checkpoint}: the {side} dictionary has {len(dictionary)} entries but "
-                         f"{key} has {table.size(0)} rows; pass the data directory the model was trained on "
-                         f"with --data")
+        raise ValueError(
+            f"--checkpoint {checkpoint}: the {side} dictionary has {len(dictionary)} entries but "
+            f"{key} has {table.size(0)} rows; pass the data directory the model was trained on "
+            f"with --data"
+        )
     return dictionary, table
 
 

@@ -114,8 +114,10 @@ def source_pages(root: str) -> Iterator[Tuple[str, str]]:
     for name, (package, folder) in SOURCES.items():
         top = os.path.join(root, folder)
         if not os.path.isdir(top):
-            raise CorpusError(f"{top} does not exist: ROOT must hold the unpacked package {package} "
-                              f"(apt-get download {package}; dpkg-deb -x {package}_*.deb ROOT)")
+            raise CorpusError(
+                f"{top} does not exist: ROOT must hold the unpacked package {package} "
+                f"(apt-get download {package}; dpkg-deb -x {package}_*.deb ROOT)"
+            )
         for directory, subdirs, files in os.walk(top):
             subdirs.sort()
             for file in sorted(files):
@@ -144,8 +146,9 @@ def corpus_lines(pages: Iterator[Tuple[str, str]]) -> Dict[str, List[str]]:
     return splits
 
 
-def build_corpus(root: str, outdir: str, min_train_tokens: int = 2_000_000,
-                 min_vocabulary: int = 20_000) -> Dict[str, Tuple[int, int]]:
+def build_corpus(
+    root: str, outdir: str, min_train_tokens: int = 2_000_000, min_vocabulary: int = 20_000
+) -> Dict[str, Tuple[int, int]]:
     """Write ``outdir/{train,valid,test}.txt`` from the manuals under ``root``; returns each split's (lines,
     tokens). Fails, writing nothing, below ``min_train_tokens`` training tokens or ``min_vocabulary`` words seen 3
     or more times in train."""
@@ -154,9 +157,11 @@ def build_corpus(root: str, outdir: str, min_train_tokens: int = 2_000_000,
     tokens = sum(counts.values())
     vocabulary = sum(1 for c in counts.values() if c >= 3)
     if tokens < min_train_tokens or vocabulary < min_vocabulary:
-        raise CorpusError(f"{root}: {tokens} training tokens and {vocabulary} words seen 3 or more times, fewer than "
-                          f"--min-train-tokens {min_train_tokens} or --min-vocabulary {min_vocabulary}; are the "
-                          f"packages of {', '.join(p for p, _ in SOURCES.values())} unpacked there whole?")
+        raise CorpusError(
+            f"{root}: {tokens} training tokens and {vocabulary} words seen 3 or more times, fewer than "
+            f"--min-train-tokens {min_train_tokens} or --min-vocabulary {min_vocabulary}; are the "
+            f"packages of {', '.join(p for p, _ in SOURCES.values())} unpacked there whole?"
+        )
     os.makedirs(outdir, exist_ok=True)
     for name in SPLITS:
         _write_atomic(os.path.join(outdir, name + ".txt"), splits[name])
@@ -166,20 +171,28 @@ def build_corpus(root: str, outdir: str, min_train_tokens: int = 2_000_000,
 def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m define_fairseq.tools.doc_corpus",
-        description="Build an English language-modelling corpus from the HTML manuals of Debian packages.")
+        description="Build an English language-modelling corpus from the HTML manuals of Debian packages.",
+    )
     parser.add_argument("root", help="the folder the packages were unpacked into (holding usr/share/doc)")
     parser.add_argument("outdir", help="where to write {train,valid,test}.txt")
-    parser.add_argument("--min-train-tokens", type=int, default=2_000_000,
-                        help="fail when train has fewer tokens (default: 2,000,000)")
-    parser.add_argument("--min-vocabulary", type=int, default=20_000,
-                        help="fail when fewer words occur 3 or more times in train (default: 20,000)")
+    parser.add_argument(
+        "--min-train-tokens", type=int, default=2_000_000, help="fail when train has fewer tokens (default: 2,000,000)"
+    )
+    parser.add_argument(
+        "--min-vocabulary",
+        type=int,
+        default=20_000,
+        help="fail when fewer words occur 3 or more times in train (default: 20,000)",
+    )
     args = parser.parse_args(argv)
     try:
         counts = build_corpus(args.root, args.outdir, args.min_train_tokens, args.min_vocabulary)
     except CorpusError as e:
         raise SystemExit(f"error: {e}")
-    print(", ".join(f"{name} {lines} lines {tokens} tokens" for name, (lines, tokens) in counts.items())
-          + f" -> {args.outdir}/{{train,valid,test}}.txt")
+    print(
+        ", ".join(f"{name} {lines} lines {tokens} tokens" for name, (lines, tokens) in counts.items())
+        + f" -> {args.outdir}/{{train,valid,test}}.txt"
+    )
 
 
 if __name__ == "__main__":

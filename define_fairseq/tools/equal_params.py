@@ -23,17 +23,19 @@ def count(argv: List[str]) -> int:
     return parameter_breakdown(setup_from_train_args(argv)[2])["total"]
 
 
-def largest_within(budget: int, count_at: Callable[[int], int], low: int, high: int,
-                   step: int = 1) -> Tuple[int, int]:
+def largest_within(budget: int, count_at: Callable[[int], int], low: int, high: int, step: int = 1) -> Tuple[int, int]:
     """``(size, count)``: the largest multiple of ``step`` in ``[low, high]`` with ``count_at(size) <= budget`` (a
     count that grows with the size). Raises ``ValueError`` naming ``--low`` or ``--high`` when the range misses it."""
     lo, hi = -(-low // step), high // step  # the multiples of step within [low, high]
     if lo > hi or count_at(lo * step) > budget:
-        raise ValueError(f"at --low {lo * step} the model already has more parameters than the budget {budget}: "
-                         f"lower --low")
+        raise ValueError(
+            f"at --low {lo * step} the model already has more parameters than the budget {budget}: lower --low"
+        )
     if count_at(hi * step) <= budget:
-        raise ValueError(f"at --high {hi * step} the model has {count_at(hi * step)} parameters, within the budget "
-                         f"{budget}: raise --high")
+        raise ValueError(
+            f"at --high {hi * step} the model has {count_at(hi * step)} parameters, within the budget "
+            f"{budget}: raise --high"
+        )
     while hi - lo > 1:  # count_at(lo * step) <= budget < count_at(hi * step)
         middle = (lo + hi) // 2
         lo, hi = (middle, hi) if count_at(middle * step) <= budget else (lo, middle)
@@ -41,14 +43,19 @@ def largest_within(budget: int, count_at: Callable[[int], int], low: int, high: 
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m define_fairseq.tools.equal_params",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m define_fairseq.tools.equal_params", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--budget", required=True, help="the arguments of the model whose count is the budget")
     parser.add_argument("--size", required=True, help="the arguments of the other model, with {} for the size")
     parser.add_argument("--low", type=int, default=1, help="the smallest size tried (default: 1)")
     parser.add_argument("--high", type=int, default=4096, help="a size above the answer (default: 4096)")
-    parser.add_argument("--step", type=int, default=1,
-                        help="try multiples of this only, e.g. DeFINE's groups g_max for --define-n (default: 1)")
+    parser.add_argument(
+        "--step",
+        type=int,
+        default=1,
+        help="try multiples of this only, e.g. DeFINE's groups g_max for --define-n (default: 1)",
+    )
     parser.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then fairseq-train's arguments")
     args = parser.parse_args(argv)
     common = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args

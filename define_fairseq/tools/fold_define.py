@@ -36,7 +36,9 @@ def fold_model(model: nn.Module) -> nn.Module:
 
 def _define_prefixes(model_state: Dict[str, torch.Tensor]):
     """Prefixes (``encoder.embed_tokens.``) of the DeFINE embeddings found in a state dict."""
-    return sorted({m.group(1) for key in model_state for m in [re.match(r"(.*\.)define\.layers\.0\.weight$", key)] if m})
+    return sorted(
+        {m.group(1) for key in model_state for m in [re.match(r"(.*\.)define\.layers\.0\.weight$", key)] if m}
+    )
 
 
 def fold_state(model_state: Dict[str, torch.Tensor], model_cfg) -> Dict[str, torch.Tensor]:
@@ -46,11 +48,16 @@ def fold_state(model_state: Dict[str, torch.Tensor], model_cfg) -> Dict[str, tor
     state = dict(model_state)
     for prefix in _define_prefixes(model_state):
         table = state[prefix + "table.weight"]
-        last = max(int(m.group(1)) for key in state for m in [re.match(re.escape(prefix) + r"define\.layers\.(\d+)\.weight$", key)] if m)
+        last = max(
+            int(m.group(1))
+            for key in state
+            for m in [re.match(re.escape(prefix) + r"define\.layers\.(\d+)\.weight$", key)]
+            if m
+        )
         layer_weight = state[f"{prefix}define.layers.{last}.weight"]
         m = layer_weight.shape[0] * layer_weight.shape[2]
         embedding = DeFINEEmbedding(table.shape[0], **define_embedding_kwargs(model_cfg, m))
-        own = {key[len(prefix):]: value for key, value in state.items() if key.startswith(prefix)}
+        own = {key[len(prefix) :]: value for key, value in state.items() if key.startswith(prefix)}
         embedding.load_state_dict(own)
         for key in own:
             if key.startswith("define."):
@@ -75,14 +82,15 @@ def fold_checkpoint(src: str, dst: str) -> None:
     model_cfg = state["cfg"]["model"] if state.get("cfg") is not None else None
     if model_cfg is None or getattr(model_cfg, "define_folded", None) is None:
         arch = getattr(model_cfg, "_name", None) or getattr(model_cfg, "arch", "unknown")
-        raise CheckpointError(f"{src} is a checkpoint of arch {arch!r}, which has no DeFINE embeddings to fold; "
-                              f"fold a checkpoint of a define_fairseq model with DeFINE (e.g. transformer_define)")
+        raise CheckpointError(
+            f"{src} is a checkpoint of arch {arch!r}, which has no DeFINE embeddings to fold; "
+            f"fold a checkpoint of a define_fairseq model with DeFINE (e.g. transformer_define)"
+        )
     if model_cfg.define_folded:
         raise CheckpointError(f"{src} is already folded")
     prefixes = _define_prefixes(state["model"])
     if not prefixes:
-        raise CheckpointError(f"{src} has no DeFINE unit weights (no '*.define.layers.0.weight' in its model "
-                              f"state)")
+        raise CheckpointError(f"{src} has no DeFINE unit weights (no '*.define.layers.0.weight' in its model state)")
     state["model"] = fold_state(state["model"], model_cfg)
     with open_dict(model_cfg):
         model_cfg.define_folded = True

@@ -115,8 +115,14 @@ def _chunks(lines: Iterable[str], size: int) -> Iterator[List[str]]:
         yield chunk
 
 
-def process_lines(lines: Iterable[str], command: str, lang: Optional[str] = None, workers: int = 1,
-                  normalize: bool = True, chunk_lines: int = CHUNK_LINES) -> Iterator[str]:
+def process_lines(
+    lines: Iterable[str],
+    command: str,
+    lang: Optional[str] = None,
+    workers: int = 1,
+    normalize: bool = True,
+    chunk_lines: int = CHUNK_LINES,
+) -> Iterator[str]:
     """The output lines of ``command`` for ``lines`` (strings without "\\n"), in order, one per line.
 
     With ``workers > 1`` chunks of ``chunk_lines`` lines go to a process pool, each worker building its
@@ -149,8 +155,14 @@ def read_lines(stream, name: str) -> Iterator[str]:
             raise SystemExit(f"error: {name} line {number} is not UTF-8 text ({e}); convert the file to UTF-8")
 
 
-def run(command: str, input_path: str = "-", output_path: str = "-", lang: Optional[str] = None,
-        workers: int = 1, normalize: bool = True) -> int:
+def run(
+    command: str,
+    input_path: str = "-",
+    output_path: str = "-",
+    lang: Optional[str] = None,
+    workers: int = 1,
+    normalize: bool = True,
+) -> int:
     """Process ``input_path`` into ``output_path`` ("-": stdin / stdout); returns the number of lines."""
     count = 0
     source = sys.stdin.buffer if input_path == "-" else open(input_path, "rb")
@@ -158,8 +170,9 @@ def run(command: str, input_path: str = "-", output_path: str = "-", lang: Optio
     try:
         target = sys.stdout.buffer if tmp_path is None else open(tmp_path, "wb")
         try:
-            outputs = process_lines(read_lines(source, "stdin" if input_path == "-" else input_path),
-                                    command, lang, workers, normalize)
+            outputs = process_lines(
+                read_lines(source, "stdin" if input_path == "-" else input_path), command, lang, workers, normalize
+            )
             for line in outputs:
                 target.write(line.encode("utf-8") + b"\n")
                 count += 1
@@ -180,24 +193,35 @@ def run(command: str, input_path: str = "-", output_path: str = "-", lang: Optio
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m define_fairseq.tools.moses_text", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m define_fairseq.tools.moses_text",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    helps = {"tokenize": "normalize punctuation, then tokenizer.perl -a (XML escaping on)",
-             "normalize": "normalize-punctuation.perl | remove-non-printing-char.perl",
-             "detokenize": "detokenizer.perl (XML entities unescaped)",
-             "split-compounds": "the ##AT##-##AT## compound splitting of WMT En-De BLEU scripts"}
+    helps = {
+        "tokenize": "normalize punctuation, then tokenizer.perl -a (XML escaping on)",
+        "normalize": "normalize-punctuation.perl | remove-non-printing-char.perl",
+        "detokenize": "detokenizer.perl (XML entities unescaped)",
+        "split-compounds": "the ##AT##-##AT## compound splitting of WMT En-De BLEU scripts",
+    }
     subparsers = {}
     for command in COMMANDS:
         sub = commands.add_parser(command, help=helps[command], description=helps[command])
         subparsers[command] = sub
         if command != "split-compounds":
             sub.add_argument("-l", "--lang", required=True, help="language code (en, de, ...)")
-            sub.add_argument("-j", "--workers", type=int_at_least(1, "--workers"), default=1,
-                             help="number of processes (default: 1); the output does not depend on it")
+            sub.add_argument(
+                "-j",
+                "--workers",
+                type=int_at_least(1, "--workers"),
+                default=1,
+                help="number of processes (default: 1); the output does not depend on it",
+            )
         if command == "tokenize":
-            sub.add_argument("--no-normalize", action="store_true",
-                             help="tokenize without normalizing the punctuation first")
+            sub.add_argument(
+                "--no-normalize", action="store_true", help="tokenize without normalizing the punctuation first"
+            )
         sub.add_argument("--verbose", action="store_true", help="print the number of lines on stderr at the end")
         sub.add_argument("input", metavar="INPUT", nargs="?", default="-", help="input file (default: stdin)")
         sub.add_argument("output", metavar="OUTPUT", nargs="?", default="-", help="output file (default: stdout)")
@@ -207,8 +231,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     if lang is not None:
         known = moses_languages()
         if lang not in known:
-            sub.error(f"-l/--lang: sacremoses has no language {lang!r} (it would silently use English rules); "
-                      f"use one of {', '.join(known)}")
+            sub.error(
+                f"-l/--lang: sacremoses has no language {lang!r} (it would silently use English rules); "
+                f"use one of {', '.join(known)}"
+            )
     if args.input != "-" and not os.path.isfile(args.input):
         sub.error(f"INPUT {args.input} does not exist or is not a file")
     if args.output != "-":
@@ -217,8 +243,14 @@ def main(argv: Optional[List[str]] = None) -> None:
         if not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
             sub.error(f"OUTPUT {args.output}: its directory does not exist")
     try:
-        count = run(args.command, args.input, args.output, lang, getattr(args, "workers", 1),
-                    not getattr(args, "no_normalize", False))
+        count = run(
+            args.command,
+            args.input,
+            args.output,
+            lang,
+            getattr(args, "workers", 1),
+            not getattr(args, "no_normalize", False),
+        )
     except BrokenPipeError:  # e.g. piped into head: stop quietly
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())

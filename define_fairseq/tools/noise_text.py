@@ -36,23 +36,20 @@ def noise_line(noise: CharNoise, line: str, seed: int, index: int, stats: Option
     """Line ``index`` of a file, noised word by word with ``sample_rng(seed, 0, index)``; whitespace kept."""
     rng = sample_rng(seed, 0, index)
     parts = _SEPARATORS.split(line)  # words at even positions, whitespace runs at odd ones
-    return "".join(part if k % 2 or not part else noise.noise_word(part, rng, stats)
-                   for k, part in enumerate(parts))
+    return "".join(part if k % 2 or not part else noise.noise_word(part, rng, stats) for k, part in enumerate(parts))
 
 
-def noise_segmented_line(noise: CharNoise, line: str, seed: int, index: int,
-                         stats: Optional[NoiseStats] = None) -> str:
+def noise_segmented_line(noise: CharNoise, line: str, seed: int, index: int, stats: Optional[NoiseStats] = None) -> str:
     """Line ``index`` of a BPE-segmented file, its words noised with ``sample_rng(seed, 0, index)`` and every
     segmentation point kept; pieces are written separated by single spaces, the line end kept."""
     body = line.rstrip("\r\n")
     pieces = body.split()
     if not pieces:
         return line
-    return " ".join(noise.noise_tokens(pieces, sample_rng(seed, 0, index), stats)) + line[len(body):]
+    return " ".join(noise.noise_tokens(pieces, sample_rng(seed, 0, index), stats)) + line[len(body) :]
 
 
-def noise_file(noise: CharNoise, input_path: str, output_path: str, seed: int,
-               segmented: bool = False) -> NoiseStats:
+def noise_file(noise: CharNoise, input_path: str, output_path: str, seed: int, segmented: bool = False) -> NoiseStats:
     """Noise ``input_path`` line by line into ``output_path`` (via ``output_path + ".tmp"``); ``segmented``:
     the lines are BPE pieces (see :func:`noise_segmented_line`)."""
     if not os.path.isfile(input_path):
@@ -60,8 +57,9 @@ def noise_file(noise: CharNoise, input_path: str, output_path: str, seed: int,
     tmp_path = output_path + ".tmp"
     stats = NoiseStats()
     try:
-        with open(input_path, encoding="utf-8", newline="") as source, \
-                open(tmp_path, "w", encoding="utf-8", newline="") as target:
+        with open(input_path, encoding="utf-8", newline="") as source, open(
+            tmp_path, "w", encoding="utf-8", newline=""
+        ) as target:
             for index, line in enumerate(source):
                 noised = noise_segmented_line if segmented else noise_line
                 target.write(noised(noise, line, seed, index, stats))
@@ -107,16 +105,23 @@ def main(argv: Optional[List[str]] = None) -> None:
     )
     parser.add_argument("input", metavar="INPUT", help="plain text, one sentence a line, words split by spaces")
     parser.add_argument("output", metavar="OUTPUT", help="where to write the noised copy")
-    parser.add_argument("--rate", type=_rate, required=True,
-                        help="probability that a character is edited, in [0, 1]")
+    parser.add_argument("--rate", type=_rate, required=True, help="probability that a character is edited, in [0, 1]")
     parser.add_argument("--seed", type=int, required=True, help="random seed (line i uses (seed, 0, i))")
-    parser.add_argument("--types", type=_types, default=NOISE_TYPES,
-                        help=f"comma-separated edit types (default: {','.join(NOISE_TYPES)})")
-    parser.add_argument("--min-chars", type=_min_chars, default=1,
-                        help="leave words with fewer characters unchanged (default: 1)")
-    parser.add_argument("--segmented", action="store_true",
-                        help="INPUT is BPE-segmented (@@ or ▁ pieces): edit each word's characters and keep "
-                             "every segmentation point, as translation_c2s does while training")
+    parser.add_argument(
+        "--types",
+        type=_types,
+        default=NOISE_TYPES,
+        help=f"comma-separated edit types (default: {','.join(NOISE_TYPES)})",
+    )
+    parser.add_argument(
+        "--min-chars", type=_min_chars, default=1, help="leave words with fewer characters unchanged (default: 1)"
+    )
+    parser.add_argument(
+        "--segmented",
+        action="store_true",
+        help="INPUT is BPE-segmented (@@ or ▁ pieces): edit each word's characters and keep "
+        "every segmentation point, as translation_c2s does while training",
+    )
     args = parser.parse_args(argv)
     noise = CharNoise(args.rate, args.types, args.min_chars)
     try:
@@ -126,8 +131,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     except OSError as e:  # the message names the file (missing input, unwritable output, ...)
         raise SystemExit(f"error: {e}")
     print(f"wrote {args.output}")
-    print(f"character edit rate: {stats.rate:.4f} ({stats.edits} edits / {stats.chars} characters of words with "
-          f">= {args.min_chars} characters; requested {args.rate})")
+    print(
+        f"character edit rate: {stats.rate:.4f} ({stats.edits} edits / {stats.chars} characters of words with "
+        f">= {args.min_chars} characters; requested {args.rate})"
+    )
     print(f"words changed: {stats.words_changed} of {stats.words}")
 
 

@@ -125,8 +125,10 @@ def help_pairs(help_dir: str, max_words: int = MAX_WORDS) -> Iterator[Tuple[str,
     english_root, german_root = os.path.join(help_dir, "en-US"), os.path.join(help_dir, "de")
     for root in (english_root, german_root):
         if not os.path.isdir(root):
-            raise CorpusError(f"{root} does not exist: --help-dir must hold LibreOffice's en-US and de help "
-                              f"(the packages libreoffice-help-en-us and libreoffice-help-de)")
+            raise CorpusError(
+                f"{root} does not exist: --help-dir must hold LibreOffice's en-US and de help "
+                f"(the packages libreoffice-help-en-us and libreoffice-help-de)"
+            )
     for directory, subdirs, files in os.walk(english_root):
         subdirs.sort()
         for name in sorted(files):
@@ -151,15 +153,18 @@ def collect(pairs: Iterator[Tuple[str, str]]) -> Dict[str, str]:
     return out
 
 
-def build_corpus(source: str, outdir: str, path: Optional[str] = None, min_pairs: int = 10000,
-                 max_words: int = MAX_WORDS) -> Dict[str, int]:
+def build_corpus(
+    source: str, outdir: str, path: Optional[str] = None, min_pairs: int = 10000, max_words: int = MAX_WORDS
+) -> Dict[str, int]:
     """Write ``outdir/{train,valid,test}.{en,de}`` from ``source`` (``ding`` or ``libreoffice-help``) read at
     ``path`` (default: where its package installs it); returns the number of pairs of each split."""
     if source == "ding":
         path = path or DING_FILE
         if not os.path.isfile(path):
-            raise CorpusError(f"{path} does not exist: --dictionary must be the Ding dictionary file "
-                              f"(the package trans-de-en installs it as {DING_FILE})")
+            raise CorpusError(
+                f"{path} does not exist: --dictionary must be the Ding dictionary file "
+                f"(the package trans-de-en installs it as {DING_FILE})"
+            )
         with open(path, encoding="utf-8") as f:
             pairs = collect(ding_pairs(f, max_words))
     elif source == "libreoffice-help":
@@ -168,8 +173,10 @@ def build_corpus(source: str, outdir: str, path: Optional[str] = None, min_pairs
     else:
         raise CorpusError(f"unknown source {source!r}; choose ding or libreoffice-help")
     if len(pairs) < min_pairs:
-        raise CorpusError(f"only {len(pairs)} usable English-German pairs in {path}, fewer than the {min_pairs} "
-                          f"required (--min-pairs); is it the whole {source} text?")
+        raise CorpusError(
+            f"only {len(pairs)} usable English-German pairs in {path}, fewer than the {min_pairs} "
+            f"required (--min-pairs); is it the whole {source} text?"
+        )
     return write_splits(outdir, pairs, HELD_OUT[source])
 
 
@@ -177,24 +184,32 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m define_fairseq.tools.package_corpus",
         description="Build an English-German corpus from the Ding dictionary's example sentences or from "
-                    "LibreOffice's help.")
+        "LibreOffice's help.",
+    )
     parser.add_argument("source", choices=("ding", "libreoffice-help"))
     parser.add_argument("outdir", help="where to write {train,valid,test}.{en,de}")
     parser.add_argument("--dictionary", help=f"ding: the dictionary file (default: {DING_FILE})")
-    parser.add_argument("--help-dir", help=f"libreoffice-help: the folder holding en-US/ and de/ "
-                                           f"(default: {HELP_DIR})")
-    parser.add_argument("--min-pairs", type=int, default=10000,
-                        help="fail when fewer unique pairs come out (default: 10000)")
-    parser.add_argument("--max-words", type=int, default=MAX_WORDS,
-                        help=f"skip pairs with a side longer than this many words (default: {MAX_WORDS})")
+    parser.add_argument("--help-dir", help=f"libreoffice-help: the folder holding en-US/ and de/ (default: {HELP_DIR})")
+    parser.add_argument(
+        "--min-pairs", type=int, default=10000, help="fail when fewer unique pairs come out (default: 10000)"
+    )
+    parser.add_argument(
+        "--max-words",
+        type=int,
+        default=MAX_WORDS,
+        help=f"skip pairs with a side longer than this many words (default: {MAX_WORDS})",
+    )
     args = parser.parse_args(argv)
     path = args.dictionary if args.source == "ding" else args.help_dir
     try:
         counts = build_corpus(args.source, args.outdir, path, args.min_pairs, args.max_words)
     except CorpusError as e:
         raise SystemExit(f"error: {e}")
-    print(f"{sum(counts.values())} {args.source} pairs: " + ", ".join(f"{name} {counts[name]}" for name in SPLITS)
-          + f" -> {args.outdir}/{{train,valid,test}}.{{en,de}}")
+    print(
+        f"{sum(counts.values())} {args.source} pairs: "
+        + ", ".join(f"{name} {counts[name]}" for name in SPLITS)
+        + f" -> {args.outdir}/{{train,valid,test}}.{{en,de}}"
+    )
 
 
 if __name__ == "__main__":

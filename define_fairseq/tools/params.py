@@ -67,8 +67,10 @@ def setup_from_train_args(argv: List[str]):
     if data:
         first = data.split(os.pathsep)[0]
         if not os.path.isdir(first):
-            raise FileNotFoundError(f"data directory {first} does not exist; give the directory written by "
-                                    f"fairseq-preprocess (the same first argument as for fairseq-train)")
+            raise FileNotFoundError(
+                f"data directory {first} does not exist; give the directory written by "
+                f"fairseq-preprocess (the same first argument as for fairseq-train)"
+            )
     cfg = convert_namespace_to_omegaconf(args)
     task = tasks.setup_task(cfg.task)
     return cfg, task, task.build_model(cfg.model)
@@ -82,8 +84,10 @@ def _pop_vocab_size(argv: List[str]):
         if arg == "--vocab-size" or arg.startswith("--vocab-size="):
             value = arg.split("=", 1)[1] if "=" in arg else next(it, None)
             if value is None or not value.isdigit() or int(value) <= 4:
-                raise ValueError(f"--vocab-size {value}: give the number of symbols, more than fairseq's 4 special "
-                                 f"ones (e.g. --vocab-size 267735)")
+                raise ValueError(
+                    f"--vocab-size {value}: give the number of symbols, more than fairseq's 4 special "
+                    f"ones (e.g. --vocab-size 267735)"
+                )
             vocab = int(value)
         else:
             rest.append(arg)

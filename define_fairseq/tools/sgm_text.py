@@ -39,8 +39,11 @@ def read_segments(path: str) -> List[str]:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m define_fairseq.tools.sgm_text", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m define_fairseq.tools.sgm_text",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("sgm", metavar="FILE.sgm", help="a WMT test set file in its SGML-like format")
     parser.add_argument("output", metavar="OUTPUT", nargs="?", help="where to write the text (default: stdout)")
     args = parser.parse_args(argv)

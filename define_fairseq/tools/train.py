@@ -72,8 +72,13 @@ def main(argv: Optional[List[str]] = None) -> None:
     """Train as fairseq-train does with ``argv`` (default: the command line); ends the process when done."""
     # fairseq-train's log format (its module sets it up only when nothing has logged before it was imported, and
     # importing this package, which imports fairseq, logs)
-    logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", datefmt="%Y-%m-%d %H:%M:%S",
-                        level=os.environ.get("LOGLEVEL", "INFO").upper(), stream=sys.stdout, force=True)
+    logging.basicConfig(
+        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
+        datefmt="%Y-%m-%d %H:%M:%S",
+        level=os.environ.get("LOGLEVEL", "INFO").upper(),
+        stream=sys.stdout,
+        force=True,
+    )
     args = parse_args(argv)
     cfg = convert_namespace_to_omegaconf(args)
     distributed_utils.call_main(cfg, train_and_end)
