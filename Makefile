@@ -1,5 +1,5 @@
 # The two commands: `make demo` (train and evaluate transformer_define on the demo corpus) and `make test`.
-# Other stacks (README, "Tested stacks"): `make test-stack STACK=NAME`, `make test-matrix`. A GPU node without a
+# Other stacks (docs/development.md, "Tested stacks"): `make test-stack STACK=NAME`, `make test-matrix`. A GPU node without a
 # registry: `make wheelhouse PY=3.12` where there is one, then `make install-offline` on the node.
 # bash: recipes use pipefail, which a POSIX sh (dash, on Debian and Ubuntu) lacks
 SHELL := /bin/bash
@@ -83,7 +83,7 @@ test-matrix:
 	  if [ -n "$$failed" ]; then echo "test-matrix: failed:$$failed" >&2; exit 1; fi; \
 	  echo "test-matrix: default $(STACKS) passed"
 
-# ---- Offline install (README, "Offline install on a GPU node").
+# ---- Offline install (docs/development.md, "Offline install on a GPU node").
 # `make wheelhouse PY=3.12` downloads into $(WHEELHOUSE) the Linux x86-64 wheels that the plugin, fairseq and
 # the tests need on that Python, and the fairseq-fixed sdist (compiled on the node, against its torch and numpy),
 # less what the target already has: torch always; for PY=3.12 also what the GPU image has (the node: Python
@@ -162,7 +162,7 @@ install-env:
 	  $(PYTHON) -c 'import torch, numpy, fairseq; print("$@: torch", torch.__version__, "numpy", \
 	  numpy.__version__, "fairseq", fairseq.__version__)'; echo "$@: now \`make test VENV=$$prefix\`"
 
-# ---- `make gpu-check` on a GPU node (README, "Checking a GPU node"): installs into $(PYTHON)'s environment
+# ---- `make gpu-check` on a GPU node (docs/development.md, "Checking a GPU node"): installs into $(PYTHON)'s environment
 # (install-env: WHEELHOUSE=dir when the node has no registry), runs the CUDA tests, then every benchmark on the
 # GPU, and writes benchmarks/results/gpu-<gpu>.md (the environment, the tests' summary, each figure beside its
 # target). Stops at the first step that fails and names it. About 10 minutes on one H100.

@@ -49,7 +49,7 @@ def _fairseq_eos_blocks_break() -> bool:
 
     fairseq's ``TokenBlockDataset._build_slice_indices`` (fairseq/data/token_block_dataset.py) asks for
     ``np.compat.long`` in that mode, and numpy 2 has no ``numpy.compat``: fairseq-generate on a language model and
-    every run with that break mode stop with an AttributeError there (README, "Tested stacks")."""
+    every run with that break mode stop with an AttributeError there (docs/development.md, "Tested stacks")."""
     from fairseq.data import TokenBlockDataset
 
     try:

@@ -1,7 +1,7 @@
 """The DeFINE unit as the authors' code builds it (``DExTraUnit`` in the paper's configuration, sacmehta/delight).
 
 It keeps the paper's group transforms and split-and-mix (:func:`split_and_mix`) and adds, around them, what the
-paper's text does not describe (README, "DeFINE: the paper, the authors' code and this project")::
+paper's text does not describe (docs/define.md)::
 
     x = act(LN(W_in e + b))                       dense n -> m/2: the input of the stack and the skip source
     h = act(LN_g(GLT_1(x)))                        every layer: bias, LayerNorm per group, activation, dropout
