@@ -1,6 +1,7 @@
 """awd_lstm_lm and awd_lstm_lm_define: PTB parameter counts, AWD-LSTM regularisation, lm_regularized_loss (also with
 an adaptive softmax), CLIs."""
 
+import copy
 import math
 import re
 
@@ -250,71 +251,25 @@ def test_stateful_training_and_eval(lm_data, tmp_path):
     assert loss == pytest.approx(mean_nll_base2(model, inputs[None], stream[None]), abs=2e-4)
 
 
-# -- deprecated spellings of the AWD-LSTM flags (--define-* before they became --awd-*) -----------------------
-
-OLD_AND_NEW = [
-    ("--define-input-dropout", "--awd-input-dropout", "0.3"),
-    ("--define-hidden-dropout", "--awd-hidden-dropout", "0.15"),
-    ("--define-output-dropout", "--awd-output-dropout", "0.35"),
-    ("--define-embed-dropout", "--awd-embed-dropout", "0.05"),
-    ("--define-weight-drop", "--awd-weight-drop", "0.45"),
-    ("--define-ar-alpha", "--awd-ar-alpha", "1.5"),
-    ("--define-tar-beta", "--awd-tar-beta", "0.5"),
-]
+# -- the AWD-LSTM flags were spelled --define-* before the first release -------------------------------------
 
 
-def regularised_training_step(model, task):
-    """Logits and AR/TAR penalty of one training-mode forward pass (fixed seed: the same dropout masks)."""
-    tokens = tokens_batch(len(task.target_dictionary), batch=2, length=12)
-    model.train()
-    torch.manual_seed(3)
-    logits, extra = model(tokens)
-    return logits, extra["regularization"]
+def test_the_old_spellings_are_not_flags(lm_data):
+    with pytest.raises(SystemExit):
+        parsed_model(lm_data, "awd_lstm_lm", *TINY_AWD, "--define-weight-drop", "0.3")
 
 
-def test_deprecated_define_spellings_work_and_warn(lm_data):
-    """Every old ``--define-*`` flag still sets its ``--awd-*`` setting (the same model, the same training-mode
-    output) and warns with a FutureWarning naming both flags."""
-    old_flags = [arg for old, _, value in OLD_AND_NEW for arg in (old, value)]
-    new_flags = [arg for _, new, value in OLD_AND_NEW for arg in (new, value)]
-    torch.manual_seed(0)
-    _, task, new = parsed_model(lm_data, "awd_lstm_lm", *TINY_AWD, *new_flags)
-    with pytest.warns(FutureWarning) as record:
-        torch.manual_seed(0)
-        _, _, old = parsed_model(lm_data, "awd_lstm_lm", *TINY_AWD, *old_flags)
-    messages = " ".join(str(w.message) for w in record)
-    for old_flag, new_flag, _ in OLD_AND_NEW:
-        assert f"{old_flag} is deprecated" in messages and new_flag in messages
-    decoder = old.decoder
-    assert (decoder.input_dropout, decoder.output_dropout, decoder.embed_dropout) == (0.3, 0.35, 0.05)
-    assert decoder.lstm.hidden_dropout == 0.15 and decoder.lstm.layers[0].weight_drop == 0.45
-    assert (decoder.ar_alpha, decoder.tar_beta) == (1.5, 0.5)
-    old_parameters = dict(old.named_parameters())
-    for name, value in new.named_parameters():
-        assert torch.equal(old_parameters[name], value), name
-    new_logits, new_penalty = regularised_training_step(new, task)
-    old_logits, old_penalty = regularised_training_step(old, task)
-    assert torch.equal(old_logits, new_logits) and torch.equal(old_penalty, new_penalty)
-
-
-def test_deprecated_spelling_through_the_dataclass(lm_data):
-    """Hydra fills the dataclass: an old field set there is taken (with the warning) like the flag."""
+@pytest.mark.parametrize("arch, flags", [("awd_lstm_lm", TINY_AWD), ("lstm_lm_define", LSTM_TINY)])
+def test_a_configuration_with_an_old_spelling_is_refused_with_the_new_name(lm_data, arch, flags):
+    """A checkpoint written before the rename holds define_weight_drop etc.: its value is not passed over."""
+    from fairseq.models import ARCH_MODEL_REGISTRY
     from omegaconf import OmegaConf
 
-    from define_fairseq.models.awd_lstm_lm import AWDLSTMLMConfig, AWDLSTMLMModel
-
-    _, task, _ = parsed_model(lm_data, "awd_lstm_lm", *TINY_AWD)
-    cfg = OmegaConf.structured(
-        AWDLSTMLMConfig(decoder_embed_dim=24, decoder_hidden_size=32, define_n=24, define_weight_drop=0.2)
-    )
-    with pytest.warns(FutureWarning, match="--define-weight-drop is deprecated.*--awd-weight-drop"):
-        model = AWDLSTMLMModel.build_model(cfg, task)
-    assert [layer.weight_drop for layer in model.decoder.lstm.layers] == [0.2, 0.2, 0.2]
-
-
-def test_conflicting_old_and_new_spellings_raise(lm_data):
-    with pytest.raises(ValueError, match=re.escape("--define-weight-drop 0.3 and --awd-weight-drop 0.2 disagree")):
-        parsed_model(lm_data, "awd_lstm_lm", *TINY_AWD, "--define-weight-drop", "0.3", "--awd-weight-drop", "0.2")
-    with pytest.warns(FutureWarning):  # the same value twice is no conflict
-        _, _, model = parsed_model(lm_data, "awd_lstm_lm", *TINY_AWD, "--define-ar-alpha", "3", "--awd-ar-alpha", "3")
-    assert model.decoder.ar_alpha == 3.0
+    cfg, task, _ = parsed_model(lm_data, arch, *flags)
+    old = copy.deepcopy(cfg.model)
+    OmegaConf.set_struct(old, False)
+    old.define_weight_drop = None  # the field of a checkpoint written after the rename, unset: builds
+    ARCH_MODEL_REGISTRY[arch].build_model(old, task)
+    old.define_weight_drop = 0.45
+    with pytest.raises(ValueError, match=re.escape("--define-weight-drop = 0.45, which is now --awd-weight-drop")):
+        ARCH_MODEL_REGISTRY[arch].build_model(old, task)

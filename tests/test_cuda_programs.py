@@ -214,7 +214,8 @@ def test_checkpoint_saved_on_the_gpu_loads_on_the_cpu(fam, device_checkpoint):
     torch.testing.assert_close(got, expected.cpu(), rtol=1e-4, atol=1e-4)
 
 
-# Language models generate in fairseq's eos break mode, which numpy 2 breaks in fairseq (docs/development.md, "Tested stacks").
+# Language models generate in fairseq's eos break mode, which numpy 2 breaks in fairseq (docs/development.md,
+# "Tested stacks").
 @pytest.mark.parametrize(
     "fam",
     [

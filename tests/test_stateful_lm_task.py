@@ -372,22 +372,11 @@ def test_train_and_eval_lm_through_the_cli(lm_data, tmp_path):
     assert loss == pytest.approx(-scores.sum().item() / len(tokens) / math.log(2), abs=2e-4)
 
 
-def test_deprecated_bptt_spellings_work_and_warn(lm_data):
-    """``--define-variable-bptt`` / ``--define-bptt-std`` still set ``--variable-bptt`` / ``--bptt-std`` (the same
-    windows), with a FutureWarning naming both flags; conflicting values raise naming both."""
-    common = ("--batch-size", 4, "--tokens-per-sample", 10)
-    with pytest.warns(FutureWarning) as record:
-        _, old = setup_task(lm_data, *common, "--define-variable-bptt", "--define-bptt-std", 3.0)
-    messages = " ".join(str(w.message) for w in record)
-    assert "--define-variable-bptt is deprecated" in messages and "--variable-bptt" in messages
-    assert "--define-bptt-std is deprecated" in messages and "--bptt-std" in messages
-    _, new = setup_task(lm_data, *common, "--variable-bptt", "--bptt-std", 3.0)
-    _, fixed = setup_task(lm_data, *common, "--variable-bptt")
-    for task in (old, new, fixed):
+def test_bptt_std_sets_the_spread_of_the_variable_windows(lm_data):
+    common = ("--batch-size", 4, "--tokens-per-sample", 10, "--variable-bptt")
+    tasks = [setup_task(lm_data, *common, "--bptt-std", 3.0)[1], setup_task(lm_data, *common)[1]]
+    for task in tasks:
         task.load_dataset("train")
-    lengths = [
-        [b["net_input"]["src_tokens"].size(1) for b in epoch_batches(task, "train", 4)] for task in (old, new, fixed)
-    ]
-    assert lengths[0] == lengths[1] != lengths[2] and len(set(lengths[0])) > 3
-    with pytest.raises(ValueError, match=r"--define-bptt-std 3.0 and --bptt-std 4.0 disagree"):
-        setup_task(lm_data, *common, "--define-bptt-std", 3.0, "--bptt-std", 4.0)
+    lengths = [[b["net_input"]["src_tokens"].size(1) for b in epoch_batches(task, "train", 4)] for task in tasks]
+    assert lengths[0] != lengths[1] and len(set(lengths[0])) > 3
+    assert tasks[0].bptt_std == 3.0 and tasks[1].bptt_std == 5.0

@@ -13,9 +13,6 @@ Archs:
   table 1.28M + softmax bias 0.01M = 19.67M, plus the DeFINE unit (a 400-unit last layer tied through a
   projection would already need more than 21.5M).
 
-The ``--awd-*`` flags were spelled ``--define-*`` before (deprecated aliases, see
-:mod:`define_fairseq.models.lstm_lm_define`).
-
 AR/TAR reach the loss through ``extra["regularization"]``: train with ``--criterion lm_regularized_loss``.
 For AWD-LSTM's contiguous batches with carried state (truncated BPTT, variable length) use
 ``--task stateful_lm --tokens-per-sample 70 --variable-bptt``. The output is always tied
@@ -27,7 +24,7 @@ from dataclasses import dataclass, field
 from fairseq.models import register_model, register_model_architecture
 from fairseq.utils import safe_getattr
 
-from define_fairseq.models.config_helpers import config_namespace, take_deprecated_flags
+from define_fairseq.models.config_helpers import config_namespace, reject_renamed
 from define_fairseq.models.lstm_lm_define import AWD_RENAMES, LSTMLMDefineModel, RecurrentLMConfig
 from define_fairseq.models.recurrent_lm_decoder import build_recurrent_decoder
 
@@ -67,7 +64,8 @@ class AWDLSTMLMModel(LSTMLMDefineModel):
 
     @classmethod
     def build_model(cls, cfg, task):
-        args = take_deprecated_flags(config_namespace(cfg, AWDLSTMLMConfig), AWDLSTMLMConfig, AWD_RENAMES)
+        reject_renamed(cfg, AWD_RENAMES)
+        args = config_namespace(cfg, AWDLSTMLMConfig)
         return cls(
             build_recurrent_decoder(
                 args, task.target_dictionary, adaptive=False, tie_full_softmax=not args.define_untie_output

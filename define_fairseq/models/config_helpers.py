@@ -1,7 +1,6 @@
 """Helpers shared by the models' ``build_model``: reading a config, parsing cutoff lists, naming flags in errors."""
 
 import ast
-import warnings
 from argparse import Namespace
 from contextlib import contextmanager
 from dataclasses import fields
@@ -41,32 +40,17 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def take_deprecated_flags(args: Namespace, config_cls, renames: Dict[str, str]) -> Namespace:
-    """``args`` (a namespace of ``config_cls`` fields, e.g. from :func:`config_namespace`) with the deprecated
-    fields of ``renames`` (old name -> new name; the old field defaults to None) moved to their new names.
-
-    For each old field that is set (a checkpoint written before the rename holds the defaults: those are passed
-    over), warns (a ``FutureWarning`` naming both flags) and copies the value to the new field. Raises a
-    ``ValueError`` naming both flags when the new field is also set (to something other than its default) and to
-    another value. Works alike for the command line and Hydra, which both fill the dataclass.
-    """
-    defaults = {f.name: f.default for f in fields(config_cls)}
+def reject_renamed(cfg, renames: Dict[str, str]) -> None:
+    """Raise a ``ValueError`` naming both flags when ``cfg`` (a checkpoint's configuration) sets a field of
+    ``renames`` (old name -> new name) that the plugin renamed before its first release: such a checkpoint's value
+    would otherwise be passed over silently."""
     for old, new in renames.items():
-        value, given = getattr(args, old, None), getattr(args, new, None)
-        if value is None or value == given == defaults.get(new):
-            continue  # not given (or a checkpoint written before the rename, holding the default): nothing to do
-        if given is not None and given != defaults.get(new) and given != value:
+        value = safe_getattr(cfg, old, None)
+        if value is not None:
             raise ValueError(
-                f"{_flag(old)} {value} and {_flag(new)} {given} disagree: {_flag(old)} is the "
-                f"deprecated spelling of {_flag(new)}; give {_flag(new)} only"
+                f"this configuration sets {_flag(old)} = {value}, which is now {_flag(new)}: give "
+                f"--model-overrides \"{{'{new}': {value!r}}}\" (or retrain with {_flag(new)})"
             )
-        warnings.warn(
-            f"{_flag(old)} is deprecated and will be removed in the next release; use {_flag(new)}",
-            FutureWarning,
-            stacklevel=2,
-        )
-        setattr(args, new, value)
-    return args
 
 
 @contextmanager

@@ -30,8 +30,7 @@ State: with the ``stateful_lm`` task the final LSTM state of a batch starts the 
 Generation (``fairseq-generate``/``fairseq-interactive --task language_modeling``) decodes incrementally.
 
 :class:`RecurrentLMConfig` and the decoder (:mod:`define_fairseq.models.recurrent_lm_decoder`) are shared with
-``awd_lstm_lm``. The ``--define-*`` spellings of the AWD-LSTM flags (``--define-weight-drop`` etc.) are
-deprecated aliases of ``--awd-*``: they still work, with a warning, for one release.
+``awd_lstm_lm``.
 """
 
 from dataclasses import dataclass, field
@@ -40,7 +39,7 @@ from typing import Optional
 from fairseq.models import FairseqLanguageModel, register_model, register_model_architecture
 from fairseq.utils import safe_getattr
 
-from define_fairseq.models.config_helpers import config_namespace, take_deprecated_flags
+from define_fairseq.models.config_helpers import config_namespace, reject_renamed
 from define_fairseq.models.define_config import DeFINEConfig
 from define_fairseq.models.recurrent_lm_decoder import RecurrentLMDecoder, build_recurrent_decoder
 
@@ -53,7 +52,8 @@ __all__ = [
     "AWD_RENAMES",
 ]
 
-# The AWD-LSTM regularisers' fields before they were renamed (deprecated spellings, kept for one release).
+# The AWD-LSTM regularisers' fields as they were spelled before the first release: a checkpoint that sets one is
+# refused with the new name (config_helpers.reject_renamed) rather than read without it.
 AWD_RENAMES = {
     f"define_{name}": f"awd_{name}"
     for name in (
@@ -117,21 +117,6 @@ class RecurrentLMConfig(DeFINEConfig):
             "last layer's output before dropout"
         },
     )
-    define_input_dropout: Optional[float] = field(
-        default=None, metadata={"help": "deprecated: use --awd-input-dropout"}
-    )
-    define_hidden_dropout: Optional[float] = field(
-        default=None, metadata={"help": "deprecated: use --awd-hidden-dropout"}
-    )
-    define_output_dropout: Optional[float] = field(
-        default=None, metadata={"help": "deprecated: use --awd-output-dropout"}
-    )
-    define_embed_dropout: Optional[float] = field(
-        default=None, metadata={"help": "deprecated: use --awd-embed-dropout"}
-    )
-    define_weight_drop: Optional[float] = field(default=None, metadata={"help": "deprecated: use --awd-weight-drop"})
-    define_ar_alpha: Optional[float] = field(default=None, metadata={"help": "deprecated: use --awd-ar-alpha"})
-    define_tar_beta: Optional[float] = field(default=None, metadata={"help": "deprecated: use --awd-tar-beta"})
 
 
 @dataclass
@@ -173,7 +158,8 @@ class LSTMLMDefineModel(FairseqLanguageModel):
 
     @classmethod
     def build_model(cls, cfg, task):
-        args = take_deprecated_flags(config_namespace(cfg, LSTMLMDefineConfig), LSTMLMDefineConfig, AWD_RENAMES)
+        reject_renamed(cfg, AWD_RENAMES)
+        args = config_namespace(cfg, LSTMLMDefineConfig)
         return cls(
             build_recurrent_decoder(
                 args, task.target_dictionary, adaptive=True, tie_full_softmax=args.share_decoder_input_output_embed

@@ -24,7 +24,6 @@ carries its state from one batch to the next (see the models of this plugin).
 import inspect
 import logging
 import os
-from argparse import Namespace
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Optional
@@ -38,7 +37,6 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.tasks import FairseqTask, register_task
 from omegaconf import II
 
-from define_fairseq.models.config_helpers import take_deprecated_flags
 from define_fairseq.tasks.bptt_windows import (  # noqa: F401 (window_schedule: imported from here too)
     MAX_LENGTH_FACTOR,
     BPTTWindows,
@@ -50,8 +48,6 @@ from define_fairseq.tasks.bptt_windows import (  # noqa: F401 (window_schedule: 
 logger = logging.getLogger(__name__)
 
 TASK = "stateful_lm"
-# The options' spellings before they were renamed (deprecated, kept for one release).
-RENAMES = {"define_variable_bptt": "variable_bptt", "define_bptt_std": "bptt_std"}
 
 
 @dataclass
@@ -89,8 +85,6 @@ class StatefulLMConfig(FairseqDataclass):
     bptt_std: float = field(
         default=5.0, metadata={"help": "standard deviation of the window length for --variable-bptt"}
     )
-    define_variable_bptt: Optional[bool] = field(default=None, metadata={"help": "deprecated: use --variable-bptt"})
-    define_bptt_std: Optional[float] = field(default=None, metadata={"help": "deprecated: use --bptt-std"})
     # Interpolated from fairseq's dataset / common options (no help string: the flags exist there).
     batch_size: Optional[int] = II("dataset.batch_size")
     batch_size_valid: Optional[int] = II("dataset.batch_size_valid")
@@ -144,10 +138,7 @@ class StatefulLMTask(FairseqTask):
             raise ValueError(
                 f"--tokens-per-sample must be at least 1 (it is the BPTT length), got {cfg.tokens_per_sample}"
             )
-        # The deprecated --define-* spellings (one release) are read once, here; use these, not cfg's fields.
-        given = Namespace(**{name: getattr(cfg, name, None) for name in ("variable_bptt", "bptt_std", *RENAMES)})
-        given = take_deprecated_flags(given, StatefulLMConfig, RENAMES)
-        self.variable_bptt, self.bptt_std = bool(given.variable_bptt), given.bptt_std
+        self.variable_bptt, self.bptt_std = bool(cfg.variable_bptt), cfg.bptt_std
         if self.bptt_std < 0:
             raise ValueError(f"--bptt-std must not be negative, got {self.bptt_std}")
 
