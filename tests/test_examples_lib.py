@@ -1,0 +1,57 @@
+"""examples/lib.sh's option and cache checks, which every compare.sh relies on: each bad value stops the script
+before any training, naming the option."""
+
+import subprocess
+
+import pytest
+from conftest import REPO
+
+
+def lib(script: str) -> subprocess.CompletedProcess:
+    """Run ``script`` in bash after sourcing examples/lib.sh, with a stub usage and no script options."""
+    prelude = "source examples/lib.sh; usage() { echo USAGE; }; compare_option() { :; }; "
+    return subprocess.run(["bash", "-c", prelude + script], cwd=REPO, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize(
+    "options, device_args, eval_args",
+    [
+        ("", "--cpu", "--cpu"),
+        ("-d cpu -p bf16", "--cpu --bf16", "--cpu"),
+        ("-d cuda", "", ""),
+        ("-d cuda -p bf16", "--bf16", ""),
+    ],
+)
+def test_device_and_precision_set_the_arguments(options, device_args, eval_args):
+    proc = lib(f'compare_options "" {options}; echo "[${{DEVICE_ARGS[*]}}] [${{EVAL_DEVICE_ARGS[*]}}]"')
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"[{device_args}] [{eval_args}]"
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ("-d gpu", "error: -d gpu: the device is cpu or cuda"),
+        ("-p fp16", "error: -p fp16: the precision is fp32 or bf16"),
+    ],
+)
+def test_a_bad_device_or_precision_stops_naming_the_option(options, message):
+    proc = lib(f'compare_options "" {options}; echo reached')
+    assert proc.returncode == 2 and message in proc.stderr and "reached" not in proc.stdout
+
+
+def test_an_unknown_option_prints_the_usage_and_stops():
+    proc = lib('compare_options "" -q; echo reached')
+    assert proc.returncode == 2 and "USAGE" in proc.stderr and "reached" not in proc.stdout
+
+
+def test_equal_size_reuses_its_answer_only_for_the_same_arguments(tmp_path):
+    """The cached size answers the arguments it was computed for; other arguments into the same file stop the
+    script (another -x into the same OUT) instead of reusing a size computed for another model."""
+    cache = tmp_path / "size.txt"
+    key = "--arch a --x 1 | 2000000 | --n {} | 4 512 4"
+    cache.write_text(f"84\t1999000\n{key}\n")
+    same = lib(f'equal_size {cache} 2000000 "--n {{}}" 4 512 4 --arch a --x 1; echo "size $EQUAL_SIZE"')
+    assert same.returncode == 0 and same.stdout.strip() == "size 84", same.stderr
+    other = lib(f'equal_size {cache} 2000000 "--n {{}}" 4 512 4 --arch a --x 2; echo "size $EQUAL_SIZE"')
+    assert other.returncode == 2 and "answers other arguments" in other.stderr and "size" not in other.stdout
