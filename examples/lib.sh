@@ -160,20 +160,24 @@ test_perplexity() {
 # The examples' compare.sh scripts: each scored run of MODEL[name] with seed S lives in OUT/runs/REGIME/NAME.sS, its
 # score (the metric) in its file `score`.
 
-# compare_options OPTIONS ARGS...: parse a comparison's command line with getopts. Every comparison takes
-# -o OUT, -s SEEDS, -m MODELS, -c CORPUS (a corpus folder), -d DEVICE, -p PRECISION and -h (its function `usage`,
-# then exit 0); OPTIONS are its own letters in getopts' notation, given to its function
-# `compare_option LETTER VALUE`. A bad option prints the usage on stderr and exits 2. -d cpu (the default) or cuda
-# (fairseq's default device, the first GPU) and -p fp32 (the default) or bf16 (training in bfloat16 through
-# define_fairseq.tools.train, scoring in float32) set DEVICE_ARGS and EVAL_DEVICE_ARGS.
+# The points every comparison scores (compare_run), and its options' defaults before the script's own: equal
+# updates after UPDATES, equal time (TIMED=1; -T: none), longer training after LONG (0: none) for seeds
+# 1..LONG_SEEDS; EXTRA: fairseq-train arguments given to every model (-x).
+TIMED=1 LONG=0 LONG_SEEDS=1 EXTRA="" CORPUS=""
+
+# compare_options ARGS...: parse a comparison's command line with getopts: -o OUT, -s SEEDS, -m MODELS, -c CORPUS
+# (a corpus folder), -u UPDATES, -T, -L LONG, -n LONG_SEEDS, -i SAVE_EVERY, -x EXTRA, -d DEVICE, -p PRECISION and
+# -h (the script's function `usage`, then exit 0). A bad option prints the usage on stderr and exits 2. -d cpu (the
+# default) or cuda (fairseq's default device, the first GPU) and -p fp32 (the default) or bf16 (training in
+# bfloat16 through define_fairseq.tools.train, scoring in float32) set DEVICE_ARGS and EVAL_DEVICE_ARGS.
 compare_options() {
-    local options=$1 opt OPTARG OPTIND=1 device=cpu precision=fp32
-    shift
-    while getopts "o:s:m:c:d:p:h$options" opt; do
+    local opt OPTARG OPTIND=1 device=cpu precision=fp32
+    while getopts "o:s:m:c:u:TL:n:i:x:d:p:h" opt; do
         case $opt in
             o) OUT=$OPTARG ;; s) SEEDS=$OPTARG ;; m) MODELS=$OPTARG ;; c) CORPUS=$OPTARG ;;
-            d) device=$OPTARG ;; p) precision=$OPTARG ;;
-            h) usage; exit 0 ;; \?) usage >&2; exit 2 ;; *) compare_option "$opt" "${OPTARG:-}" ;;
+            u) UPDATES=$OPTARG ;; T) TIMED=0 ;; L) LONG=$OPTARG ;; n) LONG_SEEDS=$OPTARG ;;
+            i) SAVE_EVERY=$OPTARG ;; x) EXTRA=$OPTARG ;; d) device=$OPTARG ;; p) precision=$OPTARG ;;
+            h) usage; exit 0 ;; *) usage >&2; exit 2 ;;
         esac
     done
     case $device in
@@ -186,6 +190,42 @@ compare_options() {
         bf16) DEVICE_ARGS+=(--bf16) ;;
         *) echo "error: -p $precision: the precision is fp32 or bf16" >&2; exit 2 ;;
     esac
+}
+
+# compare_usage_line: the synopsis of every comparison's options.
+compare_usage_line() {
+    cat <<EOF
+Usage: $(basename "$0") [-o OUT] [-s SEEDS] [-u UPDATES] [-L LONG] [-n LONG_SEEDS] [-i INTERVAL] [-m MODELS]
+                  [-c CORPUS_DIR] [-x "TRAIN ARGS"] [-T] [-d cpu|cuda] [-p fp32|bf16]
+EOF
+}
+
+# lm_corpus_usage: what the language-model comparisons read (lm_data).
+lm_corpus_usage() {
+    cat <<EOF
+Text: CORPUS_DIR/{train,valid,test}.txt (one paragraph or sentence a line, tokens separated by spaces;
+examples/language_model/corpus.sh builds one from Debian's manuals), or the English side of the demo corpus; word
+level, words seen fewer than 3 times in train mapped to <unk>.
+EOF
+}
+
+# compare_usage_points SCORE REFERENCE: the paragraph on the runs and their points, which every comparison shares:
+# SCORE says how a point is scored, REFERENCE whose time the equal time is.
+compare_usage_points() {
+    cat <<EOF
+Each model of MODELS trains once per seed 1..SEEDS (default $SEEDS), saving and validating every INTERVAL updates
+(default $SAVE_EVERY). MODELS defaults to:
+  $MODELS
+Its points, scored by $1:
+  - equal updates: after UPDATES updates (default $UPDATES);
+  - equal time (skipped with -T): the last checkpoint within the time that $2
+    took for UPDATES updates with the same seed (the others train $((TIME_MARGIN - 100))% past UPDATES for it);
+  - longer training (with -L): after LONG updates, for seeds 1..LONG_SEEDS (default 1).
+-x adds fairseq-train arguments to every model alike; -d cuda and -p bf16 train on the GPU, in bfloat16.
+Writes OUT/results.md and OUT/curves.png (validation loss against updates and time; needs matplotlib).
+OUT defaults to $OUT. A rerun skips what is done; give each setting (-x) its own OUT.
+Time figures need a machine doing nothing else.
+EOF
 }
 
 # compare_check_models: exit 2, saying which, when a name in MODELS is not a key of the script's MODEL array.

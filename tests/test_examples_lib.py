@@ -9,7 +9,7 @@ from conftest import REPO
 
 def lib(script: str) -> subprocess.CompletedProcess:
     """Run ``script`` in bash after sourcing examples/lib.sh, with a stub usage and no script options."""
-    prelude = "source examples/lib.sh; usage() { echo USAGE; }; compare_option() { :; }; "
+    prelude = "source examples/lib.sh; usage() { echo USAGE; }; "
     return subprocess.run(["bash", "-c", prelude + script], cwd=REPO, capture_output=True, text=True)
 
 
@@ -23,7 +23,7 @@ def lib(script: str) -> subprocess.CompletedProcess:
     ],
 )
 def test_device_and_precision_set_the_arguments(options, device_args, eval_args):
-    proc = lib(f'compare_options "" {options}; echo "[${{DEVICE_ARGS[*]}}] [${{EVAL_DEVICE_ARGS[*]}}]"')
+    proc = lib(f'compare_options {options}; echo "[${{DEVICE_ARGS[*]}}] [${{EVAL_DEVICE_ARGS[*]}}]"')
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"[{device_args}] [{eval_args}]"
 
@@ -36,12 +36,12 @@ def test_device_and_precision_set_the_arguments(options, device_args, eval_args)
     ],
 )
 def test_a_bad_device_or_precision_stops_naming_the_option(options, message):
-    proc = lib(f'compare_options "" {options}; echo reached')
+    proc = lib(f'compare_options {options}; echo reached')
     assert proc.returncode == 2 and message in proc.stderr and "reached" not in proc.stdout
 
 
 def test_an_unknown_option_prints_the_usage_and_stops():
-    proc = lib('compare_options "" -q; echo reached')
+    proc = lib('compare_options -q; echo reached')
     assert proc.returncode == 2 and "USAGE" in proc.stderr and "reached" not in proc.stdout
 
 

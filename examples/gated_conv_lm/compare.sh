@@ -3,42 +3,27 @@
 # seeds, equal updates and equal time.
 set -euo pipefail
 usage() {
+    compare_usage_line
+    echo
+    lm_corpus_usage
     cat <<EOF
-Usage: $(basename "$0") [-o OUT] [-s SEEDS] [-u UPDATES] [-L LONG] [-n LONG_SEEDS] [-i INTERVAL] [-m MODELS]
-                  [-c CORPUS_DIR] [-x "TRAIN ARGS"] [-T] [-d cpu|cuda] [-p fp32|bf16]
-
-Text: CORPUS_DIR/{train,valid,test}.txt (one paragraph or sentence a line, tokens separated by spaces;
-examples/language_model/corpus.sh builds one from Debian's manuals), or the English side of the demo corpus; word
-level, words seen fewer than 3 times in train mapped to <unk>.
 
 Models, GCNN-8's shape (8 gated convolutions of kernel 4) at a small size (lookup 128, width 256), the same
 adaptive softmax (clusters at a quarter and three quarters of the vocabulary) and dropout 0.1 for both:
   fconv_lm     fairseq's (an input projection, residuals scaled by sqrt(0.5) around every layer)
   gcnn_lm_8    the paper's layout (define_fairseq's gcnn_lm)
 The paper's optimiser for both: Nesterov momentum 0.99, lr 1, gradient norm clipped at 0.1; blocks of 128 tokens,
-2048 tokens a batch. Each model of MODELS (default: "fconv_lm gcnn_lm_8") trains once per seed 1..SEEDS (default
-3), saving and validating every INTERVAL updates (default $SAVE_EVERY), and is scored (test perplexity, every token
-after 32 tokens of context, more than the receptive field) at:
-  - equal updates: after UPDATES updates (default $UPDATES);
-  - equal time (skipped with -T): the last checkpoint within the first model's time for UPDATES updates (the
-    others train $((TIME_MARGIN - 100))% past UPDATES for it);
-  - longer training (with -L): after LONG updates, for seeds 1..LONG_SEEDS (default 1).
--x adds fairseq-train arguments to every model alike; -d cuda and -p bf16 train on the GPU, in bfloat16.
-Writes OUT/results.md and OUT/curves.png (validation loss against updates and time). OUT defaults to
-gcnn_compare_output. A rerun skips what is done; give each setting (-x) its own
-OUT. Time figures need a machine doing nothing else.
+2048 tokens a batch.
 EOF
+    compare_usage_points "test perplexity, every token after 32 tokens of context (more than the receptive field)" \
+        "the first model"
 }
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source examples/lib.sh
 
 SAVE_EVERY=100 TIME_MARGIN=120
-OUT=gcnn_compare_output SEEDS=3 UPDATES=1000 MODELS="fconv_lm gcnn_lm_8" CORPUS="" TIMED=1
-LONG=0 LONG_SEEDS=1 EXTRA=""
-compare_option() {
-    case $1 in u) UPDATES=$2 ;; T) TIMED=0 ;; L) LONG=$2 ;; n) LONG_SEEDS=$2 ;; i) SAVE_EVERY=$2 ;; x) EXTRA=$2 ;; esac
-}
-compare_options u:TL:n:i:x: "$@"
+OUT=gcnn_compare_output SEEDS=3 UPDATES=1000 MODELS="fconv_lm gcnn_lm_8"
+compare_options "$@"
 require_tools python fairseq-preprocess fairseq-eval-lm
 declare -A MODEL=(
     [gcnn_lm_8]="--arch gcnn_lm_8 --decoder-embed-dim 128 --gcnn-layers [(256,4)]*8"

@@ -3,13 +3,10 @@
 # transformer_lm_define against transformer_lm, on any word-level corpus, several seeds, equal updates and time.
 set -euo pipefail
 usage() {
+    compare_usage_line
+    echo
+    lm_corpus_usage
     cat <<EOF
-Usage: $(basename "$0") [-o OUT] [-s SEEDS] [-u UPDATES] [-L LONG] [-n LONG_SEEDS] [-i INTERVAL] [-m MODELS]
-                  [-c CORPUS_DIR] [-x "TRAIN ARGS"] [-T] [-d cpu|cuda] [-p fp32|bf16]
-
-Text: CORPUS_DIR/{train,valid,test}.txt (one paragraph or sentence a line, tokens separated by spaces;
-examples/language_model/corpus.sh builds one from Debian's manuals), or the English side of the demo corpus; word
-level, words seen fewer than 3 times in train mapped to <unk>.
 
 Models (Adam at a constant lr 0.001, dropout 0.1, the gradient norm clipped at 0.25, for all):
   lstm_adaptive           Table 1a R2 at a small size: 2 LSTM layers (512, 256), adaptive input and softmax of
@@ -20,28 +17,16 @@ Models (Adam at a constant lr 0.001, dropout 0.1, the gradient norm clipped at 0
                           blocks, scored with 32 tokens of context)
   transformer_lm_define   the same with a V x 64 table and DeFINE (N = 3, k = 512) to 256, softmax tied to it
   transformer_lm_define_eq  DeFINE at the largest n whose model has no more parameters than transformer_lm
-Each model of MODELS (default: all five) trains once per seed 1..SEEDS (default 3), saving and validating every
-INTERVAL updates (default $SAVE_EVERY), and is scored (test perplexity) at:
-  - equal updates: after UPDATES updates (default $UPDATES);
-  - equal time (skipped with -T): the last checkpoint within its family's baseline's time (lstm_adaptive's or
-    transformer_lm's) for UPDATES updates (the others train $((TIME_MARGIN - 100))% past UPDATES for it);
-  - longer training (with -L): after LONG updates, for seeds 1..LONG_SEEDS (default 1).
--x adds fairseq-train arguments to every model alike; -d cuda and -p bf16 train on the GPU, in bfloat16.
-Writes OUT/results.md and OUT/curves.png (validation loss against updates and time). OUT defaults to
-lm_compare_output. A rerun skips what is done; give each setting (-x) its own OUT. Time figures need a
-machine doing nothing else.
 EOF
+    compare_usage_points "test perplexity" "its family's baseline"
 }
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source examples/lib.sh
 
 SAVE_EVERY=200 TIME_MARGIN=200
-OUT=lm_compare_output SEEDS=3 UPDATES=3000 CORPUS="" TIMED=1 LONG=0 LONG_SEEDS=1 EXTRA=""
+OUT=lm_compare_output SEEDS=3 UPDATES=3000
 MODELS="lstm_adaptive lstm_adaptive_define transformer_lm transformer_lm_define transformer_lm_define_eq"
-compare_option() {
-    case $1 in u) UPDATES=$2 ;; T) TIMED=0 ;; L) LONG=$2 ;; n) LONG_SEEDS=$2 ;; i) SAVE_EVERY=$2 ;; x) EXTRA=$2 ;; esac
-}
-compare_options u:TL:n:i:x: "$@"
+compare_options "$@"
 require_tools python fairseq-preprocess fairseq-eval-lm
 declare -A MODEL=(
     [lstm_adaptive]="--arch lstm_lm_adaptive_wt103"

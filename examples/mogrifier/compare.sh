@@ -3,13 +3,10 @@
 # on any word-level corpus, several seeds, equal updates and equal time.
 set -euo pipefail
 usage() {
+    compare_usage_line
+    echo
+    lm_corpus_usage
     cat <<EOF
-Usage: $(basename "$0") [-o OUT] [-s SEEDS] [-u UPDATES] [-L LONG] [-n LONG_SEEDS] [-i INTERVAL] [-m MODELS]
-                  [-c CORPUS_DIR] [-x "TRAIN ARGS"] [-T] [-d cpu|cuda] [-p fp32|bf16]
-
-Text: CORPUS_DIR/{train,valid,test}.txt (one paragraph or sentence a line, tokens separated by spaces;
-examples/language_model/corpus.sh builds one from Debian's manuals), or the English side of the demo corpus; word
-level, words seen fewer than 3 times in train mapped to <unk>.
 
 Models (mogrifier_lstm_lm, 2 layers, embeddings as wide as the hidden state and tied to the softmax, the two
 layers' outputs summed, lamb's capped input gate; the paper's protocol: equal parameter counts):
@@ -19,30 +16,16 @@ Both train alike: variational dropout 0.3 on the input, 0.2 between the layers, 
 (the paper's tuned PTB values, about 0.7 / 0.3 / 0.4 / 0.7, are for 24M parameters on 1M words); Adam (0, 0.999)
 at a constant lr 0.002, the gradient norm clipped at 10 (lamb's setting); --task stateful_lm, $STREAMS streams x BPTT
 $BPTT, the state carried across batches.
-Each model of MODELS (default: "lstm mogrifier") trains once per seed 1..SEEDS (default 3), saving and validating
-every INTERVAL updates (default $SAVE_EVERY), and is scored (test perplexity, the state carried, batch 1,
-temperature 1) at:
-  - equal updates: after UPDATES updates (default $UPDATES);
-  - equal time (skipped with -T): the last checkpoint within the first model's time for UPDATES updates (the
-    others train $((TIME_MARGIN - 100))% past UPDATES for it);
-  - longer training (with -L): after LONG updates, for seeds 1..LONG_SEEDS (default 1).
--x adds fairseq-train arguments to every model alike; -d cuda and -p bf16 train on the GPU, in bfloat16.
-Writes OUT/results.md and OUT/curves.png (validation loss against updates and time). OUT defaults to
-mogrifier_compare_output. A rerun skips what is done; give each setting (-x) its own
-OUT. Time figures need a machine doing nothing else.
 EOF
+    compare_usage_points "test perplexity, the state carried, batch 1, temperature 1" "the first model"
 }
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source examples/lib.sh
 
 HIDDEN=256 ROUNDS=5 RANK=32 STREAMS=20 BPTT=35
 SAVE_EVERY=200 TIME_MARGIN=110
-OUT=mogrifier_compare_output SEEDS=3 UPDATES=4000 MODELS="lstm mogrifier" CORPUS="" TIMED=1
-LONG=0 LONG_SEEDS=1 EXTRA=""
-compare_option() {
-    case $1 in u) UPDATES=$2 ;; T) TIMED=0 ;; L) LONG=$2 ;; n) LONG_SEEDS=$2 ;; i) SAVE_EVERY=$2 ;; x) EXTRA=$2 ;; esac
-}
-compare_options u:TL:n:i:x: "$@"
+OUT=mogrifier_compare_output SEEDS=3 UPDATES=4000 MODELS="lstm mogrifier"
+compare_options "$@"
 require_tools python fairseq-preprocess fairseq-eval-lm
 declare -A MODEL=(
     [mogrifier]="--mogrifier-rounds $ROUNDS --mogrifier-rank $RANK --mogrifier-hidden-size $HIDDEN

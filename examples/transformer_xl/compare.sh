@@ -3,13 +3,10 @@
 # at the same n, and the projective input at DeFINE's parameter count, on any word-level corpus, several seeds.
 set -euo pipefail
 usage() {
+    compare_usage_line
+    echo
+    lm_corpus_usage
     cat <<EOF
-Usage: $(basename "$0") [-o OUT] [-s SEEDS] [-u UPDATES] [-L LONG] [-n LONG_SEEDS] [-i INTERVAL] [-m MODELS]
-                  [-c CORPUS_DIR] [-x "TRAIN ARGS"] [-T] [-d cpu|cuda] [-p fp32|bf16]
-
-Text: CORPUS_DIR/{train,valid,test}.txt (one paragraph or sentence a line, tokens separated by spaces;
-examples/language_model/corpus.sh builds one from Debian's manuals), or the English side of the demo corpus; word
-level, words seen fewer than 3 times in train mapped to <unk>.
 
 Model, the same for all but the input layer: transformer_xl_lm, $LAYERS layers, d $D, $HEADS heads, FFN $FFN,
 segments of $SEGMENT tokens with a memory of $SEGMENT, dropout 0.1; Transformer-XL's projected adaptive softmax with
@@ -20,30 +17,18 @@ inverse square root, gradient norm clipped at 0.25, $BATCH streams a batch.
   define          a V x $N table and DeFINE (N = 3, k = $K) to d
   projective_eq   the projective input at DeFINE's parameter count (the largest such n below d; the vocabulary
                   must be large enough for the unit's parameters to fit in d - $N - 1 more table columns)
-Each model of MODELS (default: "projective define standard projective_eq") trains once per seed 1..SEEDS (default
-3), saving and validating every INTERVAL updates (default $SAVE_EVERY), and is scored (test perplexity with the memory
-carried, evaluated with a memory of $EVAL_MEMORY as Transformer-XL evaluates with a longer one) at:
-  - equal updates: after UPDATES updates (default $UPDATES);
-  - equal time (skipped with -T): the last checkpoint within the first model's time for UPDATES updates (the
-    others train $((TIME_MARGIN - 100))% past UPDATES for it);
-  - longer training (with -L): after LONG updates, for seeds 1..LONG_SEEDS (default 1).
--x adds fairseq-train arguments to every model alike; -d cuda and -p bf16 train on the GPU, in bfloat16.
-Writes OUT/results.md and OUT/curves.png (validation loss against updates and time). OUT defaults to
-txl_compare_output. A rerun skips what is done; give each setting (-x) its own
-OUT. Time figures need a machine doing nothing else.
 EOF
+    compare_usage_points "test perplexity, the memory carried, a memory of $EVAL_MEMORY (longer, as Transformer-XL \
+evaluates)" \
+        "the first model"
 }
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source examples/lib.sh
 
 LAYERS=4 D=128 HEADS=4 FFN=512 SEGMENT=64 EVAL_MEMORY=256 N=64 K=1024 LR=1e-3 WARMUP=400 BATCH=16
 SAVE_EVERY=200 TIME_MARGIN=130
-OUT=txl_compare_output SEEDS=3 UPDATES=4000 MODELS="projective define standard projective_eq" CORPUS="" TIMED=1
-LONG=0 LONG_SEEDS=1 EXTRA=""
-compare_option() {
-    case $1 in u) UPDATES=$2 ;; T) TIMED=0 ;; L) LONG=$2 ;; n) LONG_SEEDS=$2 ;; i) SAVE_EVERY=$2 ;; x) EXTRA=$2 ;; esac
-}
-compare_options u:TL:n:i:x: "$@"
+OUT=txl_compare_output SEEDS=3 UPDATES=4000 MODELS="projective define standard projective_eq"
+compare_options "$@"
 require_tools python fairseq-preprocess fairseq-eval-lm
 declare -A MODEL=(
     [standard]="--txl-input standard --define-n $D"

@@ -3,24 +3,16 @@
 # longer training, all from one training run per model and seed.
 set -euo pipefail
 usage() {
+    compare_usage_line
     cat <<EOF
-Usage: $(basename "$0") [-o OUT] [-s SEEDS] [-u UPDATES] [-L LONG] [-n LONG_SEEDS] [-i INTERVAL] [-m MODELS]
-                  [-c CORPUS_DIR] [-x "TRAIN ARGS"] [-T] [-d cpu|cuda] [-p fp32|bf16]
 
-Trains each model of MODELS (default: "baseline define projective") with each seed 1..SEEDS (default 3) at the
-demo's size and settings (examples/lib.sh), on the demo corpus or on CORPUS_DIR's {train,valid,test}.{en,de},
-saving a checkpoint (and validating) every INTERVAL updates (default $SAVE_EVERY), and translates from that run
-(OUT/runs/train):
-  - equal updates: the checkpoint after UPDATES updates (default 2000);
-  - equal time (skipped with -T): the last checkpoint within the baseline's time for UPDATES updates (same seed);
-    the other models train $((100 * TIME_MARGIN / 100 - 100))% past UPDATES for it (or to LONG);
-  - longer training (with -L): the checkpoint after LONG updates, for seeds 1..LONG_SEEDS (default 1).
-fairseq's inverse-sqrt schedule and data order do not depend on --max-update, so these are the checkpoints of runs
-stopped there. -x adds fairseq-train arguments to every model alike (e.g. -x "--dropout 0.1"; give each setting
-its own OUT). Each point translates the test split (beam 5), scored with sacreBLEU against the raw references.
-Writes OUT/results.md (parameters, BLEU mean, standard deviation and per-seed values, times, updates) and
-OUT/curves.png (validation loss against updates and against time; needs matplotlib). OUT defaults to
-translation_compare_output. A rerun skips what is done. Time figures need a machine doing nothing else.
+Trains at the demo's size and settings (examples/lib.sh) on the demo corpus or on CORPUS_DIR's
+{train,valid,test}.{en,de}. fairseq's inverse-sqrt schedule and data order do not depend on --max-update, so
+each point is the checkpoint of a run stopped there.
+EOF
+    compare_usage_points "the test split translated with beam 5, sacreBLEU against the raw references" \
+        "the baseline"
+    cat <<EOF
 
 Models: baseline (fairseq's transformer_iwslt_de_en, one shared V x 128 table), define (transformer_define:
 DeFINE n=96, k=256, N=3 on a shared V x 96 table, output tied to it), projective (a V x 105 table and one linear
@@ -36,12 +28,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source examples/lib.sh
 
 SAVE_EVERY=100 TIME_MARGIN=110
-OUT=translation_compare_output SEEDS=3 UPDATES=2000 MODELS="baseline define projective" CORPUS="" TIMED=1
-LONG=0 LONG_SEEDS=1 EXTRA=""
-compare_option() {
-    case $1 in u) UPDATES=$2 ;; T) TIMED=0 ;; L) LONG=$2 ;; n) LONG_SEEDS=$2 ;; i) SAVE_EVERY=$2 ;; x) EXTRA=$2 ;; esac
-}
-compare_options u:TL:n:i:x: "$@"
+OUT=translation_compare_output SEEDS=3 UPDATES=2000 MODELS="baseline define projective"
+compare_options "$@"
 require_tools python subword-nmt fairseq-preprocess fairseq-generate sacrebleu
 
 # DeFINE at n = 96 has fewer parameters than the baseline's V x 128 table; projective at n = 105 has as many as
