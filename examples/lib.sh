@@ -25,6 +25,22 @@ DEVICE_ARGS=(--cpu) EVAL_DEVICE_ARGS=(--cpu)
 DEMO_BPE_MERGES=8000
 DEMO_BPE_THRESHOLD=10
 
+# debian_packages DIR PACKAGE...: download the Debian packages (apt-get download, not installed) and unpack them
+# under DIR/root (dpkg-deb -x); DIR/versions.txt names each package and version. Skipped when DIR exists.
+debian_packages() {
+    local dir=$1 deb
+    shift
+    [[ -d $dir ]] && return 0
+    rm -rf "$dir.tmp" && mkdir -p "$dir.tmp/debs"
+    (cd "$dir.tmp/debs" && apt-get download "$@") \
+        || { echo "error: apt-get download failed; run 'apt-get update' first (as root)" >&2; exit 1; }
+    for deb in "$dir.tmp"/debs/*.deb; do
+        dpkg-deb -x "$deb" "$dir.tmp/root"
+        dpkg-deb -f "$deb" Package Version | paste -sd ' ' >> "$dir.tmp/versions.txt"
+    done
+    mv "$dir.tmp" "$dir"
+}
+
 # require_tools TOOL...: stop with a message when one is not on PATH.
 require_tools() {
     local tool

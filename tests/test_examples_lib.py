@@ -1,6 +1,7 @@
 """examples/lib.sh's option and cache checks, which every compare.sh relies on: each bad value stops the script
 before any training, naming the option."""
 
+import shutil
 import subprocess
 
 import pytest
@@ -36,12 +37,12 @@ def test_device_and_precision_set_the_arguments(options, device_args, eval_args)
     ],
 )
 def test_a_bad_device_or_precision_stops_naming_the_option(options, message):
-    proc = lib(f'compare_options {options}; echo reached')
+    proc = lib(f"compare_options {options}; echo reached")
     assert proc.returncode == 2 and message in proc.stderr and "reached" not in proc.stdout
 
 
 def test_an_unknown_option_prints_the_usage_and_stops():
-    proc = lib('compare_options -q; echo reached')
+    proc = lib("compare_options -q; echo reached")
     assert proc.returncode == 2 and "USAGE" in proc.stderr and "reached" not in proc.stdout
 
 
@@ -55,3 +56,41 @@ def test_equal_size_reuses_its_answer_only_for_the_same_arguments(tmp_path):
     assert same.returncode == 0 and same.stdout.strip() == "size 84", same.stderr
     other = lib(f'equal_size {cache} 2000000 "--n {{}}" 4 512 4 --arch a --x 2; echo "size $EQUAL_SIZE"')
     assert other.returncode == 2 and "answers other arguments" in other.stderr and "size" not in other.stdout
+
+
+def fake_apt_get(tmp_path, package: str, version: str, fail: bool = False):
+    """A PATH whose apt-get 'downloads' a real .deb of ``package`` (built here with dpkg-deb) or fails."""
+    bin_dir, src = tmp_path / "bin", tmp_path / "src"
+    (src / "DEBIAN").mkdir(parents=True)
+    (src / "usr" / "share" / "doc" / package).mkdir(parents=True)
+    (src / "usr" / "share" / "doc" / package / "text").write_text("hello\n")
+    (src / "DEBIAN" / "control").write_text(
+        f"Package: {package}\nVersion: {version}\nArchitecture: all\nMaintainer: nobody <nobody@example.org>\n"
+        f"Description: a test package\n"
+    )
+    deb = tmp_path / f"{package}.deb"
+    subprocess.run(["dpkg-deb", "--build", "--root-owner-group", str(src), str(deb)], check=True, capture_output=True)
+    bin_dir.mkdir()
+    body = "exit 1" if fail else f'cp {deb} "./{package}_{version}_all.deb"'
+    (bin_dir / "apt-get").write_text(f"#!/bin/sh\n{body}\n")
+    (bin_dir / "apt-get").chmod(0o755)
+    return f"{bin_dir}:/usr/bin:/bin"
+
+
+@pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="needs dpkg-deb (Debian, Ubuntu)")
+def test_debian_packages_unpacks_and_names_the_versions(tmp_path):
+    path = fake_apt_get(tmp_path, "tiny-doc", "1.2-3")
+    out = tmp_path / "packages"
+    proc = lib(f"PATH={path}; debian_packages {out} tiny-doc")
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "root" / "usr" / "share" / "doc" / "tiny-doc" / "text").read_text() == "hello\n"
+    assert (out / "versions.txt").read_text() == "Package: tiny-doc Version: 1.2-3\n"
+    assert not (tmp_path / "packages.tmp").exists()
+
+
+@pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="needs dpkg-deb (Debian, Ubuntu)")
+def test_a_failed_download_stops_and_leaves_no_packages_folder(tmp_path):
+    path = fake_apt_get(tmp_path, "tiny-doc", "1.2-3", fail=True)
+    proc = lib(f"PATH={path}; debian_packages {tmp_path / 'packages'} tiny-doc; echo reached")
+    assert proc.returncode == 1 and "apt-get download failed" in proc.stderr and "reached" not in proc.stdout
+    assert not (tmp_path / "packages").exists()

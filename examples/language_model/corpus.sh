@@ -22,17 +22,8 @@ OUT=$(realpath -m "$OUT")
 source examples/lib.sh
 require_tools python apt-get dpkg-deb
 
-if [[ ! -d $OUT/packages ]]; then
-    rm -rf "$OUT/packages.tmp" && mkdir -p "$OUT/packages.tmp/debs"
-    # shellcheck disable=SC2086
-    (cd "$OUT/packages.tmp/debs" && apt-get download $PACKAGES) \
-        || { echo "error: apt-get download failed; run 'apt-get update' first (as root)" >&2; exit 1; }
-    for deb in "$OUT"/packages.tmp/debs/*.deb; do
-        dpkg-deb -x "$deb" "$OUT/packages.tmp/root"
-        dpkg-deb -f "$deb" Package Version | paste -sd ' ' >> "$OUT/packages.tmp/versions.txt"
-    done
-    mv "$OUT/packages.tmp" "$OUT/packages"
-fi
+# shellcheck disable=SC2086
+debian_packages "$OUT/packages" $PACKAGES
 if [[ ! -d $OUT/docs ]]; then
     rm -rf "$OUT/docs.tmp"
     python -m define_fairseq.tools.doc_corpus "$OUT/packages/root" "$OUT/docs.tmp"

@@ -21,16 +21,7 @@ OUT=$(realpath -m "$OUT")
 source examples/lib.sh
 require_tools python apt-get dpkg-deb
 
-if [[ ! -d $OUT/packages ]]; then
-    rm -rf "$OUT/packages.tmp" && mkdir -p "$OUT/packages.tmp/debs"
-    (cd "$OUT/packages.tmp/debs" && apt-get download trans-de-en libreoffice-help-en-us libreoffice-help-de) \
-        || { echo "error: apt-get download failed; run 'apt-get update' first (as root)" >&2; exit 1; }
-    for deb in "$OUT"/packages.tmp/debs/*.deb; do
-        dpkg-deb -x "$deb" "$OUT/packages.tmp/root"
-        dpkg-deb -f "$deb" Package Version | paste -sd ' ' >> "$OUT/packages.tmp/versions.txt"
-    done
-    mv "$OUT/packages.tmp" "$OUT/packages"
-fi
+debian_packages "$OUT/packages" trans-de-en libreoffice-help-en-us libreoffice-help-de
 root=$OUT/packages/root
 for source in ding libreoffice-help; do
     [[ -d $OUT/$source ]] && continue
