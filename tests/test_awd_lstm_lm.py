@@ -10,13 +10,11 @@ import torch
 from lm_helpers import check_beam_search_scores, eval_lm, load, log_probs, split_stream, tokens_batch
 from test_lstm_lm import (
     ADAPTIVE,
+    TINY as LSTM_TINY,
     lstm_params,
     mean_nll_base2,
     parsed_model,
     train,
-)
-from test_lstm_lm import (
-    TINY as LSTM_TINY,
 )
 
 import define_fairseq  # noqa: F401  (registers the models, tasks and criteria)
