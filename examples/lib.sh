@@ -8,7 +8,8 @@ export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore}"
 
 # The demo's model: fairseq's IWSLT Transformer size shrunk for two CPU cores (d_model 128, FFN 512, 4 heads, 3+3
 # pre-norm layers), all embeddings shared, and its training (Adam, inverse-sqrt schedule, label smoothing, no
-# dropout, 1,024 tokens a batch). Used by examples/demo/run.sh and examples/translation/compare.sh.
+# dropout, 1,024 tokens a batch). Used by examples/demo/run.sh and examples/translation/compare.sh (which warms up
+# over 500 updates instead of 150).
 # --required-batch-size-multiple 1: with fairseq's default 8, a split's last batch is dropped when its size is not a
 # multiple of 8 (facebookresearch/fairseq#5036): validation would skip sentences, or see none on a tiny split.
 DEMO_TRANSFORMER=(
