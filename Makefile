@@ -1,6 +1,6 @@
 # The two commands: `make demo` (train and evaluate transformer_define on the demo corpus) and `make test`.
-# Other stacks (docs/development.md, "Tested stacks"): `make test-stack STACK=NAME`, `make test-matrix`. A GPU node without a
-# registry: `make wheelhouse PY=3.12` where there is one, then `make install-offline` on the node.
+# Other stacks (docs/development.md, "Tested stacks"): `make test-stack STACK=NAME`, `make test-matrix`. A GPU node
+# without a registry: `make wheelhouse PY=3.12` where there is one, then `make install-offline` on the node.
 # bash: recipes use pipefail, which a POSIX sh (dash, on Debian and Ubuntu) lacks
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -162,10 +162,10 @@ install-env:
 	  $(PYTHON) -c 'import torch, numpy, fairseq; print("$@: torch", torch.__version__, "numpy", \
 	  numpy.__version__, "fairseq", fairseq.__version__)'; echo "$@: now \`make test VENV=$$prefix\`"
 
-# ---- `make gpu-check` on a GPU node (docs/development.md, "Checking a GPU node"): installs into $(PYTHON)'s environment
-# (install-env: WHEELHOUSE=dir when the node has no registry), runs the CUDA tests, then every benchmark on the
-# GPU, and writes benchmarks/results/gpu-<gpu>.md (the environment, the tests' summary, each figure beside its
-# target). Stops at the first step that fails and names it. About 10 minutes on one H100.
+# ---- `make gpu-check` on a GPU node (docs/development.md, "Checking a GPU node"): installs into $(PYTHON)'s
+# environment (install-env: WHEELHOUSE=dir when the node has no registry), runs the CUDA tests, then every
+# benchmark on the GPU, and writes benchmarks/results/gpu-<gpu>.md (the environment, the tests' summary, each figure
+# beside its target). Stops at the first step that fails and names it. About 10 minutes on one H100.
 GPU_CHECK_LOG := benchmarks/results/.gpu-check-tests.log
 
 gpu-check:
