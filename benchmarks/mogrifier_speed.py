@@ -18,8 +18,8 @@ import torch
 import torch.nn as nn
 
 from benchmarks.common import Bench, Check, count_params, millions, options, ratio, run_main, table
-from define_fairseq.modules import MogrifierLSTM, mogrifier_recurrence
-from define_fairseq.modules.mogrifier_lstm import MogrifierLSTMLayer
+from define_fairseq.modules import MogrifierLSTM, recurrence_threads
+from define_fairseq.modules.mogrifier_layer import MogrifierLSTMLayer
 
 
 class Straightforward(nn.Module):
@@ -181,8 +181,8 @@ def main(argv=None):
     if not bench.cuda:
         notes.append(
             f"MogrifierLSTM's small per-step work on one thread: "
-            f"{'yes' if mogrifier_recurrence.small_work_on_one_thread() else 'no'} (only under "
-            f"OMP_WAIT_POLICY=PASSIVE; see define_fairseq/modules/mogrifier_recurrence.py)"
+            f"{'yes' if recurrence_threads.small_work_on_one_thread() else 'no'} (only under "
+            f"OMP_WAIT_POLICY=PASSIVE; see define_fairseq/modules/recurrence_threads.py)"
         )
     body = table(
         ["variant", "parameters", "ms per call (median)", "ms (min)", "tokens/s", "speed vs `MogrifierLSTM`"], rows

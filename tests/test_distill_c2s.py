@@ -13,16 +13,13 @@ import torch
 from conftest import run_module
 
 from define_fairseq.modules.char2subword import CONTINUES_CHAR, WORD_START_CHAR
-from define_fairseq.tools.distill_c2s import (
+from define_fairseq.tools.distill_c2s import load_distilled, main
+from define_fairseq.tools.distill_c2s_data import noisy_samples, single_edit, symbols_md5
+from define_fairseq.tools.distill_c2s_losses import (
     LOSS_TERMS,
     approximation_losses,
     approximation_metrics,
-    load_distilled,
-    main,
     nearest_neighbours,
-    noisy_samples,
-    single_edit,
-    symbols_md5,
 )
 
 TOOL = "define_fairseq.tools.distill_c2s"

@@ -21,8 +21,9 @@ from lm_helpers import (
 from test_lstm_lm import mean_nll_base2, parsed_model, train
 
 import define_fairseq  # noqa: F401  (registers the models, tasks and criteria)
-from define_fairseq.models.mogrifier_lstm_lm import MogrifierLSTMLMModel, TiedOutput
+from define_fairseq.models.mogrifier_lstm_lm import MogrifierLSTMLMModel
 from define_fairseq.modules import DeFINEEmbedding
+from define_fairseq.modules.tied_output import TiedOutput
 
 # Each arch on tiny dims (the arch's structure: rounds, mixture, projection, dropouts, kept).
 TINY = {

@@ -12,13 +12,9 @@ import torch
 import torch.nn as nn
 from mogrifier_reference import B, M, N, T, assert_same, literal_mogrifier, make_inputs, outputs_and_grads, randomize
 
-from define_fairseq.modules import mogrifier_recurrence
-from define_fairseq.modules.mogrifier_lstm import (
-    MogrifierDropoutMasks,
-    MogrifierLSTM,
-    MogrifierLSTMLayer,
-    MogrifierRound,
-)
+from define_fairseq.modules import recurrence_threads
+from define_fairseq.modules.mogrifier_layer import MogrifierDropoutMasks, MogrifierLSTMLayer, MogrifierRound
+from define_fairseq.modules.mogrifier_lstm import MogrifierLSTM
 
 
 def test_dropout_masks_are_shared_over_time_and_come_before_the_rounds():
@@ -314,10 +310,7 @@ def test_small_work_runs_on_one_thread_only_under_the_passive_wait_policy(policy
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     if policy is not None:
         env["OMP_WAIT_POLICY"] = policy
-    code = (
-        "from define_fairseq.modules import mogrifier_recurrence; "
-        "print(mogrifier_recurrence.small_work_on_one_thread())"
-    )
+    code = "from define_fairseq.modules import recurrence_threads; print(recurrence_threads.small_work_on_one_thread())"
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert proc.stdout.split()[-1] == one_thread
 
@@ -325,28 +318,28 @@ def test_small_work_runs_on_one_thread_only_under_the_passive_wait_policy(policy
 def test_wait_policy_is_read_when_first_needed_not_at_import():
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     code = (
-        "import os; from define_fairseq.modules import mogrifier_recurrence; "
-        "os.environ['OMP_WAIT_POLICY'] = 'PASSIVE'; print(mogrifier_recurrence.small_work_on_one_thread())"
+        "import os; from define_fairseq.modules import recurrence_threads; "
+        "os.environ['OMP_WAIT_POLICY'] = 'PASSIVE'; print(recurrence_threads.small_work_on_one_thread())"
     )
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert proc.stdout.split()[-1] == "True"
 
 
 def test_thread_switch_restores_the_callers_thread_count(monkeypatch):
-    monkeypatch.setattr(mogrifier_recurrence, "SMALL_WORK_ON_ONE_THREAD", True)
+    monkeypatch.setattr(recurrence_threads, "SMALL_WORK_ON_ONE_THREAD", True)
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
         with pytest.raises(RuntimeError, match="inside"):
-            with mogrifier_recurrence.Threads(torch.device("cpu")) as threads:
+            with recurrence_threads.Threads(torch.device("cpu")) as threads:
                 assert torch.get_num_threads() == 1
                 threads.large()
                 assert torch.get_num_threads() == 2
                 threads.small()
                 raise RuntimeError("inside")
         assert torch.get_num_threads() == 2
-        monkeypatch.setattr(mogrifier_recurrence, "SMALL_WORK_ON_ONE_THREAD", False)
-        with mogrifier_recurrence.Threads(torch.device("cpu")):
+        monkeypatch.setattr(recurrence_threads, "SMALL_WORK_ON_ONE_THREAD", False)
+        with recurrence_threads.Threads(torch.device("cpu")):
             assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)

@@ -45,28 +45,16 @@ projection, mixture, softmax bias) and the largest hidden size whose model fits 
 vocabulary (10,000 words for PTB, 33,278 for WikiText-2); see each arch's docstring.
 """
 
-import math
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Optional
 
-import torch
-import torch.nn as nn
-from fairseq import utils
 from fairseq.dataclass import ChoiceEnum
 from fairseq.models import FairseqLanguageModel, register_model, register_model_architecture
 from fairseq.utils import safe_getattr
-from torch import Tensor
 
-from define_fairseq.models.config_helpers import config_namespace, flag_names
-from define_fairseq.models.define_config import DeFINEConfig, build_define_embedding
-from define_fairseq.models.recurrent_decoder import RecurrentDecoder
-from define_fairseq.modules.checks import check_probability
-from define_fairseq.modules.define_embedding import FoldedDeFINEEmbedding
-from define_fairseq.modules.mogrifier_lstm import MogrifierLSTM
-from define_fairseq.modules.tied_output import TiedOutput  # noqa: F401 (imported from here too)
-from define_fairseq.modules.variance_scaling import variance_scaling_
-
-STATE_MASKS = ["window", "step"]  # --mogrifier-state-dropout-mask
+from define_fairseq.models.config_helpers import config_namespace
+from define_fairseq.models.define_config import DeFINEConfig
+from define_fairseq.models.mogrifier_lm_decoder import STATE_MASKS, build_mogrifier_decoder
 
 
 @dataclass
@@ -171,184 +159,12 @@ class MogrifierLSTMLMConfig(DeFINEConfig):
     )
 
 
-class MogrifierLMDecoder(RecurrentDecoder):
-    """Embedding -> :class:`MogrifierLSTM` -> :class:`TiedOutput` (see the module docstring).
-
-    Args:
-        dictionary: the target dictionary (V symbols).
-        embed_tokens: token embedding with ``embedding_dim == lstm.input_size`` and a ``weight`` (the ``V x e``
-            table the output is tied to): an ``nn.Embedding`` or a DeFINE embedding.
-        lstm: the recurrent stack.
-        output_projection: the tied output layer.
-        softmax_temperature: eval-mode temperature.
-        drop_state_probability: training-mode probability of resetting a stream's carried state.
-        l2_penalty: lamb's L2 coefficient (``extra["regularization"]`` in training).
-
-    ``forward(tokens [B, T], src_lengths=None, reset_state=None, incremental_state=None, features_only=False)``
-    returns ``(x, extra)``: ``x`` the logits ``[B, T, V]`` (with one softmax), the log-probabilities ``[B, T, V]``
-    (with a mixture), or the stack's output ``[B, T, H]`` with ``features_only``. ``extra["regularization"]``
-    (training with an L2 penalty only) is the scalar penalty. During incremental decoding only the new tokens'
-    positions are returned.
-    """
-
-    def __init__(
-        self,
-        dictionary,
-        embed_tokens: nn.Module,
-        lstm: MogrifierLSTM,
-        output_projection: TiedOutput,
-        softmax_temperature: float = 1.0,
-        drop_state_probability: float = 0.0,
-        l2_penalty: float = 0.0,
-    ):
-        super().__init__(dictionary, embed_tokens, lstm, "Mogrifier LSTM state", "--mogrifier-embed-dim")
-        check_probability(drop_state_probability, "drop_state_probability")
-        self.output_projection = output_projection
-        self.softmax_temperature = softmax_temperature
-        self.drop_state_probability = drop_state_probability
-        self.l2_penalty = l2_penalty
-
-    def starting_state(self, state: Optional[List]) -> Optional[List]:
-        """In training, zero each stream's carried ``(h, c)`` with probability ``drop_state_probability``."""
-        if state is None or not self.training or self.drop_state_probability <= 0:
-            return state
-        batch_size = state[0][0].size(0)
-        keep = torch.rand(batch_size, 1) >= self.drop_state_probability  # CPU generator: seeded by fairseq
-        keep = keep.to(device=state[0][0].device, dtype=state[0][0].dtype)
-        return [(h * keep, c * keep) for h, c in state]
-
-    def recur(self, tokens, state):
-        x, final_state = self.lstm(self.embed_tokens(tokens), state)
-        extra = {"attn": None}
-        if self.training and self.l2_penalty > 0:
-            extra["regularization"] = self.l2_regularization()
-        return x, final_state, extra
-
-    def l2_regularization(self) -> Tensor:
-        """lamb's ``l2_penalty / 2 * sum(theta^2)`` over every (trainable) parameter, each shared one once."""
-        squares = [p.float().pow(2).sum() for p in self.parameters() if p.requires_grad]
-        return 0.5 * self.l2_penalty * torch.stack(squares).sum()
-
-    def output_layer(self, features, **kwargs):
-        # A mixture has no single logits to divide by T: its components are divided here (in eval mode only).
-        temperature = 1.0 if self.training else self.softmax_temperature
-        return self.output_projection(features, temperature if self.output_projection.components > 1 else 1.0)
-
-    def get_normalized_probs_scriptable(self, net_output, log_probs: bool, sample=None):
-        """``softmax(logits / T)`` in eval mode, ``softmax(logits)`` in training (a mixture's output already is
-        log-probabilities, with its temperature applied)."""
-        scores = net_output[0]
-        if self.output_projection.components == 1 and not self.training and self.softmax_temperature != 1.0:
-            scores = scores / self.softmax_temperature
-        if log_probs:
-            return utils.log_softmax(scores, dim=-1)
-        return utils.softmax(scores, dim=-1)
-
-
-def build_mogrifier_decoder(cfg, dictionary) -> MogrifierLMDecoder:
-    """The decoder described by ``cfg`` (a namespace of :class:`MogrifierLSTMLMConfig` fields).
-
-    Raises ``ValueError`` naming the flag for every impossible setting.
-    """
-    vocab, pad = len(dictionary), dictionary.pad()
-    hidden = cfg.mogrifier_hidden_size
-    embed_dim = hidden if cfg.mogrifier_embed_dim is None else cfg.mogrifier_embed_dim
-    for flag, value in (
-        ("--mogrifier-layers", cfg.mogrifier_layers),
-        ("--mogrifier-hidden-size", hidden),
-        ("--mogrifier-embed-dim", embed_dim),
-    ):
-        if value < 1:
-            raise ValueError(f"{flag}={value} must be at least 1")
-    if cfg.mogrifier_rounds < 0:
-        raise ValueError(f"--mogrifier-rounds={cfg.mogrifier_rounds} must be >= 0 (0: a plain LSTM)")
-    smallest = min(embed_dim, hidden)
-    if cfg.mogrifier_rank < 0 or (cfg.mogrifier_rounds > 0 and cfg.mogrifier_rank >= smallest):
-        raise ValueError(
-            f"--mogrifier-rank={cfg.mogrifier_rank}: give 0 (full rank) or a rank below "
-            f"min(--mogrifier-embed-dim, --mogrifier-hidden-size) = {smallest}"
-        )
-    projection_dropout = cfg.mogrifier_projection_dropout
-    if projection_dropout is None:
-        projection_dropout = cfg.mogrifier_output_dropout
-    temperature = cfg.mogrifier_softmax_temperature
-    if not (temperature > 0 and math.isfinite(temperature)):
-        raise ValueError(f"--mogrifier-softmax-temperature={temperature} must be a positive number (1: no temperature)")
-    if str(cfg.mogrifier_state_dropout_mask) not in STATE_MASKS:
-        raise ValueError(
-            f"--mogrifier-state-dropout-mask={cfg.mogrifier_state_dropout_mask}: give window (one mask "
-            f"per BPTT window) or step (a new mask at every step)"
-        )
-    if cfg.mogrifier_mos_components < 1:
-        raise ValueError(
-            f"--mogrifier-mos-components={cfg.mogrifier_mos_components} must be at least 1 (1: one softmax)"
-        )
-    if not (cfg.mogrifier_l2_penalty >= 0 and math.isfinite(cfg.mogrifier_l2_penalty)):
-        raise ValueError(f"--mogrifier-l2-penalty={cfg.mogrifier_l2_penalty} must be >= 0")
-    depth = cfg.define_depth
-    if depth < 0:
-        raise ValueError(f"--define-depth={depth} must be >= 0 (0: no DeFINE unit)")
-    if depth == 0 and cfg.define_folded:
-        raise ValueError("--define-folded needs a DeFINE unit (--define-depth > 0)")
-
-    # input: a V x e table, or a V x n table and DeFINE n -> e; the output ties to the table
-    if depth == 0:
-        embed = nn.Embedding(vocab, embed_dim, padding_idx=pad)
-        variance_scaling_(embed.weight, embed_dim)  # lamb: variance scaling, fan_out = e
-        with torch.no_grad():
-            embed.weight[pad].zero_()
-    elif cfg.define_folded:
-        embed = FoldedDeFINEEmbedding(vocab, cfg.define_n, embed_dim, padding_idx=pad)
-    else:
-        if cfg.define_n < 1:
-            raise ValueError(f"--define-n={cfg.define_n} must be at least 1")
-        embed = build_define_embedding(cfg, vocab, pad, embed_dim, "--mogrifier-embed-dim")
-
-    dropouts = ("input_dropout", "inter_layer_dropout", "state_dropout", "output_dropout")
-    with flag_names(**{name: f"--mogrifier-{name.replace('_', '-')}" for name in dropouts}):
-        lstm = MogrifierLSTM(
-            embed_dim,
-            hidden,
-            num_layers=cfg.mogrifier_layers,
-            rounds=cfg.mogrifier_rounds,
-            rank=cfg.mogrifier_rank,
-            cap_input_gate=not cfg.mogrifier_no_cap_input_gate,
-            forget_bias=cfg.mogrifier_forget_bias,
-            **{name: getattr(cfg, f"mogrifier_{name}") for name in dropouts},
-            sum_layer_outputs=cfg.mogrifier_sum_layer_outputs,
-            shared_mask_dropout=cfg.mogrifier_shared_mask_dropout,
-            state_dropout_per_step=str(cfg.mogrifier_state_dropout_mask) == "step",
-        )
-    with flag_names(
-        dropout="--mogrifier-output-dropout"
-        if cfg.mogrifier_projection_dropout is None
-        else "--mogrifier-projection-dropout"
-    ):
-        output = TiedOutput(
-            embed.weight,
-            hidden,
-            components=cfg.mogrifier_mos_components,
-            dropout=projection_dropout,
-            shared_mask=cfg.mogrifier_shared_mask_dropout,
-        )
-    with flag_names(drop_state_probability="--mogrifier-drop-state-probability"):
-        return MogrifierLMDecoder(
-            dictionary,
-            embed,
-            lstm,
-            output,
-            softmax_temperature=temperature,
-            drop_state_probability=cfg.mogrifier_drop_state_probability,
-            l2_penalty=cfg.mogrifier_l2_penalty,
-        )
-
-
 @register_model("mogrifier_lstm_lm", dataclass=MogrifierLSTMLMConfig)
 class MogrifierLSTMLMModel(FairseqLanguageModel):
     """Mogrifier LSTM language model (see the module docstring).
 
     ``forward(src_tokens [B, T], src_lengths=None, reset_state=None, incremental_state=None)`` as
-    :class:`MogrifierLMDecoder`.
+    :class:`~define_fairseq.models.mogrifier_lm_decoder.MogrifierLMDecoder`.
     """
 
     @classmethod

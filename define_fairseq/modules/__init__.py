@@ -26,7 +26,8 @@ from .weight_drop import WeightDropLSTM, embedding_dropout  # noqa: E402
 __all__ += ["LSTMStack", "LockedDropout", "WeightDropLSTM", "embedding_dropout", "locked_dropout"]
 
 # Mogrifier LSTM (Melis et al., 2020).
-from .mogrifier_lstm import MogrifierDropoutMasks, MogrifierLSTM, MogrifierLSTMLayer, MogrifierRound  # noqa: E402
+from .mogrifier_layer import MogrifierDropoutMasks, MogrifierLSTMLayer, MogrifierRound  # noqa: E402
+from .mogrifier_lstm import MogrifierLSTM  # noqa: E402
 
 __all__ += ["MogrifierDropoutMasks", "MogrifierLSTM", "MogrifierLSTMLayer", "MogrifierRound"]
 
@@ -43,13 +44,8 @@ __all__ += ["Char2SubwordEmbedding", "encode_characters", "token_characters"]
 # Transformer-XL (Dai et al., 2019).
 from .projected_adaptive_softmax import ProjectedAdaptiveSoftmax  # noqa: E402
 from .projective_embedding import ProjectiveEmbedding  # noqa: E402
-from .transformer_xl import (  # noqa: E402
-    PositionwiseFeedForward,
-    RelativeMultiheadAttention,
-    TransformerXLLayer,
-    TransformerXLStack,
-    rel_shift,
-)
+from .relative_attention import RelativeMultiheadAttention, rel_shift  # noqa: E402
+from .transformer_xl import PositionwiseFeedForward, TransformerXLLayer, TransformerXLStack  # noqa: E402
 
 __all__ += [
     "PositionwiseFeedForward",

@@ -43,6 +43,14 @@ class ParameterError(ValueError):
         return ParameterError(self.name, self.value, self.requirement, self.note, self.sep, self.related, labels)
 
 
+def check_positive(value: int, name: str, note: Optional[str] = None) -> int:
+    """``value`` as an int if it is at least 1 (a size or a count); a :class:`ParameterError` naming ``name``
+    otherwise."""
+    if int(value) < 1:
+        raise ParameterError(name, value, "must be at least 1", note)
+    return int(value)
+
+
 def check_probability(value: float, name: str, note: Optional[str] = None) -> float:
     """``value`` as a float if it is a dropout probability in ``[0, 1)``; a :class:`ParameterError` naming
     ``name`` otherwise."""

@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .checks import check_cutoff, check_probability
+from .checks import check_cutoff, check_positive, check_probability
 
 
 def _at_least_float32(x: torch.Tensor) -> torch.Tensor:
@@ -73,8 +73,7 @@ class ProjectedAdaptiveSoftmax(nn.Module):
     ):
         super().__init__()
         for name, value in (("vocab_size", vocab_size), ("embed_dim", embed_dim), ("input_dim", input_dim)):
-            if int(value) < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
+            check_positive(value, name)
         check_probability(dropout, "dropout")
         self.vocab_size = vocab_size
         self.embed_dim = embed_dim

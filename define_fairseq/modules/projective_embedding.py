@@ -8,6 +8,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .checks import check_positive
+
 
 class ProjectiveEmbedding(nn.Module):
     """``tokens -> sqrt(d) * table[tokens] @ projection.T`` (no projection when ``n == d``).
@@ -37,8 +39,7 @@ class ProjectiveEmbedding(nn.Module):
             ("embedding_dim", embedding_dim),
             ("output_dim", output_dim),
         ):
-            if int(value) < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
+            check_positive(value, name)
         if padding_idx is not None and not 0 <= padding_idx < num_embeddings:
             raise ValueError(f"padding_idx {padding_idx} is outside the vocabulary of {num_embeddings} words")
         self.num_embeddings = num_embeddings

@@ -3,14 +3,8 @@
 Given a trained fairseq checkpoint whose encoder (or decoder) embeds tokens with a table
 ``E [V, d]`` (``encoder.embed_tokens.weight``), train a :class:`Char2SubwordEmbedding` that builds every
 non-special entry's vector from its characters, ``ê = f(chars)``, with the paper's unweighted four-term loss
-(averaged over a batch; E stays frozen)::
-
-    L = L_cos + L_2 + L_nbr + L_ce
-    L_cos = 1 - cos(e, ê)
-    L_2   = ||e - ê||_2                                   (the Euclidean distance itself, not squared)
-    L_nbr = 1/k sum_j (dis(e, n_j) - dis(ê, n_j))^2      dis = 1 - cos; n_1..n_k: the k nearest entries of e
-                                                          in E by cosine, itself excluded, found once
-    L_ce  = cross-entropy of softmax(ê E^T) against the entry's own id (all V rows of E)
+(cosine, Euclidean, neighbour and cross-entropy terms, averaged over a batch; E stays frozen), whose formulas
+are in :mod:`define_fairseq.tools.distill_c2s_losses`.
 
 Character noise (``--noise-rate``): each epoch, every entry with more than four characters (BPE markers not
 counted) gets, with probability ``--noise-rate``, one extra sample that spells it with a single-character
@@ -51,79 +45,21 @@ import os
 from typing import Dict, Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from define_fairseq.data.char_noise import NOISE_TYPES, parse_noise_types
 from define_fairseq.modules.char2subword import Char2SubwordEmbedding
 from define_fairseq.tools.average_checkpoints import CheckpointError, read_torch_file
-from define_fairseq.tools.distill_c2s_data import (  # noqa: F401 (single_edit etc.: imported from here too)
-    checkpoint_table,
-    load_checkpoint_state,
-    load_table,
-    noisy_samples,
-    single_edit,
-    symbols_md5,
+from define_fairseq.tools.distill_c2s_data import load_table, noisy_samples, symbols_md5
+from define_fairseq.tools.distill_c2s_losses import (
+    LOSS_TERMS,
+    approximation_losses,
+    approximation_metrics,
+    nearest_neighbours,
 )
 
-LOSS_TERMS = ("cos", "l2", "nbr", "ce")
 # The module's options, as the transformer_c2s flags name them (without the "c2s_" prefix).
 C2S_OPTIONS = ("char_dim", "layers", "heads", "ffn_dim", "max_chars", "dropout")
-
-
-# -- losses and metrics ----------------------------------------------------------------------------------------
-
-
-def approximation_losses(
-    pred: Tensor, target: Tensor, neighbours: Tensor, table: Tensor, labels: Tensor
-) -> Dict[str, Tensor]:
-    """The four terms of the approximation loss, each averaged over the batch.
-
-    Args:
-        pred: ``[N, d]`` the predicted vectors ê.
-        target: ``[N, d]`` the table's vectors e.
-        neighbours: ``[N, k, d]`` the vectors of the k nearest entries of each e.
-        table: ``[V, d]`` the (frozen) table, the output layer of ``L_ce``.
-        labels: ``[N]`` each entry's id in ``table``.
-    Returns:
-        ``{"cos", "l2", "nbr", "ce"}``: scalar tensors.
-    """
-    cos = 1.0 - F.cosine_similarity(pred, target, dim=-1)
-    l2 = (target - pred).norm(dim=-1)
-    dis_true = 1.0 - F.cosine_similarity(target.unsqueeze(1), neighbours, dim=-1)
-    dis_pred = 1.0 - F.cosine_similarity(pred.unsqueeze(1), neighbours, dim=-1)
-    nbr = (dis_true - dis_pred).pow(2).mean(dim=1)
-    ce = F.cross_entropy(pred @ table.t(), labels)
-    return {"cos": cos.mean(), "l2": l2.mean(), "nbr": nbr.mean(), "ce": ce}
-
-
-def nearest_neighbours(table: Tensor, k: int, chunk: int = 1024) -> Tensor:
-    """``[R, k]``: for each row of ``table [R, d]``, the k other rows with the highest cosine similarity."""
-    unit = F.normalize(table.float(), dim=-1)
-    out = []
-    for start in range(0, unit.size(0), chunk):
-        sim = unit[start : start + chunk] @ unit.t()
-        rows = torch.arange(start, start + sim.size(0), device=sim.device)
-        sim[torch.arange(sim.size(0), device=sim.device), rows] = float("-inf")
-        out.append(sim.topk(k, dim=1).indices)
-    return torch.cat(out)
-
-
-def approximation_metrics(pred: Tensor, table: Tensor, neighbours: Tensor, chunk: int = 1024) -> Dict[str, float]:
-    """Top-1 accuracy and neighbour precision@k of ``pred [R, d]`` against ``table [R, d]`` (row i of both is
-    entry i; ``neighbours [R, k]``: the true k nearest rows of each entry, itself excluded)."""
-    k = neighbours.size(1)
-    unit_pred, unit_table = F.normalize(pred.float(), dim=-1), F.normalize(table.float(), dim=-1)
-    hits, shared = 0, 0
-    for start in range(0, pred.size(0), chunk):
-        sim = unit_pred[start : start + chunk] @ unit_table.t()
-        n = sim.size(0)
-        rows = torch.arange(start, start + n, device=sim.device)
-        hits += int(sim.argmax(dim=1).eq(rows).sum())
-        sim[torch.arange(n, device=sim.device), rows] = float("-inf")
-        found = sim.topk(k, dim=1).indices
-        shared += int((found.unsqueeze(2) == neighbours[start : start + n].unsqueeze(1)).any(dim=2).sum())
-    return {"accuracy": hits / pred.size(0), "precision": shared / (pred.size(0) * k)}
 
 
 def build_module(dictionary, embedding_dim: int, c2s_args: Dict, output_scale: float) -> Char2SubwordEmbedding:
