@@ -12,3 +12,6 @@ except ImportError:  # the plain torch modules stay usable without fairseq
     pass
 else:
     from . import criterions, models, tasks  # noqa: F401
+    from .checkpoint_broadcast import allow_configurations_in_torch_load
+
+    allow_configurations_in_torch_load()

@@ -189,14 +189,13 @@ lib_skip() { log "skip $1: already done ($2)"; }
 # --save-dir SAVE_DIR` does, logging to SAVE_DIR/train.log. Put the recipe's arguments first and the user's extra
 # arguments last in ARGS (argparse keeps the last value of a repeated flag). With DRY_RUN=1 only print the
 # command (shell-quoted, one line). A finished run leaves the marker SAVE_DIR/.done/train and is skipped on a
-# rerun; an interrupted one resumes from SAVE_DIR/checkpoint_last.pt (fairseq writes each checkpoint atomically;
-# the recurrent LMs' carried state is in it, so a run resumed mid-epoch continues exactly).
+# rerun; an interrupted one resumes from SAVE_DIR/checkpoint_last.pt (the recurrent LMs' carried state is in it, so
+# a run resumed mid-epoch continues exactly; docs/multi-gpu.md says what a kill during a save can leave).
 # The program is `python -m define_fairseq.tools.train`: fairseq-train's arguments and training loop, but a
 # finished run exits with status 0, where fairseq-train can abort at exit after stopping mid-epoch (its collating
 # thread meets PyTorch's shutdown) and a finished step would be reported as failed. Every GPU process reads
-# checkpoint_last.pt itself (--load-checkpoint-on-all-dp-ranks): fairseq's default sends rank 0's copy to the
-# others through torch.load, which refuses the configuration object in it (torch >= 2.6), so a multi-GPU run
-# could not resume.
+# checkpoint_last.pt itself (--load-checkpoint-on-all-dp-ranks) rather than receiving rank 0's copy through the
+# process group (fairseq's default, which works too: docs/multi-gpu.md).
 lib_train() {
     local dry_run=$1 data_bin=$2 save_dir=$3
     shift 3

@@ -46,7 +46,7 @@ def saved_and_loaded(cfg, task, model, path) -> tuple:
     model.decoder(tokens, reset_state=True)  # a training state is carried, and saved with the weights
     Trainer(cfg, task, model, task.build_criterion(cfg.criterion)).save_checkpoint(str(path), {})
     state = torch.load(path, map_location="cpu", weights_only=False)
-    assert state["model"]["decoder.carried_state._extra_state"]["batch_size"] == len(tokens)
+    assert state["model"]["decoder.carried_state._extra_state"]["ranks"][0]["batch_size"] == len(tokens)
     (loaded,), _ = checkpoint_utils.load_model_ensemble([str(path)])
     torch.testing.assert_close(log_probs(loaded.eval(), tokens), log_probs(model.eval(), tokens), rtol=0, atol=0)
     return loaded, tokens

@@ -1,6 +1,6 @@
 """The state a recurrent language model carries from batch to batch, in checkpoints
-(:mod:`define_fairseq.models.carried_state`): the training state is saved with the weights (with its batch size,
-data-parallel rank and world size, and dtypes) and loads back; the evaluation state is never saved; a state of
+(:mod:`define_fairseq.models.carried_state`): the training state is saved with the weights (per data-parallel
+rank, with its batch size and dtypes) and loads back; the evaluation state is never saved; a state of
 another rank or world size is not taken; averages leave it out; checkpoints without it, averaged or folded ones
 load for evaluation and generation. (That a resumed run ends with the weights of an uninterrupted one:
 test_resume.py.)"""
@@ -72,9 +72,11 @@ def test_the_training_state_is_saved_with_the_weights_and_continues_after_loadin
     with torch.no_grad():
         model(tokens[:2, :4], reset_state=True)  # an evaluation state (of 2 streams): never saved
     saved = model.state_dict()[KEY]
-    assert (saved["batch_size"], saved["rank"], saved["world_size"]) == (3, 0, 1)
-    assert saved["dtypes"] == ["float32"] * 4  # (h, c) of 2 layers
-    for (h, c), (h_saved, c_saved) in zip(model.decoder.carried_state.kept_state(True), saved["state"]):
+    assert saved["world_size"] == 1 and len(saved["ranks"]) == 1
+    rows = saved["ranks"][0]
+    assert rows["batch_size"] == 3
+    assert rows["dtypes"] == ["float32"] * 4  # (h, c) of 2 layers
+    for (h, c), (h_saved, c_saved) in zip(model.decoder.carried_state.kept_state(True), rows["state"]):
         assert torch.equal(h, h_saved) and torch.equal(c, c_saved)
 
     other.load_state_dict(saved_and_read(model.state_dict(), tmp_path / "state.pt"))
@@ -122,15 +124,26 @@ def test_a_state_of_another_rank_or_world_size_is_not_taken(caplog):
     kept = CarriedState("LSTM state")
     kept.keep(True, True, 2, [(torch.ones(2, 3), torch.ones(2, 3))])
     saved = kept.get_extra_state()
-    assert (saved["rank"], saved["world_size"]) == (0, 1)
+    assert saved["world_size"] == 1
     loaded = CarriedState("LSTM state")
-    loaded.set_extra_state(dict(saved, world_size=2))  # rank 0 of a 2-process run, read by a single process
+    loaded.set_extra_state({"world_size": 2, "ranks": [saved["ranks"][0], {}]})  # a 2-process run's, read by one
     assert not loaded.has_state(True)
     with caplog.at_level(logging.WARNING):
         assert loaded.initial(False, True, 2) is None
-    assert "the checkpoint holds the rows of rank 0 of 2 data-parallel processes, this is rank 0 of 1" in caplog.text
+    assert "the checkpoint holds the state of 2 data-parallel processes, this run has 1" in caplog.text
     loaded.set_extra_state(saved)
     assert torch.equal(loaded.initial(False, True, 2)[0][0], torch.ones(2, 3))
+
+
+def test_the_earlier_format_of_one_ranks_state_still_loads():
+    """Checkpoints written before every rank's state was saved hold one rank's rows at the top level."""
+    state = [(torch.full((2, 3), 2.0), torch.ones(2, 3))]
+    older = {"batch_size": 2, "rank": 0, "world_size": 1, "dtypes": ["float32", "float32"], "state": state}
+    loaded = CarriedState()
+    loaded.set_extra_state(older)
+    assert torch.equal(loaded.initial(False, True, 2)[0][0], state[0][0])
+    loaded.set_extra_state(dict(older, world_size=2))  # rank 0's rows of a 2-process run, read by one
+    assert not loaded.has_state(True)
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +196,7 @@ def test_checkpoints_with_the_state_load_average_and_fold(stateful_checkpoints, 
     from define_fairseq.tools.fold_define import fold_checkpoint
 
     for path in stateful_checkpoints:
-        assert torch.load(path, map_location="cpu", weights_only=False)["model"][KEY]["batch_size"] == 4
+        assert torch.load(path, map_location="cpu", weights_only=False)["model"][KEY]["ranks"][0]["batch_size"] == 4
     model, _ = load(stateful_checkpoints[1])  # as fairseq-generate and fairseq-eval-lm load it
     assert model.decoder.carried_state.has_state(True)
     tokens = tokens_batch(len(model.decoder.dictionary))

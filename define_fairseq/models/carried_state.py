@@ -11,13 +11,18 @@ the state to start a batch from and hands it the final state afterwards:
 
 Checkpoints: the training state belongs to the data position that fairseq-train saves with every checkpoint
 (the epoch iterator's ``iterations_in_epoch``), so it is saved too, as the module's extra state
-(``<decoder>.<name>._extra_state`` in the model's state dict: the batch size, the data-parallel rank and world
-size, the tensors and their dtypes; ``{}`` when none is kept). Loading it back makes a run resumed mid-epoch
+(``<decoder>.<name>._extra_state`` in the model's state dict: the data-parallel world size and, per rank, the
+batch size, the tensors and their dtypes; ``{}`` when none is kept). Loading it back makes a run resumed mid-epoch
 from ``checkpoint_last.pt`` continue its streams exactly. The evaluation state is never saved (every evaluation
-pass starts with a reset). Only data-parallel rank 0 writes checkpoints, so only a run of the same world size
-restores the state, on rank 0; the other ranks start their own rows from zeros (warned) instead of taking rank
-0's. A checkpoint without the entry (written before it existed) loads as "nothing kept". Loading for
-evaluation or generation ignores the training state.
+pass starts with a reset).
+
+Several data-parallel ranks: only rank 0 writes checkpoints, so the other ranks' states must reach it first.
+:meth:`CarriedState.gather_training_state` sends them (a collective); the ``stateful_lm`` task calls it at the
+start of every validation, which fairseq-train runs before every mid-epoch checkpoint. Each rank takes its own rows
+back on resuming with the same number of ranks. Without a validation before the save (``--disable-validation``) the
+checkpoint holds rank 0's rows only, and the other ranks start theirs from zeros (warned), as does every rank of a
+run resumed with another number of ranks or batch size. A checkpoint without the entry (written before it existed)
+loads as "nothing kept". Loading for evaluation or generation ignores the training state.
 """
 
 import logging
@@ -56,6 +61,14 @@ def data_parallel_position() -> Tuple[int, int]:
     return 0, 1
 
 
+def _saved_rows(batch_size: int, state: Any) -> Dict[str, Any]:
+    """One rank's training state as checkpoints hold it. The dtypes, in map_tensors' order: fairseq saves
+    checkpoints in float32, and a model trained in fp16 needs its state back in fp16."""
+    dtypes: List[str] = []
+    map_tensors(state, lambda t: dtypes.append(str(t.dtype).replace("torch.", "")))
+    return {"batch_size": batch_size, "dtypes": dtypes, "state": state}
+
+
 class CarriedState(nn.Module):
     """The bookkeeping of the state carried across batches; see the module docstring.
 
@@ -70,6 +83,8 @@ class CarriedState(nn.Module):
         self._kept: Dict[bool, Tuple[int, Any]] = {}
         self._warned = False
         self._not_loaded: Optional[str] = None  # why a checkpoint's training state was not taken
+        # On rank 0 after gather_training_state: (the kept training state it was taken with, every rank's rows)
+        self._gathered: Optional[Tuple[Any, List[Optional[Dict[str, Any]]]]] = None
         # Follows the decoder's device (and nothing else), so that a state loaded from a checkpoint goes there.
         self.register_buffer("device_probe", torch.empty(0), persistent=False)
 
@@ -105,6 +120,7 @@ class CarriedState(nn.Module):
     def clear(self) -> None:
         """Forget every kept state."""
         self._kept.clear()
+        self._gathered = None
 
     def has_state(self, training: bool) -> bool:
         """Whether a state is kept for the mode ``training``."""
@@ -117,36 +133,64 @@ class CarriedState(nn.Module):
 
     # -- checkpoints -----------------------------------------------------------------------------------------
 
+    def gather_training_state(self) -> None:
+        """Send every data-parallel rank's kept training state to rank 0, which saves them all with its next
+        checkpoint (:meth:`get_extra_state`), if none of them changes before. A collective: every rank must call it.
+        Nothing to do with a single process. Rank 0 holds the other ranks' states on the CPU until then."""
+        rank, world_size = data_parallel_position()
+        if world_size == 1:
+            return
+        kept = self._kept.get(True)
+        mine = None if kept is None else _saved_rows(kept[0], map_tensors(kept[1], torch.Tensor.cpu))
+        gathered = [None] * world_size if rank == 0 else None
+        dist.gather_object(mine, gathered, dst=0)
+        self._gathered = (kept, gathered) if rank == 0 else None
+
     def get_extra_state(self) -> Dict[str, Any]:
-        """The kept training state as saved in the state dict (``{}`` when none is kept)."""
+        """The kept training state as saved in the state dict (``{}`` when none is kept): ``{"world_size": W,
+        "ranks": [rows of rank 0, ..., rows of rank W-1]}``, each ``{"batch_size", "dtypes", "state"}`` or ``{}``
+        for a rank whose state did not reach this one (see :meth:`gather_training_state`)."""
         kept = self._kept.get(True)
         if kept is None:
             return {}
         rank, world_size = data_parallel_position()
-        # The dtypes in map_tensors' order: fairseq saves checkpoints in float32, and a model trained in fp16
-        # needs its state back in fp16.
-        dtypes: List[str] = []
-        map_tensors(kept[1], lambda t: dtypes.append(str(t.dtype).replace("torch.", "")))
-        return {"batch_size": kept[0], "rank": rank, "world_size": world_size, "dtypes": dtypes, "state": kept[1]}
+        ranks = [{} for _ in range(world_size)]
+        if self._gathered is not None and self._gathered[0] is kept:  # gathered from this very state
+            ranks = [rows or {} for rows in self._gathered[1]]
+        ranks[rank] = _saved_rows(*kept)
+        return {"world_size": world_size, "ranks": ranks}
 
     def set_extra_state(self, saved: Dict[str, Any]) -> None:
-        """Take the training state of a checkpoint (see :meth:`get_extra_state`); forget every kept state."""
+        """Take this rank's training state from a checkpoint (see :meth:`get_extra_state`); forget every kept
+        state."""
         self._kept.clear()
+        self._gathered = None
         self._warned = False
         self._not_loaded = None
         if not saved:
             return
+        if "ranks" not in saved:  # written before every rank's state was saved: rank 0's (or one rank's) only
+            ranks = [{} for _ in range(saved["world_size"])]
+            ranks[saved["rank"]] = saved
+            saved = {"world_size": saved["world_size"], "ranks": ranks}
         rank, world_size = data_parallel_position()
-        if (saved["rank"], saved["world_size"]) != (rank, world_size):
+        if saved["world_size"] != world_size:
             self._not_loaded = (
-                f"the checkpoint holds the rows of rank {saved['rank']} of {saved['world_size']} "
-                f"data-parallel processes, this is rank {rank} of {world_size}"
+                f"the checkpoint holds the state of {saved['world_size']} data-parallel processes, this run has "
+                f"{world_size}"
             )
             return
-        dtypes = iter(saved["dtypes"])
+        rows = saved["ranks"][rank]
+        if not rows:
+            self._not_loaded = (
+                f"the checkpoint holds no state for rank {rank}: the ranks' states reach rank 0 at the validation "
+                f"before a checkpoint, and this one was written without one (--disable-validation)"
+            )
+            return
+        dtypes = iter(rows["dtypes"])
         device = self.device_probe.device
-        state = map_tensors(saved["state"], lambda t: t.to(device=device, dtype=getattr(torch, next(dtypes))))
-        self._kept[True] = (int(saved["batch_size"]), state)
+        state = map_tensors(rows["state"], lambda t: t.to(device=device, dtype=getattr(torch, next(dtypes))))
+        self._kept[True] = (int(rows["batch_size"]), state)
 
     def upgrade_state_dict_named(self, state_dict: Dict[str, Any], name: str) -> None:
         """fairseq calls this before loading a state dict: one written before the training state was saved

@@ -37,6 +37,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.tasks import FairseqTask, register_task
 from omegaconf import II
 
+from define_fairseq.models.carried_state import CarriedState
 from define_fairseq.tasks.bptt_windows import (  # noqa: F401 (window_schedule: imported from here too)
     MAX_LENGTH_FACTOR,
     BPTTWindows,
@@ -349,6 +350,14 @@ class StatefulLMTask(FairseqTask):
         model = super().build_model(cfg, from_checkpoint)
         check_model_carries_state(model)
         return model
+
+    def begin_valid_epoch(self, epoch, model):
+        """Every rank's carried training state to rank 0, which writes the checkpoints: fairseq-train validates
+        on every rank before each mid-epoch checkpoint (see :mod:`define_fairseq.models.carried_state`)."""
+        super().begin_valid_epoch(epoch, model)
+        for module in model.modules():
+            if isinstance(module, CarriedState):
+                module.gather_training_state()
 
     def max_positions(self):
         """The longest window this task makes."""
