@@ -113,6 +113,23 @@ def test_language_model_compare_writes_its_table_and_curves(toy_corpus, tmp_path
     assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_longer_training_continues_finished_runs_to_the_score_of_one_long_run(toy_corpus, tmp_path):
+    """-L on an OUT whose runs are done trains them on from checkpoint_last.pt: its point after LONG updates scores
+    exactly what a run trained that long at once scores."""
+    common = ["-s", 1, "-i", 10, "-m", "lstm_adaptive", "-c", toy_corpus, "-T"]
+    continued, at_once = tmp_path / "continued", tmp_path / "at_once"
+    run_script("examples/language_model/compare.sh", "-o", continued, "-u", 20, *common)
+    assert not (continued / "runs" / "long").exists()
+    proc = run_script("examples/language_model/compare.sh", "-o", continued, "-u", 20, "-L", 40, *common)
+    assert "on from 20 to 40 updates" in proc.stdout
+    run_script("examples/language_model/compare.sh", "-o", at_once, "-u", 20, "-L", 40, *common)
+    for regime in ("updates", "long"):
+        scores = [(out / "runs" / regime / "lstm_adaptive.s1" / "score").read_text() for out in (continued, at_once)]
+        assert scores[0] == scores[1], regime
+    log = (continued / "runs" / "train" / "lstm_adaptive.s1" / "train.log").read_text()
+    assert log.count("done training") == 2
+
+
 def test_transformer_xl_compare_puts_the_projective_input_at_defines_count(tmp_path):
     # 400 words and k = 64: table rows enough for DeFINE's unit to buy the projective input more columns
     corpus = tmp_path / "corpus"
