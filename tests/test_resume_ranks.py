@@ -7,7 +7,10 @@ make work under torch >= 2.6, :mod:`define_fairseq.checkpoint_broadcast`). For t
 checkpoint holds every rank's carried state (the LSTM and Mogrifier state, the Transformer-XL memory), gathered on
 rank 0 at the validation before each checkpoint, and each rank continues its own streams."""
 
+import random
 import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -16,6 +19,7 @@ from test_data_parallel import free_port
 from test_resume import FLAGS, LM_FLAGS, STATEFUL, STOP_AT, UPDATES, ZEROS_WARNING, assert_same_weights, load
 
 from define_fairseq.models.carried_state import map_tensors
+from define_fairseq.tools.last_checkpoint import readable
 
 RANKS = 2
 TRANSLATION = ["--arch", "transformer_define", *TINY_MODEL, *FLAGS, "--max-tokens", "100"]  # several batches a rank
@@ -36,11 +40,11 @@ def flat(state) -> torch.Tensor:
     return torch.cat([t.flatten().float() for t in tensors])
 
 
-def train_ranks(data, save_dir, max_update, flags, *extra):
-    """fairseq-train on ``RANKS`` gloo ranks, a process each (``--distributed-no-spawn``); their outputs."""
+def start_ranks(data, save_dir, max_update, flags, *extra, program=None):
+    """fairseq-train (or ``program``) on ``RANKS`` gloo ranks, a process each (``--distributed-no-spawn``)."""
     port = free_port()
     command = [
-        str(BIN / "fairseq-train"),
+        *(program or [str(BIN / "fairseq-train")]),
         str(data),
         "--user-dir",
         USER_DIR,
@@ -65,7 +69,7 @@ def train_ranks(data, save_dir, max_update, flags, *extra):
         "--distributed-no-spawn",
         *extra,
     ]
-    procs = [
+    return [
         subprocess.Popen(
             [*command, "--distributed-rank", str(rank)],
             cwd=REPO,
@@ -75,6 +79,11 @@ def train_ranks(data, save_dir, max_update, flags, *extra):
         )
         for rank in range(RANKS)
     ]
+
+
+def train_ranks(data, save_dir, max_update, flags, *extra, program=None):
+    """:func:`start_ranks`, then their outputs once both ended well."""
+    procs = start_ranks(data, save_dir, max_update, flags, *extra, program=program)
     outputs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0] * RANKS, "\n".join(o[-3000:] for o in outputs)
     return outputs
@@ -121,3 +130,42 @@ def test_without_a_validation_before_the_checkpoint_rank_1_starts_from_zeros(lm_
     final = load(straight / "checkpoint_last.pt")["model"]
     other = load(resumed / "checkpoint_last.pt")["model"]
     assert max((other[name] - final[name]).abs().max().item() for name in final if torch.is_tensor(final[name])) > 1e-4
+
+
+@pytest.mark.slow
+def test_a_two_rank_run_killed_at_random_moments_ends_with_the_uninterrupted_runs_weights(lm_data, tmp_path):
+    """Both ranks killed (SIGKILL) at random moments and the same command started again each time, the run ends
+    with the weights of an uninterrupted one. Every update is validated and saved, and each start is killed within
+    1 s of its first save, so the kills land in checkpoint writes too; the recipes' program
+    (define_fairseq.tools.train) puts back a checkpoint_last.pt that a kill during fairseq's copy left truncated.
+    Prints how many kills, resumes and repairs it made."""
+    flags, _ = MODELS["lstm_lm_define"]
+    updates, every = 40, ("--save-interval-updates", "1")
+    program = [sys.executable, "-m", "define_fairseq.tools.train"]
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    train_ranks(lm_data, straight, updates, flags, *every, program=program)
+    rng = random.Random(0)
+    kills = truncated = 0
+    for attempt in range(30):
+        saves = len(list(killed.glob("checkpoint_*_*.pt")))
+        procs = start_ranks(lm_data, killed, updates, flags, *every, program=program)
+        # once this start has saved (so that every start makes progress), kill at a random moment within 1 s
+        while all(p.poll() is None for p in procs) and len(list(killed.glob("checkpoint_*_*.pt"))) <= saves:
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0, 1))
+        if any(p.poll() is None for p in procs):
+            for p in procs:
+                p.kill()
+            for p in procs:
+                p.communicate()
+            kills += 1
+            truncated += (killed / "checkpoint_last.pt").exists() and not readable(killed / "checkpoint_last.pt")
+            continue
+        outputs = [p.communicate()[0] for p in procs]
+        assert [p.returncode for p in procs] == [0] * RANKS, "\n".join(o[-3000:] for o in outputs)
+        break
+    else:
+        pytest.fail(f"the run did not finish in 30 starts ({kills} kills)")
+    print(f"{kills} kills, {attempt} resumes, {truncated} truncated checkpoint_last.pt put back")
+    assert kills >= 3  # the schedule of delays kills most starts: the test did kill and resume
+    assert_same_weights(load(straight / "checkpoint_last.pt")["model"], load(killed / "checkpoint_last.pt")["model"])

@@ -284,7 +284,7 @@ def test_checkpoint_round_trip_and_folding(lm_data, checkpoint, tmp_path):
 
     model, task = load(checkpoint)
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)  # plain containers: no unsafe load
-    assert state["cfg"]["model"]["_name"] == "transformer_xl_lm"
+    assert type(state["cfg"]) is dict and state["cfg"]["model"]["_name"] == "transformer_xl_lm"
     tokens = tokens_batch(len(task.target_dictionary), length=10, bos=False)
     before = log_probs(model, tokens)
     fresh = parsed_model(lm_data, *TINY, "--txl-input", "define", "--txl-mem-len", "8")[2].eval()

@@ -1,5 +1,5 @@
-"""fairseq-train, except that ``--bf16`` trains in bfloat16 on GPUs and CPUs instead of asking for a TPU, and that a
-finished run always exits with status 0.
+"""fairseq-train, except that ``--bf16`` trains in bfloat16 on GPUs and CPUs instead of asking for a TPU, that a
+truncated ``checkpoint_last.pt`` is put back before resuming, and that a finished run always exits with status 0.
 
 fairseq-train's command line turns ``--bf16`` into ``--tpu`` (fairseq's ``options.parse_args_and_arch``), and
 ``--tpu`` needs torch_xla, so ``fairseq-train --bf16`` stops in ``get_tpu_device`` on any other machine.
@@ -12,7 +12,10 @@ keeps ``--tpu`` only when the command line asks for it, and runs fairseq's own t
 Every other argument means what it means to fairseq-train (multi-GPU training included). fairseq saves
 checkpoints in float32 whatever the training precision.
 
-The second difference: every training process ends cleanly once fairseq's training loop has returned. fairseq's
+Before training, a ``checkpoint_last.pt`` that a run killed during a save left truncated is put back from the
+save's complete first file (:mod:`define_fairseq.tools.last_checkpoint`), so the run resumes.
+
+The third difference: every training process ends cleanly once fairseq's training loop has returned. fairseq's
 training iterator collates batches in a daemon thread (``--data-buffer-size`` > 0, the default), and a run that
 stops mid-epoch (``--max-update``) can exit while that thread is still inside a PyTorch operation; PyTorch's
 C++ shutdown then aborts the finished process (SIGABRT, "terminate called without an active exception") and
@@ -30,6 +33,8 @@ import torch.distributed as dist
 from fairseq import distributed_utils, options
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq_cli import train as fairseq_train
+
+from define_fairseq.tools.last_checkpoint import LAST, repair_last_checkpoint
 
 
 def parse_args(argv: Optional[List[str]] = None):
@@ -80,6 +85,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         force=True,
     )
     args = parse_args(argv)
+    if args.restore_file == LAST:  # the run resumes from SAVE_DIR/checkpoint_last.pt: a killed copy is put back
+        repair_last_checkpoint(args.save_dir)
     cfg = convert_namespace_to_omegaconf(args)
     distributed_utils.call_main(cfg, train_and_end)
 
