@@ -94,3 +94,22 @@ def test_points_of_one_run_give_each_regime_its_updates_time_and_curve(tmp_path,
 
     cut = load(tmp_path, "updates")[0]
     assert cut.valid == curve[:2] and max(cut.wall) == 400
+
+
+def test_a_run_trained_on_keeps_one_clock(tmp_path):
+    """A run trained further (compare.sh -L on a finished OUT) appends the log of a second process, whose wall clock
+    fairseq restarts (or leaves at 0): its times continue the first part's, from the log lines' timestamps."""
+    write_run(tmp_path, "updates", "define", 1, 30.0, [(100, 8.0), (200, 7.0)], 100)
+    log = tmp_path / "runs" / "updates" / "define.s1" / "train.log"
+    more = [("00:01:00", 300), ("00:01:30", 400)]
+    log.write_text(
+        log.read_text()
+        + "".join(
+            f"2026-01-01 {time} | INFO | train_inner | {json.dumps({'num_updates': str(u), 'wall': '0'})}\n"
+            for time, u in more
+        )
+    )
+    from define_fairseq.tools.compare_runs import load
+
+    run = load(tmp_path, "updates")[0]
+    assert run.wall == {100: 50.0, 200: 100.0, 300: 100.0, 400: 130.0}

@@ -1,10 +1,14 @@
 """A checkpoint_last.pt cut short by a kill during fairseq's copy is put back from the save's complete first file
-(define_fairseq.tools.last_checkpoint); a readable one is left alone."""
+(define_fairseq.tools.last_checkpoint); a readable one is left alone; a finished run started again is not trained
+further."""
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
+from conftest import REPO, TINY_MODEL, TRAIN_FLAGS, USER_DIR
 
 from define_fairseq.tools.last_checkpoint import readable, repair_last_checkpoint
 
@@ -40,3 +44,16 @@ def test_a_truncated_last_checkpoint_with_nothing_to_resume_from_is_named(tmp_pa
     (tmp_path / "checkpoint_last.pt").write_bytes(whole[:50])
     with pytest.raises(FileNotFoundError, match="checkpoint_last.pt is truncated .* remove"):
         repair_last_checkpoint(str(tmp_path))
+
+
+def test_a_finished_run_started_again_is_left_as_it_is(translation_data, tmp_path):
+    """fairseq-train resumed at --max-update would take one more update; the recipes' program does nothing."""
+    command = [sys.executable, "-m", "define_fairseq.tools.train", str(translation_data), "--user-dir", USER_DIR]
+    command += ["--arch", "transformer_define", *TINY_MODEL, *TRAIN_FLAGS, "--max-update", "2"]
+    command += ["--save-dir", str(tmp_path), "--no-epoch-checkpoints", "--data-buffer-size", "0"]
+    first = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    before = (tmp_path / "checkpoint_last.pt").read_bytes()
+    again = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    assert again.returncode == 0 and "is at 2 updates, --max-update 2: done already" in again.stdout + again.stderr
+    assert (tmp_path / "checkpoint_last.pt").read_bytes() == before

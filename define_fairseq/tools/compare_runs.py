@@ -18,12 +18,19 @@ import json
 import logging
 import re
 import statistics
+from datetime import datetime
 from pathlib import Path
 from typing import Dict, List, Optional
 
 RUN_NAME = re.compile(r"^(?P<model>.+)\.s(?P<seed>\d+)$")
 LOG_ENTRY = re.compile(r"\| (?P<kind>train_inner|valid|train) \| (?P<json>\{.*\})\s*$")
 DONE = re.compile(r"done training in (?P<seconds>[\d.]+) seconds")
+
+
+def _timestamp(line: str) -> Optional[datetime]:
+    """The time a fairseq log line was written (its ``YYYY-MM-DD HH:MM:SS`` prefix), or None."""
+    match = re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)", line)
+    return datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S") if match else None
 
 
 class Run:
@@ -43,6 +50,8 @@ class Run:
         log = directory / (cut["run"] if cut else ".") / "train.log"
         if not log.is_file():
             raise ValueError(f"{log} is missing: the run did not train")
+        offset = last_wall = 0.0
+        restart: Optional[datetime] = None
         for line in log.read_text(errors="replace").splitlines():
             entry = LOG_ENTRY.search(line)
             if entry:
@@ -54,7 +63,16 @@ class Run:
                 elif "num_updates" in values:
                     self.updates = max(self.updates, int(values["num_updates"]))
                     if "wall" in values:
-                        self.wall[int(values["num_updates"])] = float(values["wall"])
+                        stamp = _timestamp(line)
+                        if restart is None and float(values["wall"]) < last_wall:
+                            # trained on (compare.sh -L): fairseq's clock restarts, or stays at 0, in the resumed
+                            # process, so its times are the log's timestamps from here, after the first part's
+                            restart, offset = stamp, last_wall
+                        if restart is None:
+                            last_wall = float(values["wall"])
+                        elif stamp is not None:
+                            last_wall = offset + (stamp - restart).total_seconds()
+                        self.wall[int(values["num_updates"])] = last_wall
             done = DONE.search(line)
             if done:
                 self.seconds = float(done["seconds"])

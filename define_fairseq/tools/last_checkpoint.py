@@ -9,7 +9,8 @@ where the killed one last saved::
     python -m define_fairseq.tools.last_checkpoint SAVE_DIR
 
 ``python -m define_fairseq.tools.train`` (the recipes' training command) does this before training. A readable
-``checkpoint_last.pt``, or none, is left as it is.
+``checkpoint_last.pt``, or none, is left as it is. That command also reads :func:`last_updates`: a run killed after
+its final save but before it exited is finished, where fairseq-train would take one more update on resuming.
 """
 
 import argparse
@@ -19,6 +20,8 @@ import os
 import shutil
 import zipfile
 from typing import Optional
+
+import torch
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +56,15 @@ def repair_last_checkpoint(save_dir: str) -> Optional[str]:
         f"{last} is truncated and {save_dir} holds no other readable checkpoint to resume from; remove {last} to "
         f"train from the start"
     )
+
+
+def last_updates(save_dir: str) -> Optional[int]:
+    """The update count of ``save_dir/checkpoint_last.pt`` (None without one)."""
+    last = os.path.join(save_dir, LAST)
+    if not os.path.exists(last):
+        return None
+    state = torch.load(last, map_location="cpu", mmap=True, weights_only=True)
+    return int(state["optimizer_history"][-1]["num_updates"])
 
 
 def main(argv=None) -> None:

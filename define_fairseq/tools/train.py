@@ -13,7 +13,9 @@ Every other argument means what it means to fairseq-train (multi-GPU training in
 checkpoints in float32 whatever the training precision.
 
 Before training, a ``checkpoint_last.pt`` that a run killed during a save left truncated is put back from the
-save's complete first file (:mod:`define_fairseq.tools.last_checkpoint`), so the run resumes.
+save's complete first file (:mod:`define_fairseq.tools.last_checkpoint`), so the run resumes; and a run whose
+``checkpoint_last.pt`` has reached ``--max-update`` (killed after its final save, or started again once done) is
+left as it is, where fairseq-train would train one more update before noticing.
 
 The third difference: every training process ends cleanly once fairseq's training loop has returned. fairseq's
 training iterator collates batches in a daemon thread (``--data-buffer-size`` > 0, the default), and a run that
@@ -34,7 +36,7 @@ from fairseq import distributed_utils, options
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq_cli import train as fairseq_train
 
-from define_fairseq.tools.last_checkpoint import LAST, repair_last_checkpoint
+from define_fairseq.tools.last_checkpoint import LAST, last_updates, repair_last_checkpoint
 
 
 def parse_args(argv: Optional[List[str]] = None):
@@ -87,6 +89,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     args = parse_args(argv)
     if args.restore_file == LAST:  # the run resumes from SAVE_DIR/checkpoint_last.pt: a killed copy is put back
         repair_last_checkpoint(args.save_dir)
+        done = last_updates(args.save_dir)
+        if args.max_update and done is not None and done >= args.max_update:  # fairseq would take one more update
+            logging.info(f"{args.save_dir}/{LAST} is at {done} updates, --max-update {args.max_update}: done already")
+            return
     cfg = convert_namespace_to_omegaconf(args)
     distributed_utils.call_main(cfg, train_and_end)
 

@@ -27,7 +27,7 @@ source examples/lib.sh
 
 LAYERS=4 D=128 HEADS=4 FFN=512 SEGMENT=64 EVAL_MEMORY=256 N=64 K=1024 LR=1e-3 WARMUP=400 BATCH=16
 SAVE_EVERY=200 TIME_MARGIN=130
-OUT=txl_compare_output SEEDS=3 UPDATES=4000 MODELS="projective define standard projective_eq"
+OUT=txl_compare_output SEEDS=3 UPDATES=3000 MODELS="define projective standard projective_eq"
 compare_options "$@"
 require_tools python fairseq-preprocess fairseq-eval-lm
 declare -A MODEL=(
