@@ -133,17 +133,24 @@ lm_data() {
     mv "$out/data-bin.tmp" "$out/data-bin"
 }
 
+# train_into DIR LOG ARGS...: define_fairseq.tools.train (fairseq-train's loop with a clean process exit) with ARGS
+# into DIR, its json log in LOG; DIR's checkpoint_best.pt removed (the comparisons score their own points). On a
+# failure, the log's end and an error naming DIR.
+train_into() {
+    local dir=$1 log=$2; shift 2
+    python -m define_fairseq.tools.train "$@" --save-dir "$dir" --no-progress-bar --log-format json \
+        --log-interval 50 > "$log" 2>&1 \
+        || { tail -20 "$log" >&2; echo "error: training into $dir failed" >&2; exit 1; }
+    rm -f "$dir/checkpoint_best.pt"
+}
+
 # train_run DIR ARGS...: fairseq-train ARGS into DIR (its checkpoints, train.log with --log-format json),
-# skipped when DIR/train.log says the run finished; an unfinished DIR is started over. Training runs through
-# define_fairseq.tools.train, fairseq-train's loop with a clean process exit.
+# skipped when DIR/train.log says the run finished; an unfinished DIR is started over (train_into).
 train_run() {
     local dir=$1; shift
     grep -qs "done training" "$dir/train.log" && return 0
     rm -rf "$dir" && mkdir -p "$dir"
-    python -m define_fairseq.tools.train "$@" --save-dir "$dir" --no-progress-bar \
-        --log-format json --log-interval 50 > "$dir/train.log.tmp" 2>&1 \
-        || { tail -20 "$dir/train.log.tmp" >&2; echo "error: training into $dir failed" >&2; exit 1; }
-    rm -f "$dir/checkpoint_best.pt"
+    train_into "$dir" "$dir/train.log.tmp" "$@"
     mv "$dir/train.log.tmp" "$dir/train.log"
 }
 
@@ -153,10 +160,8 @@ train_run() {
 # DIR/train.log; the run's points are indexed again.
 train_more() {
     local dir=$1; shift
-    python -m define_fairseq.tools.train "$@" --save-dir "$dir" --no-progress-bar --log-format json \
-        --log-interval 50 > "$dir/train.more.tmp" 2>&1 \
-        || { tail -20 "$dir/train.more.tmp" >&2; echo "error: training $dir further failed" >&2; exit 1; }
-    rm -f "$dir/checkpoint_best.pt" "$dir/points.json"
+    train_into "$dir" "$dir/train.more.tmp" "$@"
+    rm -f "$dir/points.json"
     cat "$dir/train.log" "$dir/train.more.tmp" > "$dir/train.log.tmp"
     mv "$dir/train.log.tmp" "$dir/train.log"
     rm -f "$dir/train.more.tmp"

@@ -12,8 +12,8 @@ import torch
 from conftest import BIN, REPO, USER_DIR
 from test_data_parallel import free_port
 from test_resume import LM_FLAGS, STATEFUL, load
+from test_resume_ranks import GLOO_RANKS, finish
 
-TIMEOUT = 300
 FLAGS = [
     "--user-dir",
     USER_DIR,
@@ -22,21 +22,8 @@ FLAGS = [
     "--max-update",
     "2",
     "--no-epoch-checkpoints",
-    "--data-buffer-size",
-    "0",
-    "--ddp-backend",
-    "legacy_ddp",
-    "--distributed-backend",
-    "gloo",
-    "--distributed-world-size",
-    "2",
+    *GLOO_RANKS,
 ]
-
-
-def finish(procs):
-    outputs = [p.communicate(timeout=TIMEOUT)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0] * len(procs), "\n".join(o[-3000:] for o in outputs)
-    return "\n".join(outputs)
 
 
 def assert_two_rank_run(save_dir, output):
@@ -58,7 +45,7 @@ def test_torchrun_with_the_env_init_method(lm_data, tmp_path):
     proc = subprocess.Popen(
         [*torchrun, "bash", "-c", command], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    assert_two_rank_run(tmp_path, finish([proc]))
+    assert_two_rank_run(tmp_path, "\n".join(finish([proc])))
 
 
 @pytest.mark.slow
@@ -94,7 +81,7 @@ def test_slurm_variables_with_a_port(lm_data, tmp_path):
                 text=True,
             )
         )
-    assert_two_rank_run(tmp_path / "run", finish(procs))
+    assert_two_rank_run(tmp_path / "run", "\n".join(finish(procs)))
 
 
 def test_fairseqs_spawn_counts_cuda_devices(lm_data, tmp_path):

@@ -21,7 +21,7 @@ import shutil
 import zipfile
 from typing import Optional
 
-import torch
+from define_fairseq.tools.run_points import checkpoint_point
 
 logger = logging.getLogger(__name__)
 
@@ -61,10 +61,7 @@ def repair_last_checkpoint(save_dir: str) -> Optional[str]:
 def last_updates(save_dir: str) -> Optional[int]:
     """The update count of ``save_dir/checkpoint_last.pt`` (None without one)."""
     last = os.path.join(save_dir, LAST)
-    if not os.path.exists(last):
-        return None
-    state = torch.load(last, map_location="cpu", mmap=True, weights_only=True)
-    return int(state["optimizer_history"][-1]["num_updates"])
+    return checkpoint_point(last)[0] if os.path.exists(last) else None
 
 
 def main(argv=None) -> None:
