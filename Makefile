@@ -167,6 +167,8 @@ install-env:
 # benchmark on the GPU, and writes benchmarks/results/gpu-<gpu>.md (the environment, the tests' summary, each figure
 # beside its target). Stops at the first step that fails and names it. About 10 minutes on one H100.
 GPU_CHECK_LOG := benchmarks/results/.gpu-check-tests.log
+# pytest workers sharing the one GPU (each holds its own CUDA context, a few hundred MB)
+CUDA_TEST_WORKERS ?= 4
 
 gpu-check:
 	@$(PYTHON) -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null || { echo "gpu-check: \
@@ -174,7 +176,7 @@ gpu-check:
 	or name the node's interpreter with PYTHON=" >&2; exit 1; }
 	@$(MAKE) install-env || { echo "gpu-check: failed installing (above)" >&2; exit 1; }
 	@echo "==> the CUDA tests (pytest -m cuda)"
-	@set -o pipefail; DEFINE_FAIRSEQ_CUDA_TESTS=gpu $(PYTHON) -m pytest -m cuda -x -q -n 4 -rs -p no:cacheprovider \
+	@set -o pipefail; DEFINE_FAIRSEQ_CUDA_TESTS=gpu $(PYTHON) -m pytest -m cuda -x -q -n $(CUDA_TEST_WORKERS) -rs -p no:cacheprovider \
 	  tests 2>&1 | tee $(GPU_CHECK_LOG) || { echo "gpu-check: a CUDA test failed (above; log in $(GPU_CHECK_LOG)); \
 	  the benchmarks did not run" >&2; exit 1; }
 	@echo "==> the benchmarks on the GPU (benchmarks.gpu_report)"

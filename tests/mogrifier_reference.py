@@ -93,8 +93,8 @@ def scalar_loss(out, state, seed=2):
     """A random linear functional of the output and the final state (so every gradient path is exercised)."""
     g = torch.Generator().manual_seed(seed)
 
-    def weights(t):  # drawn in float64 whatever the dtype, so that float32 and float64 runs get the same
-        return torch.randn(t.shape, generator=g, dtype=torch.float64).to(t.dtype)
+    def weights(t):  # drawn on the CPU in float64 whatever the device and dtype, so that every run gets the same
+        return torch.randn(t.shape, generator=g, dtype=torch.float64).to(t.device, t.dtype)
 
     loss = (out * weights(out)).sum()
     for h, c in state:
