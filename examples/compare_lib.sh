@@ -32,6 +32,14 @@ compare_options() {
         bf16) DEVICE_ARGS+=(--bf16) ;;
         *) echo "error: -p $precision: the precision is fp32 or bf16" >&2; exit 2 ;;
     esac
+    # -s N: seeds 1..N; -s A-B: seeds A..B (several processes or machines filling one OUT, each its own seeds)
+    if [[ $SEEDS =~ ^([1-9][0-9]*)-([1-9][0-9]*)$ ]] && (( BASH_REMATCH[1] <= BASH_REMATCH[2] )); then
+        FIRST_SEED=${BASH_REMATCH[1]} LAST_SEED=${BASH_REMATCH[2]}
+    elif [[ $SEEDS =~ ^[1-9][0-9]*$ ]]; then
+        FIRST_SEED=1 LAST_SEED=$SEEDS
+    else
+        echo "error: -s $SEEDS: the seeds are a count N (1..N) or a range A-B with A <= B" >&2; exit 2
+    fi
 }
 
 # compare_usage_line: the synopsis of every comparison's options.
@@ -55,8 +63,8 @@ EOF
 # SCORE says how a point is scored, REFERENCE whose time the equal time is.
 compare_usage_points() {
     cat <<EOF
-Each model of MODELS trains once per seed 1..SEEDS (default $SEEDS), saving and validating every INTERVAL updates
-(default $SAVE_EVERY). MODELS defaults to:
+Each model of MODELS trains once per seed 1..SEEDS (default $SEEDS; -s A-B: seeds A..B, so that several
+processes fill one OUT), saving and validating every INTERVAL updates (default $SAVE_EVERY). MODELS defaults to:
   $MODELS
 Its points, scored by $1:
   - equal updates: after UPDATES updates (default $UPDATES);
@@ -101,7 +109,7 @@ compare_check_points() {
     done
 }
 
-# compare_run_all: for each seed 1..SEEDS, compare_run each model of MODELS, in order.
+# compare_run_all: for each seed FIRST_SEED..LAST_SEED (-s), compare_run each model of MODELS, in order.
 # compare_run NAME SEED: train NAME with SEED once (OUT/runs/train/NAME.sSEED), checkpointing and validating every
 # SAVE_EVERY updates, score its points, then delete the checkpoints no point uses. Each point lives in
 # OUT/runs/REGIME/NAME.sSEED (point.json, params.txt, score): `updates`, the checkpoint after UPDATES updates;
@@ -116,7 +124,7 @@ compare_check_points() {
 # score_checkpoint CHECKPOINT DIR, which prints the point's score (it may leave its files in DIR).
 compare_run_all() {
     local seed name
-    for seed in $(seq 1 "$SEEDS"); do
+    for seed in $(seq "$FIRST_SEED" "$LAST_SEED"); do
         for name in $MODELS; do
             compare_run "$name" "$seed"
         done

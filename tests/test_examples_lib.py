@@ -9,8 +9,8 @@ from conftest import REPO
 
 
 def lib(script: str) -> subprocess.CompletedProcess:
-    """Run ``script`` in bash after sourcing examples/lib.sh, with a stub usage and no script options."""
-    prelude = "source examples/lib.sh; usage() { echo USAGE; }; "
+    """Run ``script`` in bash after sourcing examples/lib.sh, with a stub usage and a script's default of 3 seeds."""
+    prelude = "source examples/lib.sh; usage() { echo USAGE; }; SEEDS=3; "
     return subprocess.run(["bash", "-c", prelude + script], cwd=REPO, capture_output=True, text=True)
 
 
@@ -39,6 +39,19 @@ def test_device_and_precision_set_the_arguments(options, device_args, eval_args)
 def test_a_bad_device_or_precision_stops_naming_the_option(options, message):
     proc = lib(f"compare_options {options}; echo reached")
     assert proc.returncode == 2 and message in proc.stderr and "reached" not in proc.stdout
+
+
+@pytest.mark.parametrize("options, seeds", [("", "1 3"), ("-s 2", "1 2"), ("-s 2-3", "2 3"), ("-s 4-4", "4 4")])
+def test_seeds_are_a_count_or_a_range(options, seeds):
+    proc = lib(f'compare_options {options}; echo "$FIRST_SEED $LAST_SEED"')
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == seeds
+
+
+@pytest.mark.parametrize("seeds", ["0", "3-2", "2,3", "two", "1-"])
+def test_bad_seeds_stop_naming_the_option(seeds):
+    proc = lib(f"compare_options -s {seeds}; echo reached")
+    assert proc.returncode == 2 and f"error: -s {seeds}:" in proc.stderr and "reached" not in proc.stdout
 
 
 def test_an_unknown_option_prints_the_usage_and_stops():
