@@ -65,10 +65,10 @@ STACK_torch2.15-numpy2 := torch==2.15.0 numpy==2.4.6
 # Every registered arch trains one step (test_bf16.py), and each model's test file trains it with fairseq-train
 # and scores it with fairseq-generate or fairseq-eval-lm (and fairseq-hydra-train, fairseq-interactive,
 # checkpoint resume): the part of the suite that touches torch and fairseq's programs. STACK_TESTS=tests for all.
-STACK_TESTS ?= tests/test_bf16.py tests/test_transformer_define.py tests/test_transformer_c2s.py \
-  tests/test_transformer_lm_define.py tests/test_transformer_xl_lm.py tests/test_lstm_lm.py \
-  tests/test_awd_lstm_lm.py tests/test_mogrifier_lstm_lm.py tests/test_gcnn_lm.py tests/test_stateful_lm_task.py \
-  tests/test_resume.py
+STACK_TESTS ?= tests/models/test_bf16.py tests/models/test_transformer_define.py tests/models/test_transformer_c2s.py \
+  tests/models/test_transformer_lm_define.py tests/models/test_transformer_xl_lm.py tests/models/test_lstm_lm.py \
+  tests/models/test_awd_lstm_lm.py tests/models/test_mogrifier_lstm_lm.py tests/models/test_gcnn_lm.py \
+  tests/tasks/test_stateful_lm_task.py tests/training/test_resume.py
 
 test-stack:
 	@test -n "$(STACK_$(STACK))" || { echo "make test-stack: STACK=NAME, one of: $(STACKS)" >&2; exit 2; }

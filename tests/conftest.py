@@ -3,6 +3,7 @@
 import os
 import random
 import shlex
+import string
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 USER_DIR = str(REPO / "define_fairseq")
 BIN = Path(sys.executable).parent
+# the shared test modules, importable by their bare names (pytest.ini's pythonpath)
+HELPERS = Path(__file__).resolve().parent / "helpers"
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -110,6 +113,23 @@ def write_tiny_corpus(directory: Path, seed: int = 0):
         (directory / f"{split}.de").write_text("".join(" ".join(reversed(s)) + "\n" for s in src))
 
 
+def make_words(count, seed=0):
+    """Word-like strings: mostly lowercase letters, some capitalised, some with digits or punctuation."""
+    rng = random.Random(seed)
+    words = []
+    for _ in range(count):
+        word = "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(1, 11)))
+        roll = rng.random()
+        if roll < 0.15:
+            word = word.capitalize()
+        elif roll < 0.25:
+            word += rng.choice(string.digits + ".,;!?-'")
+        elif roll < 0.3:
+            word = rng.choice("äéßñ") + word
+        words.append(word)
+    return words
+
+
 @pytest.fixture(scope="session")
 def translation_data(tmp_path_factory) -> Path:
     raw = tmp_path_factory.mktemp("raw")
@@ -136,29 +156,6 @@ def translation_data(tmp_path_factory) -> Path:
     return dest
 
 
-# A small transformer_define for CPU tests; arch-specific defaults are checked separately.
-TINY_MODEL = [
-    "--encoder-layers",
-    "1",
-    "--decoder-layers",
-    "1",
-    "--encoder-embed-dim",
-    "32",
-    "--decoder-embed-dim",
-    "32",
-    "--encoder-ffn-embed-dim",
-    "64",
-    "--decoder-ffn-embed-dim",
-    "64",
-    "--encoder-attention-heads",
-    "2",
-    "--decoder-attention-heads",
-    "2",
-    "--define-n",
-    "16",
-    "--define-k",
-    "64",
-]
 TRAIN_FLAGS = [
     "--optimizer",
     "adam",

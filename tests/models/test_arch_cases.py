@@ -1,4 +1,4 @@
-"""The tables of tests/arch_cases.py cover every registered arch and family of the plugin."""
+"""The tables of tests/helpers/arch_cases.py cover every registered arch and family of the plugin."""
 
 from arch_cases import CASES, FAMILIES, NO_DROPOUT, ONE_MORE_LAYER, STATEFUL, family, registered_archs
 

@@ -4,7 +4,8 @@ import re
 
 import pytest
 import torch
-from conftest import TINY_MODEL, TRAIN_FLAGS, USER_DIR, run_cli, run_module
+from arch_cases import TRANSLATION as TINY_MODEL
+from conftest import TRAIN_FLAGS, USER_DIR, run_cli, run_module
 
 import define_fairseq  # noqa: F401  (registers the models)
 from define_fairseq.modules import DeFINE, DeFINEEmbedding, FoldedDeFINEEmbedding

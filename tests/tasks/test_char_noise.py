@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+from conftest import REPO, make_words
 
 from define_fairseq.data.char_noise import (
     NOISE_TYPES,
@@ -21,23 +21,6 @@ from define_fairseq.data.char_noise import (
 )
 
 SP = "\u2581"
-
-
-def make_words(count, seed=0):
-    """Word-like strings: mostly lowercase letters, some capitalised, some with digits or punctuation."""
-    rng = random.Random(seed)
-    words = []
-    for _ in range(count):
-        word = "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(1, 11)))
-        roll = rng.random()
-        if roll < 0.15:
-            word = word.capitalize()
-        elif roll < 0.25:
-            word += rng.choice(string.digits + ".,;!?-'")
-        elif roll < 0.3:
-            word = rng.choice("äéßñ") + word
-        words.append(word)
-    return words
 
 
 def levenshtein(a, b):

@@ -4,6 +4,10 @@ run every arch (bfloat16 on the CPU, the CUDA tests).
 The flags keep each arch's own structure (DeFINE units, adaptive input and softmax, Transformer-XL memory, mixture
 of softmaxes, Char2Subword) and shrink only its sizes. ``family(arch)`` is the registered model an arch belongs to;
 ``FAMILIES`` names one representative arch per family, the one with the most of the family's structure.
+
+The other tests that train or build these models take their tiny flags from here too (``TRANSLATION`` is the
+tests' small transformer_define; ``GCNN_TINY`` and ``TXL_TINY`` are the gcnn_lm and transformer_xl_lm sizes without
+their cases' criterion and memory flags): the suite has one source of tiny configurations.
 """
 
 from conftest import USER_DIR
@@ -13,15 +17,8 @@ ADAPTIVE_LOSS = ["--criterion", "adaptive_loss", "--ddp-backend", "legacy_ddp"]
 LSTM = ["--define-n", "16", "--define-k", "32", "--decoder-hidden-size", "24", "--decoder-layers", "2"]
 AWD = ["--decoder-embed-dim", "24", "--decoder-hidden-size", "32", "--define-n", "24"]
 AWD_DEFINE = AWD + ["--define-n", "16", "--define-k", "32"]
-GCNN = [
-    "--decoder-embed-dim",
-    "16",
-    "--gcnn-layers",
-    "[(16, 3)] * 2 + [[(8, 1), (8, 3), (24, 1)]]",
-    "--adaptive-softmax-cutoff",
-    "20,40",
-    *ADAPTIVE_LOSS,
-]
+GCNN_TINY = ["--decoder-embed-dim", "16", "--gcnn-layers", "[(16, 3)] * 2 + [[(8, 1), (8, 3), (24, 1)]]"]
+GCNN = [*GCNN_TINY, "--adaptive-softmax-cutoff", "20,40", *ADAPTIVE_LOSS]
 TRANSFORMER_LM = [
     "--decoder-layers",
     "1",
@@ -39,6 +36,7 @@ TRANSFORMER_LM = [
     "16",
 ]
 MOGRIFIER = ["--mogrifier-hidden-size", "16", "--mogrifier-embed-dim", "8", "--mogrifier-rank", "4"]
+# a small transformer_define (its last 4 flags: the DeFINE unit's); arch-specific defaults are checked separately
 TRANSLATION = [
     "--encoder-layers",
     "1",
@@ -77,7 +75,7 @@ C2S = TRANSLATION + [
 LM, MT, MT_C2S = "language_modeling", "translation", "translation_c2s"
 REGULARIZED = ["--criterion", "lm_regularized_loss"]
 MOGRIFIER_LSTM = MOGRIFIER[:4]  # the plain LSTM baselines: no --mogrifier-rank
-TRANSFORMER_XL = [
+TXL_TINY = [
     "--decoder-layers",
     "2",
     "--decoder-embed-dim",
@@ -94,6 +92,9 @@ TRANSFORMER_XL = [
     "8",
     "--define-k",
     "32",
+]
+TRANSFORMER_XL = [
+    *TXL_TINY,
     "--txl-mem-len",
     "8",
     *REGULARIZED,

@@ -4,29 +4,13 @@ import re
 
 import pytest
 import torch
+from arch_cases import LM_ADAPTIVE as TINY_ADAPTIVE, TRANSFORMER_LM as TINY_LM
 from conftest import USER_DIR, needs_fairseq_eos_blocks, run_cli
 
 import define_fairseq  # noqa: F401  (registers the models)
 from define_fairseq.modules import DeFINEEmbedding
 from define_fairseq.tools.params import setup_from_train_args
 
-TINY_LM = [
-    "--decoder-layers",
-    "1",
-    "--decoder-embed-dim",
-    "32",
-    "--decoder-ffn-embed-dim",
-    "64",
-    "--decoder-attention-heads",
-    "2",
-    "--define-n",
-    "16",
-    "--define-k",
-    "64",
-    "--tokens-per-sample",
-    "16",
-]
-TINY_ADAPTIVE = ["--adaptive-input-cutoff", "10,30", "--adaptive-softmax-cutoff", "10,30"]
 LM_TRAIN_FLAGS = [
     "--task",
     "language_modeling",

@@ -3,7 +3,8 @@ checkpoints chosen by number, the command and fairseq-generate on its output, an
 
 import pytest
 import torch
-from conftest import TINY_MODEL, TRAIN_FLAGS, USER_DIR, run_cli, run_module
+from arch_cases import TRANSLATION as TINY_MODEL
+from conftest import TRAIN_FLAGS, USER_DIR, run_cli, run_module
 
 from define_fairseq.tools import average_checkpoints as avg
 

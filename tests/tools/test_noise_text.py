@@ -4,8 +4,7 @@ whose cuts are kept as in training, bad flags, and a failure that keeps the old 
 import re
 
 import pytest
-from conftest import run_module
-from test_char_noise import make_words
+from conftest import make_words, run_module
 
 from define_fairseq.data.char_noise import CharNoise, NoiseStats, sample_rng
 from define_fairseq.tools import noise_text

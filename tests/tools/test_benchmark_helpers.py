@@ -6,13 +6,12 @@ import sys
 
 import pytest
 import torch
+from conftest import REPO
 
 from benchmarks import gpu_report, group_linear
 from benchmarks.common import KEEP_MARK, Bench, Check, Result, Timings, build_model, options, write_result
 from benchmarks.lstm_lm_speed import step_flops
 from benchmarks.txl_speed import io_training_flops, txl_batch
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def make_bench(*argv):
@@ -134,7 +133,7 @@ def test_allocator_report_names_the_settings():
     def run(env):
         return subprocess.run(
             [sys.executable, "-c", ALLOCATOR_SCRIPT],
-            cwd=ROOT,
+            cwd=REPO,
             env=env,
             capture_output=True,
             text=True,
@@ -160,7 +159,7 @@ def test_page_faults_are_counted_per_call():
     # mapping, one fault per page written.
     proc = subprocess.run(
         [sys.executable, "-c", FAULTS_SCRIPT],
-        cwd=ROOT,
+        cwd=REPO,
         env=clean_env(),
         capture_output=True,
         text=True,

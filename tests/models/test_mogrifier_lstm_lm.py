@@ -8,6 +8,7 @@ from argparse import Namespace
 
 import pytest
 import torch
+from arch_cases import MOGRIFIER, MOGRIFIER_LSTM
 from lm_helpers import (
     check_beam_search_scores,
     check_incremental_decoding,
@@ -29,8 +30,8 @@ from define_fairseq.modules.tied_output import TiedOutput
 TINY = {
     "mogrifier_lstm_lm_ptb": ["--mogrifier-hidden-size", "16", "--mogrifier-rank", "4"],
     "lstm_lm_ptb": ["--mogrifier-hidden-size", "16"],
-    "mogrifier_lstm_lm_wt2": ["--mogrifier-hidden-size", "16", "--mogrifier-embed-dim", "8", "--mogrifier-rank", "4"],
-    "lstm_lm_wt2": ["--mogrifier-hidden-size", "16", "--mogrifier-embed-dim", "8"],
+    "mogrifier_lstm_lm_wt2": MOGRIFIER,
+    "lstm_lm_wt2": MOGRIFIER_LSTM,
 }
 LAMB_OPTIMIZER = ["--adam-betas", "(0, 0.999)", "--clip-norm", "10"]
 NO_DROPOUT = [

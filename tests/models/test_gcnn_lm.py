@@ -6,6 +6,7 @@ import re
 
 import pytest
 import torch
+from arch_cases import GCNN_TINY as TINY
 from conftest import USER_DIR, needs_fairseq_eos_blocks, run_cli
 from lm_helpers import (
     check_beam_search_scores,
@@ -29,7 +30,6 @@ from define_fairseq.modules.gated_conv import (
 from define_fairseq.tools.params import parameter_breakdown, setup_from_train_args
 
 WT103_VOCAB = 267_735
-TINY = ["--decoder-embed-dim", "16", "--gcnn-layers", "[(16, 3)] * 2 + [[(8, 1), (8, 3), (24, 1)]]"]
 ADAPTIVE = ["--adaptive-softmax-cutoff", "20,40", "--criterion", "adaptive_loss", "--ddp-backend", "legacy_ddp"]
 COMMON = [
     "--optimizer",

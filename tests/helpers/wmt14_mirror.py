@@ -13,7 +13,7 @@ next to members of other language pairs that it must leave alone), with a few hu
 - ``test.tgz`` (WMT17): ``test/newstest2017-ende-src.en.sgm``, ``test/newstest2017-ende-ref.de.sgm`` (and the
   ``deen`` direction).
 
-Run ``python tests/wmt14_mirror.py DIR`` to write them into DIR, then, with DIR's absolute path::
+Run ``python tests/helpers/wmt14_mirror.py DIR`` to write them into DIR, then, with DIR's absolute path::
 
     WMT14_MIRROR=file://DIR WMT14_TEST_MD5= WMT14_TEST17_MD5= bash recipes/wmt14-en-de/prepare.sh -v 500 /tmp/wmt14
 """
@@ -271,6 +271,6 @@ def expected_text(seed: int = 0) -> dict:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python tests/wmt14_mirror.py OUTPUT_DIR")
+        sys.exit("usage: python tests/helpers/wmt14_mirror.py OUTPUT_DIR")
     for name, archive in write_wmt14(Path(sys.argv[1])).items():
         print(f"{name}: {archive}")

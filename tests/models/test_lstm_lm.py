@@ -7,6 +7,7 @@ from argparse import Namespace
 
 import pytest
 import torch
+from arch_cases import LM_ADAPTIVE as ADAPTIVE, LSTM as TINY
 from conftest import USER_DIR, needs_fairseq_eos_blocks, run_cli
 from lm_helpers import (
     check_beam_search_scores,
@@ -43,8 +44,6 @@ COMMON = [
     "--seed",
     "1",
 ]
-ADAPTIVE = ["--adaptive-input-cutoff", "10,30", "--adaptive-softmax-cutoff", "10,30"]
-TINY = ["--define-n", "16", "--define-k", "32", "--decoder-hidden-size", "24", "--decoder-layers", "2"]
 # Each registered arch on tiny dims, with a criterion that fits its output layer.
 ARCH_FLAGS = {
     "lstm_lm_define": TINY

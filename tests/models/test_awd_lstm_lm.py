@@ -7,15 +7,9 @@ import re
 
 import pytest
 import torch
+from arch_cases import AWD as TINY_AWD, AWD_DEFINE as TINY_AWD_DEFINE, LM_ADAPTIVE as ADAPTIVE, LSTM as LSTM_TINY
 from lm_helpers import check_beam_search_scores, eval_lm, load, log_probs, split_stream, tokens_batch
-from test_lstm_lm import (
-    ADAPTIVE,
-    TINY as LSTM_TINY,
-    lstm_params,
-    mean_nll_base2,
-    parsed_model,
-    train,
-)
+from test_lstm_lm import lstm_params, mean_nll_base2, parsed_model, train
 
 import define_fairseq  # noqa: F401  (registers the models, tasks and criteria)
 from define_fairseq.criterions.lm_regularized_loss import LMRegularizedLoss
@@ -23,8 +17,6 @@ from define_fairseq.modules import DeFINEEmbedding
 from define_fairseq.tools.params import parameter_breakdown
 
 PTB_VOCAB = 10_000
-TINY_AWD = ["--decoder-embed-dim", "24", "--decoder-hidden-size", "32", "--define-n", "24"]
-TINY_AWD_DEFINE = TINY_AWD + ["--define-n", "16", "--define-k", "32"]
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,8 @@ Both runs do the same arithmetic on the same inputs in the same order, in proces
 
 import pytest
 import torch
-from conftest import TINY_MODEL, TRAIN_FLAGS, USER_DIR, run_cli
+from arch_cases import TRANSLATION as TINY_MODEL
+from conftest import TRAIN_FLAGS, USER_DIR, run_cli
 
 UPDATES = 8
 STOP_AT = 3  # inside the first epoch: the resumed run starts in the middle of it

@@ -14,7 +14,8 @@ import time
 
 import pytest
 import torch
-from conftest import BIN, REPO, TINY_MODEL, USER_DIR
+from arch_cases import TRANSLATION as TINY_MODEL
+from conftest import BIN, REPO, USER_DIR
 from test_data_parallel import free_port
 from test_resume import FLAGS, LM_FLAGS, STATEFUL, STOP_AT, UPDATES, ZEROS_WARNING, assert_same_weights, load
 

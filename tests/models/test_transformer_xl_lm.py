@@ -6,6 +6,7 @@ import re
 
 import pytest
 import torch
+from arch_cases import TXL_TINY
 from conftest import USER_DIR, needs_fairseq_eos_blocks, run_cli, training_arguments
 from lm_helpers import (
     check_generate_continues_a_prefix,
@@ -21,26 +22,7 @@ import define_fairseq  # noqa: F401  (registers the models, tasks and criteria)
 from define_fairseq.tools.params import parameter_breakdown, setup_from_train_args, write_dictionaries
 
 WT103_VOCAB = 267_735
-TINY = [
-    "--decoder-layers",
-    "2",
-    "--decoder-embed-dim",
-    "16",
-    "--decoder-attention-heads",
-    "2",
-    "--txl-head-dim",
-    "6",
-    "--decoder-ffn-embed-dim",
-    "24",
-    "--adaptive-softmax-cutoff",
-    "20,40",
-    "--define-n",
-    "8",
-    "--define-k",
-    "32",
-    "--dropout",
-    "0.0",
-]
+TINY = [*TXL_TINY, "--dropout", "0.0"]
 INPUT_FLAGS = {"standard": [], "projective": ["--txl-input", "projective"], "define": ["--txl-input", "define"]}
 TRAIN = [
     "--criterion",

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO, TINY_MODEL, TRAIN_FLAGS, USER_DIR
+from arch_cases import TRANSLATION as TINY_MODEL
+from conftest import REPO, TRAIN_FLAGS, USER_DIR
 
 from define_fairseq.tools.last_checkpoint import readable, repair_last_checkpoint
 

@@ -9,11 +9,10 @@ there only now and then."""
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-from conftest import BIN, REPO
+from conftest import BIN, HELPERS, REPO
 
-PLUGIN = Path(__file__).with_name("slow_collate_plugin")
+PLUGIN = HELPERS / "slow_collate_plugin"
 
 
 def train(program, data, save_dir):

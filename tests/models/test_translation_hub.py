@@ -4,7 +4,8 @@
 import subprocess
 
 import pytest
-from conftest import BIN, TINY_MODEL, TRAIN_FLAGS, USER_DIR, run_cli, write_tiny_corpus
+from arch_cases import TRANSLATION as TINY_MODEL
+from conftest import BIN, TRAIN_FLAGS, USER_DIR, run_cli, write_tiny_corpus
 
 SENTENCES = ["w1 w22 w3", "w17 w5 w38 w0", "w9"]
 

@@ -1,7 +1,7 @@
 """equal_params: the largest size within another model's parameter count."""
 
 import pytest
-from conftest import TINY_MODEL
+from arch_cases import TRANSLATION as TINY_MODEL
 
 import define_fairseq  # noqa: F401  (registers the models)
 from define_fairseq.tools.equal_params import count, largest_within, main

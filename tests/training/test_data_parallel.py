@@ -3,10 +3,10 @@
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import torch
-from conftest import TINY_MODEL, TRAIN_FLAGS
+from arch_cases import TRANSLATION as TINY_MODEL
+from conftest import HELPERS, TRAIN_FLAGS
 
 
 def free_port():
@@ -17,7 +17,7 @@ def free_port():
 
 def test_two_rank_gloo_run_keeps_ranks_identical(translation_data, tmp_path):
     port = free_port()
-    worker = Path(__file__).with_name("ddp_worker.py")
+    worker = HELPERS / "ddp_worker.py"
     common = [
         str(translation_data),
         "--arch",

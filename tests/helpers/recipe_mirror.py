@@ -12,7 +12,7 @@ The archives have the real file names and layout of the originals, with a few hu
   each (cased, tokenized, a long tail of rare words, and one long sentence in each of the first two held-out
   shards).
 
-Run ``python tests/recipe_mirror.py DIR`` to write all of them into DIR, then e.g.
+Run ``python tests/helpers/recipe_mirror.py DIR`` to write all of them into DIR, then e.g.
 ``WIKITEXT2_URL=file://$PWD/DIR/wikitext-2-v1.zip WIKITEXT2_MD5= recipes/wikitext-2/prepare.sh /tmp/wt2``.
 """
 
@@ -214,6 +214,6 @@ def closed_port_url(name: str) -> str:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python tests/recipe_mirror.py OUTPUT_DIR")
+        sys.exit("usage: python tests/helpers/recipe_mirror.py OUTPUT_DIR")
     for corpus, archive in write_all(Path(sys.argv[1])).items():
         print(f"{corpus}: {archive}")

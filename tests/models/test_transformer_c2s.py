@@ -7,7 +7,8 @@ import subprocess
 
 import pytest
 import torch
-from conftest import BIN, TINY_MODEL, TRAIN_FLAGS, USER_DIR, run_cli
+from arch_cases import TRANSLATION as TINY_MODEL
+from conftest import BIN, TRAIN_FLAGS, USER_DIR, run_cli
 
 import define_fairseq  # noqa: F401
 from define_fairseq.data.char_noise import CharNoise, sample_rng
