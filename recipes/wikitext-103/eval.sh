@@ -4,7 +4,8 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$HERE/../lib.sh"
 
-CONFIGS="r1 r2 r3 r4 r5 transformer_lm_wiki103 transformer_lm_define_wiki103 gcnn_lm_8 gcnn_lm_14"
+CONFIGS="lstm_lm_standard_wt103 lstm_lm_adaptive_wt103 lstm_lm_define_wt103_n3 lstm_lm_define_wt103_n7"
+CONFIGS+=" lstm_lm_define_wt103_n11 transformer_lm_wiki103 transformer_lm_define_wiki103 gcnn_lm_8 gcnn_lm_14"
 CONFIGS+=" fconv_lm_dauphin_wikitext103 transformer_xl_wt103 transformer_xl_wt103_d384"
 CONFIGS+=" transformer_xl_projective_wt103_n256 transformer_xl_projective_wt103_n128 transformer_xl_projective_wt103_n64"
 CONFIGS+=" transformer_xl_define_wt103_n384 transformer_xl_define_wt103_n256 transformer_xl_define_wt103_n128"
@@ -13,7 +14,7 @@ CONFIGS+=" transformer_xl_define_wt103_n64"
 usage() {
     lib_eval_usage wikitext-103 "$CONFIGS" "$(cat <<HOW
 How each CONFIG is evaluated:
-  r1 .. r5     --task stateful_lm, BPTT 140, the state carried through the whole split: valid with 10 parallel
+  lstm_lm_*    --task stateful_lm, BPTT 140, the state carried through the whole split: valid with 10 parallel
                streams, test with 1 (Merity et al.'s evaluation; the paper does not say which it used)
   transformer_lm_wiki103, transformer_lm_define_wiki103
                --task language_modeling as fairseq's adaptive-input README: complete sentences, blocks of 3072
@@ -67,7 +68,7 @@ case $CONFIG in
         TXL+=" --model-overrides {'txl_mem_len':640,'txl_clamp_len':400,'txl_same_length':True}"
         SPECS=("valid|stateful, segments of 64, memory 640, clamp_len 400, same_length, 10 streams|$TXL"
                "test|stateful, segments of 64, memory 640, clamp_len 400, same_length, 10 streams|$TXL") ;;
-    r*)
+    lstm_lm_*)
         SPECS=("valid|stateful, BPTT 140, 10 streams|--task stateful_lm --tokens-per-sample 140 --batch-size 10"
                "test|stateful, BPTT 140, 1 stream|--task stateful_lm --tokens-per-sample 140 --batch-size 1") ;;
     *)

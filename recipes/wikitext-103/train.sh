@@ -13,11 +13,11 @@ SAVE_ROOT/CONFIG (checkpoint_best.pt, checkpoint_last.pt, train.log). Arguments 
 fairseq-train command and win over the recipe's (e.g. --max-epoch 1, --batch-size 30, --cpu).
 
 CONFIG (Table 1a of the paper: LSTM LMs; SGD lr 20, BPTT 140, batch 60, 20 epochs, lr / 10 after epoch 15):
-  r1   --arch lstm_lm_standard_wt103      standard V x 256 input, full softmax (tied)  [paper: 2 GPUs]
-  r2   --arch lstm_lm_adaptive_wt103      adaptive input 256 + adaptive softmax (tied)
-  r3   --arch lstm_lm_define_wt103_n3     adaptive + DeFINE, N=3,  n=m=256, k=1024
-  r4   --arch lstm_lm_define_wt103_n7     adaptive + DeFINE, N=7,  n=m=384, k=1024
-  r5   --arch lstm_lm_define_wt103_n11    adaptive + DeFINE, N=11, n=m=512, k=1024
+  lstm_lm_standard_wt103     R1: standard V x 256 input, full softmax (tied)  [paper: 2 GPUs]
+  lstm_lm_adaptive_wt103     R2: adaptive input 256 + adaptive softmax (tied)
+  lstm_lm_define_wt103_n3    R3: adaptive + DeFINE, N=3,  n=m=256, k=1024
+  lstm_lm_define_wt103_n7    R4: adaptive + DeFINE, N=7,  n=m=384, k=1024
+  lstm_lm_define_wt103_n11   R5: adaptive + DeFINE, N=11, n=m=512, k=1024
 Transformer LMs (fairseq's adaptive-input recipe of Baevski & Auli 2019, made for 8 GPUs):
   transformer_lm_wiki103          fairseq's stock adaptive-input Transformer LM (the baseline)
   transformer_lm_define_wiki103   the same with DeFINE (n=256, N=3, k=4096) under the adaptive input
@@ -38,7 +38,7 @@ Options:
 
 A finished training is skipped on a rerun (SAVE_ROOT/CONFIG/.done/train); an interrupted one resumes from
 checkpoint_last.pt. fairseq-train uses every visible GPU: the LSTM rows are single-GPU settings
-(CUDA_VISIBLE_DEVICES=0), except r1 (the paper used 2 GPUs: add --batch-size 30 to keep 60 streams in all).
+(CUDA_VISIBLE_DEVICES=0), except lstm_lm_standard_wt103 (the paper used 2 GPUs: add --batch-size 30 to keep 60 streams in all).
 USAGE
 }
 
@@ -105,11 +105,9 @@ FCONV_COMMON=(
 )
 
 case $CONFIG in
-    r1) ARGS=(--arch lstm_lm_standard_wt103 "${LSTM_COMMON[@]}" --criterion cross_entropy) ;;
-    r2) ARGS=(--arch lstm_lm_adaptive_wt103 "${LSTM_COMMON[@]}" "${LSTM_ADAPTIVE[@]}") ;;
-    r3) ARGS=(--arch lstm_lm_define_wt103_n3 "${LSTM_COMMON[@]}" "${LSTM_ADAPTIVE[@]}") ;;
-    r4) ARGS=(--arch lstm_lm_define_wt103_n7 "${LSTM_COMMON[@]}" "${LSTM_ADAPTIVE[@]}") ;;
-    r5) ARGS=(--arch lstm_lm_define_wt103_n11 "${LSTM_COMMON[@]}" "${LSTM_ADAPTIVE[@]}") ;;
+    lstm_lm_standard_wt103) ARGS=(--arch "$CONFIG" "${LSTM_COMMON[@]}" --criterion cross_entropy) ;;
+    lstm_lm_adaptive_wt103 | lstm_lm_define_wt103_n3 | lstm_lm_define_wt103_n7 | lstm_lm_define_wt103_n11)
+        ARGS=(--arch "$CONFIG" "${LSTM_COMMON[@]}" "${LSTM_ADAPTIVE[@]}") ;;
     transformer_lm_wiki103 | transformer_lm_define_wiki103) ARGS=(--arch "$CONFIG" "${TRANSFORMER_COMMON[@]}") ;;
     gcnn_lm_8 | gcnn_lm_14) ARGS=(--arch "$CONFIG" "${GCNN_COMMON[@]}") ;;
     fconv_lm_dauphin_wikitext103)

@@ -19,7 +19,15 @@ from recipe_runs import leftovers, ok, run_recipe
 CONFIGS = [
     *(
         f"wikitext-103/{c}"
-        for c in ("r1", "r2", "r3", "r4", "r5", "transformer_lm_wiki103", "transformer_lm_define_wiki103")
+        for c in (
+            "lstm_lm_standard_wt103",
+            "lstm_lm_adaptive_wt103",
+            "lstm_lm_define_wt103_n3",
+            "lstm_lm_define_wt103_n7",
+            "lstm_lm_define_wt103_n11",
+            "transformer_lm_wiki103",
+            "transformer_lm_define_wiki103",
+        )
     ),
     *(f"{corpus}/{c}" for corpus in ("ptb", "wikitext-2") for c in ("awd_lstm_lm", "awd_lstm_lm_define")),
     "ptb/mogrifier_lstm_lm_ptb",
@@ -103,14 +111,14 @@ def test_every_config_is_a_valid_fairseq_command_with_the_papers_settings():
             continue
         corpus, name = config.split("/")
         assert info["save_dir"] == f"ck/{name}"  # one checkpoint folder per config
-        if name.startswith("r"):  # Table 9: SGD lr 20, / 10 after epoch 15, 20 epochs, BPTT 140, batch 60
+        if corpus == "wikitext-103" and name.startswith("lstm_lm_"):  # Table 9: SGD lr 20, / 10 after epoch 15, 20 epochs, BPTT 140, batch 60
             assert info["lr_by_epoch"] == [20.0] * 15 + [2.0] * 5
             assert (info["task"], info["max_epoch"]) == ("stateful_lm", "20")
             assert (info["optimizer"], info["momentum"]) == ("nag", "0.0")  # plain SGD
             assert (info["tokens_per_sample"], info["batch_size"], info["batch_size_valid"]) == ("140", "60", "10")
             assert (info["weight_decay"], info["clip_norm"], info["dropout"]) == ("0.0", "0.25", "0.1")
-            assert info["criterion"] == ("cross_entropy" if name == "r1" else "adaptive_loss")
-            if name != "r1":
+            assert info["criterion"] == ("cross_entropy" if name == "lstm_lm_standard_wt103" else "adaptive_loss")
+            if name != "lstm_lm_standard_wt103":
                 assert info["ddp_backend"] == "legacy_ddp"
         elif name.startswith("transformer"):  # fairseq's adaptive-input recipe
             assert (info["task"], info["criterion"], info["optimizer"]) == ("language_modeling", "adaptive_loss", "nag")
@@ -174,7 +182,7 @@ def test_nag_without_momentum_is_plain_sgd():
 
 # Tiny models: the arch's structure with small widths, the recipe's optimisation settings, one epoch on CPU.
 TINY = {
-    "wikitext-103/r3": [
+    "wikitext-103/lstm_lm_define_wt103_n3": [
         "--define-n",
         "16",
         "--decoder-embed-dim",

@@ -123,5 +123,5 @@ def test_unknown_config_and_missing_data_fail_clearly(tmp_path):
     assert proc.returncode != 0 and "unknown CONFIG 'awd_lstm'" in proc.stderr
     proc = run_recipe("ptb/train.sh", "-d", tmp_path, "-s", tmp_path / "ck", "awd_lstm_lm")
     assert proc.returncode != 0 and f"no binarized data in {tmp_path}/data-bin" in proc.stderr
-    proc = run_recipe("wikitext-103/eval.sh", "-s", tmp_path, "r3")
-    assert proc.returncode != 0 and f"{tmp_path}/r3/checkpoint_best.pt not found" in proc.stderr
+    proc = run_recipe("wikitext-103/eval.sh", "-s", tmp_path, "lstm_lm_define_wt103_n3")
+    assert proc.returncode != 0 and f"{tmp_path}/lstm_lm_define_wt103_n3/checkpoint_best.pt not found" in proc.stderr
