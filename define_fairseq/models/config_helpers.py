@@ -36,6 +36,18 @@ def config_namespace(cfg, config_cls, defaults: bool = True) -> Namespace:
     return Namespace(**values)
 
 
+def define_defaults(args, config_cls, **values) -> None:
+    """An arch function's DeFINE defaults: each ``define_*`` field of ``config_cls`` that ``args`` leaves unset
+    (absent or None) takes ``values[name]`` (what the arch changes) or else the dataclass default."""
+    names = {f.name: f.default for f in fields(config_cls) if f.name.startswith("define_")}
+    unknown = set(values) - set(names)
+    if unknown:
+        raise TypeError(f"{config_cls.__name__} has no field {', '.join(sorted(unknown))}")
+    for name, default in names.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, values.get(name, default))
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 

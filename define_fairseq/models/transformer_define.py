@@ -25,7 +25,7 @@ from fairseq.models.transformer.transformer_legacy import (
     transformer_vaswani_wmt_en_de_big,
 )
 
-from define_fairseq.models.config_helpers import config_namespace
+from define_fairseq.models.config_helpers import config_namespace, define_defaults
 from define_fairseq.models.define_config import DeFINEConfig, build_define_embedding
 from define_fairseq.modules import FoldedDeFINEEmbedding
 
@@ -162,37 +162,23 @@ class TransformerDefineModel(TransformerModel):
         )
 
 
-def _set_default(args, name, value):
-    if getattr(args, name, None) is None:
-        setattr(args, name, value)
-
-
-def _define_defaults(args):
-    """The define_* defaults (of the dataclass)."""
-    for field in dataclasses.fields(TransformerDefineConfig):
-        if field.name.startswith("define_"):
-            _set_default(args, field.name, field.default)
-
-
 def transformer_define(args):
     """Defaults of ``--arch transformer_define``, the paper's WMT14 En-De setting: Transformer base with DeFINE
     n=128, k=1024, N=3, m=512. (``register_model`` with a dataclass registers that arch itself, from the
     dataclass defaults, which are these.)"""
-    _define_defaults(args)
+    define_defaults(args, TransformerDefineConfig)
     base_architecture(args)
 
 
 @register_model_architecture("transformer_define", "transformer_define_wmt_en_de_big")
 def transformer_define_wmt_en_de_big(args):
     """Transformer big (d_model 1024, 16 heads) with DeFINE n=128, k=1024, N=3, m=1024."""
-    _define_defaults(args)
+    define_defaults(args, TransformerDefineConfig)
     transformer_vaswani_wmt_en_de_big(args)
 
 
 @register_model_architecture("transformer_define", "transformer_define_iwslt_de_en")
 def transformer_define_iwslt_de_en(args):
     """fairseq's IWSLT Transformer size (d_model 512, FFN 1024, 4 heads, 6+6 layers) with DeFINE n=64, k=512."""
-    _set_default(args, "define_n", 64)
-    _set_default(args, "define_k", 512)
-    _define_defaults(args)
+    define_defaults(args, TransformerDefineConfig, define_n=64, define_k=512)
     transformer_iwslt_de_en(args)

@@ -28,7 +28,7 @@ from fairseq.models.transformer_lm import (
     transformer_lm_baevski_wiki103,
 )
 
-from define_fairseq.models.config_helpers import check_tied_bands, config_namespace, parse_cutoff
+from define_fairseq.models.config_helpers import check_tied_bands, config_namespace, define_defaults, parse_cutoff
 from define_fairseq.models.define_config import DeFINEConfig, build_define_embedding
 
 TransformerLMDefineConfig = dataclasses.make_dataclass(
@@ -144,22 +144,11 @@ class TransformerLMDefine(TransformerLanguageModel):
         return cls(DeFINELMDecoder(args, task.target_dictionary, embed_tokens))
 
 
-def _set_default(args, name, value):
-    if getattr(args, name, None) is None:
-        setattr(args, name, value)
-
-
-def _define_defaults(args):
-    for field in dataclasses.fields(DeFINEConfig):
-        _set_default(args, field.name, field.default)
-
-
 def transformer_lm_define(args):
     """Defaults of ``--arch transformer_lm_define`` (registered by ``register_model`` from the dataclass):
     fairseq's ``transformer_lm`` size (6 layers, d_model 512, FFN 2048, 8 heads) with DeFINE n=128, k=1024, N=3,
     m=512 and a full softmax tied to the V x 128 table."""
-    _set_default(args, "define_untie_output", False)
-    _define_defaults(args)
+    define_defaults(args, TransformerLMDefineConfig)
     base_lm_architecture(args)
 
 
@@ -169,7 +158,5 @@ def transformer_lm_define_wiki103(args):
     input and softmax with cutoffs 20000,60000 and factor 4, tied bands and projections) with the adaptive input
     at base width n=256 (bands 256/64/16 instead of 1024/256/64) feeding DeFINE N=3, k=4096 up to 1024. The output
     is projected 1024 -> 256 before the tied adaptive softmax."""
-    _set_default(args, "define_n", 256)
-    _set_default(args, "define_k", 4096)
-    _define_defaults(args)
+    define_defaults(args, TransformerLMDefineConfig, define_n=256, define_k=4096)
     transformer_lm_baevski_wiki103(args)
