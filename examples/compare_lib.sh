@@ -64,7 +64,8 @@ EOF
 compare_usage_points() {
     cat <<EOF
 Each model of MODELS trains once per seed 1..SEEDS (default $SEEDS; -s A-B: seeds A..B, so that several
-processes fill one OUT), saving and validating every INTERVAL updates (default $SAVE_EVERY). MODELS defaults to:
+processes fill one OUT: start the others once the first has prepared OUT's data), saving and validating every
+INTERVAL updates (default $SAVE_EVERY). MODELS defaults to:
   $MODELS
 Its points, scored by $1:
   - equal updates: after UPDATES updates (default $UPDATES);
@@ -237,7 +238,7 @@ compare_report() {
             echo
             echo "$*"
         fi
-    } > "$OUT/results.md.tmp"
-    mv "$OUT/results.md.tmp" "$OUT/results.md"
+    } > "$OUT/results.md.tmp$$"
+    mv "$OUT/results.md.tmp$$" "$OUT/results.md"
     cat "$OUT/results.md"
 }

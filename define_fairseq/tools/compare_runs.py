@@ -18,6 +18,7 @@ import json
 import logging
 import re
 import statistics
+import sys
 from datetime import datetime
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -102,14 +103,18 @@ class Run:
 
 
 def load(out: Path, regime: str, models: Optional[List[str]] = None) -> List[Run]:
-    """The finished runs of one regime; with ``models``, only theirs (other runs may still be training)."""
+    """The scored runs of one regime; with ``models``, only theirs (other runs may still be training, or another
+    process filling the same OUT may still be scoring one)."""
     root = out / "runs" / regime
     if not root.is_dir():
         return []
     chosen = [d for d in sorted(root.iterdir()) if d.is_dir()]
     if models is not None:
         chosen = [d for d in chosen if RUN_NAME.match(d.name) and RUN_NAME.match(d.name)["model"] in models]
-    return [Run(d) for d in chosen]
+    unscored = [d for d in chosen if not (d / "score").is_file()]
+    if unscored:
+        print(f"left out, not scored yet: {', '.join(str(d) for d in unscored)}", file=sys.stderr)
+    return [Run(d) for d in chosen if d not in unscored]
 
 
 def summary(values: List[float], digits: int) -> str:

@@ -13,7 +13,7 @@ checkpoints to SAVE_ROOT/CONFIG (checkpoint_best.pt, checkpoint_last.pt, train.l
 appended to the fairseq-train command and win over the recipe's (e.g. --max-epoch 1, --update-freq 8, --cpu).
 
 CONFIG (= --arch; the gcnn_lm model, adaptive softmax with cutoffs 10000,50000,200000):
-  gcnn_lm_13    GCNN-13: 13 x (1268 units, k=4), lookup 128       [paper, Table 2: test 38.1]
+  gcnn_lm_13    GCNN-13: 13 x (1268 units, k=4), lookup 128       [paper: test 38.1]
   gcnn_lm_14b   GCNN-14 Bottleneck: (512, k=5) + 13 bottleneck blocks up to 4096 units, lookup 128
                                                                   [paper: 8 GPUs, 2 weeks]
   gcnn_lm_8b    GCNN-8 Bottleneck (the paper's speed model): (512, k=1) + 7 bottleneck blocks, lookup 128

@@ -111,7 +111,8 @@ def test_every_config_is_a_valid_fairseq_command_with_the_papers_settings():
             continue
         corpus, name = config.split("/")
         assert info["save_dir"] == f"ck/{name}"  # one checkpoint folder per config
-        if corpus == "wikitext-103" and name.startswith("lstm_lm_"):  # Table 9: SGD lr 20, / 10 after epoch 15, 20 epochs, BPTT 140, batch 60
+        # Table 9: SGD lr 20, / 10 after epoch 15, 20 epochs, BPTT 140, batch 60
+        if corpus == "wikitext-103" and name.startswith("lstm_lm_"):
             assert info["lr_by_epoch"] == [20.0] * 15 + [2.0] * 5
             assert (info["task"], info["max_epoch"]) == ("stateful_lm", "20")
             assert (info["optimizer"], info["momentum"]) == ("nag", "0.0")  # plain SGD

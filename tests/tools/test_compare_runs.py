@@ -59,12 +59,23 @@ def test_an_unfinished_run_is_named(tmp_path):
     assert proc.returncode != 0 and f"{log} has no 'done training' line" in proc.stderr
 
 
+def test_a_point_still_being_scored_is_left_out(tmp_path, capsys):
+    for seed in (1, 2):
+        write_run(tmp_path, "updates", "baseline", seed, 26.0 + seed, [(200, 8.0)], 100)
+    (tmp_path / "runs" / "updates" / "baseline.s2" / "score").unlink()  # another process is scoring it
+    main([str(tmp_path), "--metric", "BLEU"])
+    out, err = capsys.readouterr()
+    assert "27.00 (27.00)" in out and "28.00" not in out and "Seeds 1:" in out
+    assert "left out, not scored yet" in err and "baseline.s2" in err
+
+
 def test_models_limits_the_table_to_their_runs_while_others_still_train(tmp_path, capsys):
     write_run(tmp_path, "updates", "baseline", 1, 26.0, [(200, 8.0)], 100)
     (tmp_path / "runs" / "updates" / "projective.s1").mkdir()  # training: no train.log yet
     main([str(tmp_path), "--models", "baseline"])
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| `")]
     assert len(rows) == 1 and rows[0].startswith("| `baseline` |")
+    (tmp_path / "runs" / "updates" / "projective.s1" / "score").write_text("30.0\n")  # scored, but no log
     with pytest.raises(SystemExit, match="projective.s1/train.log is missing"):
         main([str(tmp_path)])
 
