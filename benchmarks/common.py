@@ -276,7 +276,7 @@ class Bench:
         lines = [
             f"# {title}",
             "",
-            f"- Command: `.venv/bin/python -m {self.module}{' ' + argv if argv else ''}`",
+            f"- Command: `python -m {self.module}{' ' + argv if argv else ''}`",
             f"- torch {torch.__version__}, fairseq {fairseq_version}, Python {platform.python_version()}, {precision}",
             device,
             f"- Load average (1/5/15 min) at the start of the run: {self.start[1]}, at the end: {_loadavg()}; "

@@ -94,7 +94,7 @@ def main(argv=None) -> int:
         tests = f"\n- `pytest -m cuda`: {summaries[-1] if summaries else 'no summary line in ' + args.tests_log}"
     text = (
         f"# Benchmarks on {device}: figures and targets\n\n"
-        f"- Command: `.venv/bin/python -m benchmarks.gpu_report {command}`"
+        f"- Command: `python -m benchmarks.gpu_report {command}`"
         f"\n- {environment(cuda)}; {time.strftime('%Y-%m-%d %H:%M')}, {time.perf_counter() - start:.0f} s in all"
         + tests
         + ("\n- **--quick: tiny sizes, measures nothing**" if args.quick else "")

@@ -100,7 +100,7 @@ def test_header_names_the_command_and_the_machine():
     bench = make_bench("--rounds", "2", "--quick")
     header = bench.header("Title", ["a note"])
     assert header.startswith("# Title\n")
-    assert "- Command: `.venv/bin/python -m benchmarks.example --rounds 2 --quick`" in header
+    assert "- Command: `python -m benchmarks.example --rounds 2 --quick`" in header
     assert "threads: 2" in header and "allocator: " in header and "- a note" in header and "--quick" in header
 
 
