@@ -15,11 +15,12 @@ CYTHON := cython==3.3.1
 # one needs the wheel package), and torch 2.11 keeps the 65.5 of a new Python 3.11 venv.
 SETUPTOOLS := setuptools>=70.1
 FAIRSEQ := fairseq-fixed==0.12.3.1
-# Test processes in parallel (pytest-xdist); each file's tests stay in one process (shared fixtures).
+# Test processes in parallel (pytest-xdist); with loadfile each file's tests stay in one process (shared fixtures).
 TEST_WORKERS ?= 2
+TEST_DIST ?= loadfile
 TESTS ?= tests
 # `make test` leaves out the tests marked slow (the example scripts and the recipes' train -> eval chains end to end;
-# it stays under 10 minutes on 2 cores); `make test-all` runs them too.
+# it stays under 8 minutes on 2 cores); `make test-all` runs them too.
 MARKS ?= not slow
 
 .PHONY: install lint format test test-all test-stack test-matrix wheelhouse install-offline install-env gpu-check demo bench clean
@@ -40,7 +41,7 @@ $(STAMP): setup.py requirements.txt Makefile
 	@touch $(STAMP)
 
 test: install
-	$(VENV_PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(if $(MARKS),-m "$(MARKS)") $(TESTS)
+	$(VENV_PY) -m pytest -q -n $(TEST_WORKERS) --dist $(TEST_DIST) $(if $(MARKS),-m "$(MARKS)") $(TESTS)
 
 test-all:
 	$(MAKE) test MARKS=

@@ -20,26 +20,30 @@ For AWD-LSTM's contiguous batches with carried state (truncated BPTT, variable l
 """
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from fairseq.models import register_model, register_model_architecture
 from fairseq.utils import safe_getattr
 
 from define_fairseq.models.config_helpers import config_namespace, reject_renamed
-from define_fairseq.models.lstm_lm_define import AWD_RENAMES, LSTMLMDefineModel, RecurrentLMConfig
+from define_fairseq.models.define_config import DeFINEConfig, define_depth_field, define_n_field
+from define_fairseq.models.lstm_lm_define import AWD_RENAMES, LSTMLMDefineModel
 from define_fairseq.models.recurrent_lm_decoder import build_recurrent_decoder
 
 
 @dataclass
-class AWDLSTMLMConfig(RecurrentLMConfig):
-    """:class:`RecurrentLMConfig` with AWD-LSTM's PTB defaults (``--define-depth 0``: a plain 400-d embedding)."""
+class AWDLSTMLMConfig(DeFINEConfig):
+    """Options of ``awd_lstm_lm`` (the fields of ``lstm_lm_define`` but the adaptive ones); the defaults are
+    AWD-LSTM's PTB model (``--define-depth 0``: a plain 400-d embedding)."""
 
-    define_n: int = field(default=400, metadata={"help": "width n of the V x n table the softmax is tied to"})
-    define_depth: int = field(
-        default=0, metadata={"help": "DeFINE depth N (0: no DeFINE unit, the table feeds the LSTM directly)"}
-    )
+    define_n: int = define_n_field(400, "width n of the V x n table the softmax is tied to")
+    define_depth: int = define_depth_field(0, "DeFINE depth N (0: no DeFINE unit, the table feeds the LSTM directly)")
     decoder_embed_dim: int = field(default=400, metadata={"help": "LSTM input width m (the DeFINE output width)"})
     decoder_hidden_size: int = field(default=1150, metadata={"help": "hidden size of every LSTM layer but the last"})
     decoder_layers: int = field(default=3, metadata={"help": "number of LSTM layers"})
+    decoder_output_dim: Optional[int] = field(
+        default=None, metadata={"help": "size of the last LSTM layer (default: n, the tied dimension)"}
+    )
     dropout: float = field(
         default=0.4,
         metadata={

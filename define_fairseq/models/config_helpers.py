@@ -36,10 +36,14 @@ def config_namespace(cfg, config_cls, defaults: bool = True) -> Namespace:
     return Namespace(**values)
 
 
-def define_defaults(args, config_cls, **values) -> None:
-    """An arch function's DeFINE defaults: each ``define_*`` field of ``config_cls`` that ``args`` leaves unset
-    (absent or None) takes ``values[name]`` (what the arch changes) or else the dataclass default."""
-    names = {f.name: f.default for f in fields(config_cls) if f.name.startswith("define_")}
+PLUGIN_PREFIXES = ("define_", "c2s_")  # the fields the plugin adds to fairseq's Transformer configs
+
+
+def plugin_defaults(args, config_cls, **values) -> None:
+    """A Transformer arch function's defaults for the fields the plugin adds (``define_*``, ``c2s_*``): each that
+    ``args`` leaves unset (absent or None) takes ``values[name]`` (what the arch changes) or else the dataclass
+    default. (fairseq's Transformer parser has no defaults, so that its arch functions can set them.)"""
+    names = {f.name: f.default for f in fields(config_cls) if f.name.startswith(PLUGIN_PREFIXES)}
     unknown = set(values) - set(names)
     if unknown:
         raise TypeError(f"{config_cls.__name__} has no field {', '.join(sorted(unknown))}")

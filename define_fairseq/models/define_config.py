@@ -1,4 +1,9 @@
-"""The DeFINE options shared by every model of the plugin that can embed its tokens with DeFINE."""
+"""The DeFINE options shared by every model of the plugin that can embed its tokens with DeFINE.
+
+``define_n`` and ``define_depth`` are not here: their defaults differ between families (a V x 128 table for the
+Transformers, 256 for the WikiText-103 LSTMs, no unit for AWD-LSTM and the Mogrifier), so each family's config
+declares them once with its base arch's value (:func:`define_n_field`, :func:`define_depth_field`).
+"""
 
 from dataclasses import dataclass, field
 from typing import Optional
@@ -25,13 +30,21 @@ DEFINE_FLAGS = dict(
 )
 
 
+def define_n_field(default: int, help: str = "DeFINE map dimension n (the V x n table)"):
+    """The ``define_n`` field of a family's config, with its base arch's default."""
+    return field(default=default, metadata={"help": help})
+
+
+def define_depth_field(
+    default: int, help: str = "DeFINE depth N: N-1 expansion layers up to k, then the reduce to the model width"
+):
+    """The ``define_depth`` field of a family's config, with its base arch's default."""
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass
 class DeFINEConfig(FairseqDataclass):
-    define_n: int = field(default=128, metadata={"help": "DeFINE map dimension n (the V x n table)"})
     define_k: int = field(default=1024, metadata={"help": "DeFINE largest expansion width k"})
-    define_depth: int = field(
-        default=3, metadata={"help": "DeFINE depth N: N-1 expansion layers up to k, then the reduce to the model width"}
-    )
     define_max_groups: int = field(
         default=4, metadata={"help": "groups g_max of the first DeFINE layer; layer l uses max(g_max/2^(l-1), 1)"}
     )
@@ -76,26 +89,26 @@ class DeFINEConfig(FairseqDataclass):
     )
 
 
-def define_embedding_kwargs(cfg, embed_dim: int) -> dict:
-    """Keyword arguments of ``DeFINEEmbedding`` (after the vocabulary size) from a config with define_* fields."""
-    return dict(
-        n=cfg.define_n,
-        k=cfg.define_k,
-        m=embed_dim,
-        depth=cfg.define_depth,
-        max_groups=cfg.define_max_groups,
-        variant=str(cfg.define_variant),
-        activation=None if cfg.define_activation is None else str(cfg.define_activation),
-        norm=None if cfg.define_norm is None else str(cfg.define_norm),
-        dropout=cfg.define_dropout,
-        init=str(cfg.define_init),
-        map_dropout=getattr(cfg, "define_map_dropout", 0.0),  # absent from the configs of older checkpoints
-    )
-
-
-def build_define_embedding(cfg, vocab_size: int, padding_idx: int, m: int, m_flag: str, **options) -> DeFINEEmbedding:
-    """``DeFINEEmbedding(vocab_size, ...)`` of width ``m`` from a config with define_* fields; the unit's errors
-    name the flags (``m_flag``: the flag that sets ``m``). ``options``: more keyword arguments (the adaptive map).
-    """
+def build_define_embedding(
+    cfg, vocab_size: int, padding_idx: Optional[int], m: int, m_flag: str, **options
+) -> DeFINEEmbedding:
+    """``DeFINEEmbedding(vocab_size, ...)`` of width ``m`` from a config with define_* fields, the one place where
+    the flags reach the unit; its errors name the flags (``m_flag``: the flag that sets ``m``). ``options``: more
+    keyword arguments (the adaptive map)."""
     with flag_names(m=m_flag, **DEFINE_FLAGS):
-        return DeFINEEmbedding(vocab_size, padding_idx=padding_idx, **define_embedding_kwargs(cfg, m), **options)
+        return DeFINEEmbedding(
+            vocab_size,
+            n=cfg.define_n,
+            k=cfg.define_k,
+            m=m,
+            depth=cfg.define_depth,
+            max_groups=cfg.define_max_groups,
+            variant=str(cfg.define_variant),
+            activation=None if cfg.define_activation is None else str(cfg.define_activation),
+            norm=None if cfg.define_norm is None else str(cfg.define_norm),
+            dropout=cfg.define_dropout,
+            init=str(cfg.define_init),
+            map_dropout=getattr(cfg, "define_map_dropout", 0.0),  # absent from the configs of older checkpoints
+            padding_idx=padding_idx,
+            **options,
+        )

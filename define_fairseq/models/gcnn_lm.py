@@ -52,7 +52,12 @@ from define_fairseq.models.config_helpers import (
     flag_names,
     parse_cutoff,
 )
-from define_fairseq.models.define_config import DeFINEConfig, build_define_embedding
+from define_fairseq.models.define_config import (
+    DeFINEConfig,
+    build_define_embedding,
+    define_depth_field,
+    define_n_field,
+)
 from define_fairseq.modules.checks import check_cutoff, check_probability
 from define_fairseq.modules.gated_conv import ACTIVATIONS, GatedConvStack, parse_layer_spec
 
@@ -73,6 +78,8 @@ GBW_CUTOFF = "10000,50000,200000"
 
 @dataclass
 class GatedConvLMConfig(DeFINEConfig):
+    define_n: int = define_n_field(128)
+    define_depth: int = define_depth_field(3)
     decoder_embed_dim: int = field(default=280, metadata={"help": "lookup width e (the first block's input)"})
     gcnn_layers: str = field(
         default=GCNN_8,
@@ -276,38 +283,37 @@ class GatedConvLanguageModel(FairseqLanguageModel):
         return cls(build_gated_conv_decoder(args, task.target_dictionary))
 
 
-def _defaults(args, embed_dim: int, layers: str, cutoff: str):
-    args.decoder_embed_dim = safe_getattr(args, "decoder_embed_dim", embed_dim)
-    args.gcnn_layers = safe_getattr(args, "gcnn_layers", layers)
-    args.adaptive_softmax_cutoff = safe_getattr(args, "adaptive_softmax_cutoff", cutoff)
-
-
 @register_model_architecture("gcnn_lm", "gcnn_lm_8")
 def gcnn_lm_8(args):
     """GCNN-8 (WikiText-103): 8 layers of 800 units, kernel 4 (the width from the paper's text; Table 1 as
-    remembered says 900, not verified), lookup 280."""
-    _defaults(args, 280, GCNN_8, WT103_CUTOFF)
+    remembered says 900, not verified), lookup 280 (the config's defaults), WikiText-103 cutoffs."""
+    args.adaptive_softmax_cutoff = safe_getattr(args, "adaptive_softmax_cutoff", WT103_CUTOFF)
 
 
 @register_model_architecture("gcnn_lm", "gcnn_lm_14")
 def gcnn_lm_14(args):
     """GCNN-14 (WikiText-103): the layer table of fairseq's ``fconv_lm_dauphin_wikitext103``, lookup 280."""
-    _defaults(args, 280, GCNN_14, WT103_CUTOFF)
+    args.gcnn_layers = safe_getattr(args, "gcnn_layers", GCNN_14)
+    gcnn_lm_8(args)
 
 
 @register_model_architecture("gcnn_lm", "gcnn_lm_13")
 def gcnn_lm_13(args):
     """GCNN-13 (Google Billion Word): 13 layers of 1268 units, kernel 4, lookup 128."""
-    _defaults(args, 128, GCNN_13, GBW_CUTOFF)
+    args.decoder_embed_dim = safe_getattr(args, "decoder_embed_dim", 128)
+    args.gcnn_layers = safe_getattr(args, "gcnn_layers", GCNN_13)
+    args.adaptive_softmax_cutoff = safe_getattr(args, "adaptive_softmax_cutoff", GBW_CUTOFF)
 
 
 @register_model_architecture("gcnn_lm", "gcnn_lm_8b")
 def gcnn_lm_8b(args):
     """GCNN-8 Bottleneck (Google Billion Word, the paper's speed model): one 1x1 layer and 7 bottleneck blocks."""
-    _defaults(args, 128, GCNN_8B, GBW_CUTOFF)
+    args.gcnn_layers = safe_getattr(args, "gcnn_layers", GCNN_8B)
+    gcnn_lm_13(args)
 
 
 @register_model_architecture("gcnn_lm", "gcnn_lm_14b")
 def gcnn_lm_14b(args):
     """GCNN-14 Bottleneck (Google Billion Word): one k=5 layer and 13 bottleneck blocks up to 4096 units."""
-    _defaults(args, 128, GCNN_14B, GBW_CUTOFF)
+    args.gcnn_layers = safe_getattr(args, "gcnn_layers", GCNN_14B)
+    gcnn_lm_13(args)

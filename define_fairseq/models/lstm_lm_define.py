@@ -29,8 +29,8 @@ State: with the ``stateful_lm`` task the final LSTM state of a batch starts the 
 :mod:`define_fairseq.models.carried_state`); with ``language_modeling`` every batch starts from zeros.
 Generation (``fairseq-generate``/``fairseq-interactive --task language_modeling``) decodes incrementally.
 
-:class:`RecurrentLMConfig` and the decoder (:mod:`define_fairseq.models.recurrent_lm_decoder`) are shared with
-``awd_lstm_lm``.
+The decoder (:mod:`define_fairseq.models.recurrent_lm_decoder`) is shared with ``awd_lstm_lm``, whose config
+declares the same fields with AWD-LSTM's defaults.
 """
 
 from dataclasses import dataclass, field
@@ -40,13 +40,12 @@ from fairseq.models import FairseqLanguageModel, register_model, register_model_
 from fairseq.utils import safe_getattr
 
 from define_fairseq.models.config_helpers import config_namespace, reject_renamed
-from define_fairseq.models.define_config import DeFINEConfig
+from define_fairseq.models.define_config import DeFINEConfig, define_depth_field, define_n_field
 from define_fairseq.models.recurrent_lm_decoder import RecurrentLMDecoder, build_recurrent_decoder
 
 __all__ = [
     "LSTMLMDefineConfig",
     "LSTMLMDefineModel",
-    "RecurrentLMConfig",
     "RecurrentLMDecoder",
     "build_recurrent_decoder",
     "AWD_RENAMES",
@@ -69,15 +68,14 @@ AWD_RENAMES = {
 
 
 @dataclass
-class RecurrentLMConfig(DeFINEConfig):
-    """Options shared by the recurrent language models of the plugin (``lstm_lm_define``, ``awd_lstm_lm``)."""
+class LSTMLMDefineConfig(DeFINEConfig):
+    """Options of ``lstm_lm_define``. Defaults: a V x 256 table, DeFINE (N = 3, k = 1024) to m = 256, 4 LSTM layers
+    of 1024 (the last of n), locked dropout 0.1, a full softmax; the archs below set Table 1a's rows."""
 
-    define_n: int = field(
-        default=256,
-        metadata={
-            "help": "width n of the map (the V x n table / adaptive input); the output layer is tied in n dimensions"
-        },
+    define_n: int = define_n_field(
+        256, "width n of the map (the V x n table / adaptive input); the output layer is tied in n dimensions"
     )
+    define_depth: int = define_depth_field(3, "DeFINE depth N (0: no DeFINE unit, the map feeds the LSTM directly)")
     decoder_embed_dim: int = field(default=256, metadata={"help": "LSTM input width m (the DeFINE output width)"})
     decoder_hidden_size: int = field(default=1024, metadata={"help": "hidden size of every LSTM layer but the last"})
     decoder_layers: int = field(default=4, metadata={"help": "number of LSTM layers"})
@@ -117,10 +115,6 @@ class RecurrentLMConfig(DeFINEConfig):
             "last layer's output before dropout"
         },
     )
-
-
-@dataclass
-class LSTMLMDefineConfig(RecurrentLMConfig):
     adaptive_input: bool = field(default=False, metadata={"help": "map tokens with an adaptive input of width n"})
     adaptive_input_cutoff: Optional[str] = field(
         default=None, metadata={"help": "comma separated adaptive input band boundaries, e.g. 20000,40000,200000"}
@@ -167,52 +161,46 @@ class LSTMLMDefineModel(FairseqLanguageModel):
         )
 
 
-def _wt103(args, n: int, depth: int, adaptive: bool):
-    """Defaults common to the paper's WikiText-103 LSTM models (Table 1a, Table 9)."""
-    args.define_n = safe_getattr(args, "define_n", n)
-    args.decoder_embed_dim = safe_getattr(args, "decoder_embed_dim", args.define_n)  # the paper has m = n
-    args.define_depth = safe_getattr(args, "define_depth", depth)
-    args.define_k = safe_getattr(args, "define_k", 1024)
-    args.decoder_hidden_size = safe_getattr(args, "decoder_hidden_size", 1024)
-    args.decoder_layers = safe_getattr(args, "decoder_layers", 4)
-    args.dropout = safe_getattr(args, "dropout", 0.1)
-    if adaptive:
-        args.adaptive_input = safe_getattr(args, "adaptive_input", True)
-        args.adaptive_input_cutoff = safe_getattr(args, "adaptive_input_cutoff", "20000,40000,200000")
-        args.adaptive_input_factor = safe_getattr(args, "adaptive_input_factor", 4)
-        args.adaptive_softmax_cutoff = safe_getattr(args, "adaptive_softmax_cutoff", "20000,40000,200000")
-        args.adaptive_softmax_factor = safe_getattr(args, "adaptive_softmax_factor", 4)
-        args.tie_adaptive_weights = safe_getattr(args, "tie_adaptive_weights", True)
-        args.tie_adaptive_proj = safe_getattr(args, "tie_adaptive_proj", True)
-    else:
-        args.share_decoder_input_output_embed = safe_getattr(args, "share_decoder_input_output_embed", True)
-
-
 @register_model_architecture("lstm_lm_define", "lstm_lm_standard_wt103")
 def lstm_lm_standard_wt103(args):
     """Table 1a R1: V x 256 table, 4 LSTM layers (1024, 1024, 1024, 256), full softmax tied, with a bias."""
-    _wt103(args, n=256, depth=0, adaptive=False)
+    args.define_depth = safe_getattr(args, "define_depth", 0)
+    args.share_decoder_input_output_embed = safe_getattr(args, "share_decoder_input_output_embed", True)
+    # the paper has m = n in every row
+    n = safe_getattr(args, "define_n", LSTMLMDefineConfig.define_n)
+    args.decoder_embed_dim = safe_getattr(args, "decoder_embed_dim", n)
 
 
 @register_model_architecture("lstm_lm_define", "lstm_lm_adaptive_wt103")
 def lstm_lm_adaptive_wt103(args):
     """Table 1a R2: adaptive input / tied adaptive softmax of width 256, no DeFINE."""
-    _wt103(args, n=256, depth=0, adaptive=True)
+    args.adaptive_input = safe_getattr(args, "adaptive_input", True)
+    args.adaptive_input_cutoff = safe_getattr(args, "adaptive_input_cutoff", "20000,40000,200000")
+    args.adaptive_softmax_cutoff = safe_getattr(args, "adaptive_softmax_cutoff", "20000,40000,200000")
+    args.tie_adaptive_weights = safe_getattr(args, "tie_adaptive_weights", True)
+    args.tie_adaptive_proj = safe_getattr(args, "tie_adaptive_proj", True)
+    args.share_decoder_input_output_embed = safe_getattr(args, "share_decoder_input_output_embed", False)
+    lstm_lm_standard_wt103(args)
 
 
 @register_model_architecture("lstm_lm_define", "lstm_lm_define_wt103_n3")
 def lstm_lm_define_wt103_n3(args):
     """Table 1a R3: adaptive input 256 -> DeFINE (N=3, k=1024) -> LSTM with m=256."""
-    _wt103(args, n=256, depth=3, adaptive=True)
+    args.define_depth = safe_getattr(args, "define_depth", 3)
+    lstm_lm_adaptive_wt103(args)
 
 
 @register_model_architecture("lstm_lm_define", "lstm_lm_define_wt103_n7")
 def lstm_lm_define_wt103_n7(args):
     """Table 1a R4: adaptive input 384 -> DeFINE (N=7, k=1024) -> LSTM with m=384."""
-    _wt103(args, n=384, depth=7, adaptive=True)
+    args.define_n = safe_getattr(args, "define_n", 384)
+    args.define_depth = safe_getattr(args, "define_depth", 7)
+    lstm_lm_adaptive_wt103(args)
 
 
 @register_model_architecture("lstm_lm_define", "lstm_lm_define_wt103_n11")
 def lstm_lm_define_wt103_n11(args):
     """Table 1a R5: adaptive input 512 -> DeFINE (N=11, k=1024) -> LSTM with m=512."""
-    _wt103(args, n=512, depth=11, adaptive=True)
+    args.define_n = safe_getattr(args, "define_n", 512)
+    args.define_depth = safe_getattr(args, "define_depth", 11)
+    lstm_lm_adaptive_wt103(args)

@@ -53,7 +53,7 @@ from fairseq.models import FairseqLanguageModel, register_model, register_model_
 from fairseq.utils import safe_getattr
 
 from define_fairseq.models.config_helpers import config_namespace
-from define_fairseq.models.define_config import DeFINEConfig
+from define_fairseq.models.define_config import DeFINEConfig, define_depth_field, define_n_field
 from define_fairseq.models.mogrifier_lm_decoder import STATE_MASKS, build_mogrifier_decoder
 
 
@@ -61,8 +61,9 @@ from define_fairseq.models.mogrifier_lm_decoder import STATE_MASKS, build_mogrif
 class MogrifierLSTMLMConfig(DeFINEConfig):
     """Options of ``mogrifier_lstm_lm`` (the DeFINE fields apply with ``--define-depth`` > 0 only)."""
 
-    define_depth: int = field(
-        default=0, metadata={"help": "DeFINE depth N (0: no DeFINE unit, a V x e table feeds the LSTM directly)"}
+    define_n: int = define_n_field(128)
+    define_depth: int = define_depth_field(
+        0, "DeFINE depth N (0: no DeFINE unit, a V x e table feeds the LSTM directly)"
     )
     mogrifier_layers: int = field(default=2, metadata={"help": "number of Mogrifier LSTM layers"})
     mogrifier_hidden_size: int = field(default=512, metadata={"help": "hidden size H of every layer"})
@@ -173,35 +174,6 @@ class MogrifierLSTMLMModel(FairseqLanguageModel):
         return cls(build_mogrifier_decoder(args, task.target_dictionary))
 
 
-def _lamb_config(
-    args,
-    hidden: int,
-    rounds: int,
-    rank: int,
-    dropouts,
-    embed_dim: Optional[int] = None,
-    mos: int = 1,
-    state_dropout_mask: str = "window",
-):
-    """Defaults shared by lamb's tuned 2-layer configs: capped input gate, forget bias 1, the sum of both layers'
-    outputs, state dropped with probability 0.01, new input / inter-layer / output masks at every step
-    (``shared_mask_dropout False``); ``dropouts`` = (input, inter-layer, state, output); ``state_dropout_mask``:
-    "step" where lamb runs the config as a ``dynamic_rnn`` (``swap_memory True``: the WikiText-2 configs)."""
-    args.mogrifier_layers = safe_getattr(args, "mogrifier_layers", 2)
-    args.mogrifier_hidden_size = safe_getattr(args, "mogrifier_hidden_size", hidden)
-    args.mogrifier_embed_dim = safe_getattr(args, "mogrifier_embed_dim", embed_dim)
-    args.mogrifier_rounds = safe_getattr(args, "mogrifier_rounds", rounds)
-    args.mogrifier_rank = safe_getattr(args, "mogrifier_rank", rank)
-    for name, value in zip(("input", "inter_layer", "state", "output"), dropouts):
-        setattr(args, f"mogrifier_{name}_dropout", safe_getattr(args, f"mogrifier_{name}_dropout", value))
-    args.mogrifier_forget_bias = safe_getattr(args, "mogrifier_forget_bias", 1.0)
-    args.mogrifier_sum_layer_outputs = safe_getattr(args, "mogrifier_sum_layer_outputs", True)
-    args.mogrifier_mos_components = safe_getattr(args, "mogrifier_mos_components", mos)
-    args.mogrifier_drop_state_probability = safe_getattr(args, "mogrifier_drop_state_probability", 0.01)
-    args.mogrifier_shared_mask_dropout = safe_getattr(args, "mogrifier_shared_mask_dropout", False)
-    args.mogrifier_state_dropout_mask = safe_getattr(args, "mogrifier_state_dropout_mask", state_dropout_mask)
-
-
 @register_model_architecture("mogrifier_lstm_lm", "mogrifier_lstm_lm_ptb")
 def mogrifier_lstm_lm_ptb(args):
     """lamb's tuned PTB Mogrifier (``tune_ptb_24m_lstm_fm_d2_arms/trial_483``): 2 layers, r = 5, k = 84,
@@ -212,7 +184,17 @@ def mogrifier_lstm_lm_ptb(args):
     (LSTM) + 5 (2 k n + n) (five rounds of rank-k factors with a bias), i.e. 16 n^2 + (V + 18 + 20 k) n + V
     parameters; n = 912 is the largest that fits (23,986,480); n = 913 would give 24,027,378.
     """
-    _lamb_config(args, hidden=912, rounds=5, rank=84, dropouts=(0.729, 0.291, 0.387, 0.716))
+    # lamb's settings shared by its tuned 2-layer configs (the other archs call this one): capped input gate,
+    # forget bias 1, the sum of both layers' outputs, the state dropped with probability 0.01, new masks at
+    # every step
+    args.mogrifier_sum_layer_outputs = safe_getattr(args, "mogrifier_sum_layer_outputs", True)
+    args.mogrifier_drop_state_probability = safe_getattr(args, "mogrifier_drop_state_probability", 0.01)
+    args.mogrifier_hidden_size = safe_getattr(args, "mogrifier_hidden_size", 912)
+    args.mogrifier_rank = safe_getattr(args, "mogrifier_rank", 84)
+    args.mogrifier_input_dropout = safe_getattr(args, "mogrifier_input_dropout", 0.729)
+    args.mogrifier_inter_layer_dropout = safe_getattr(args, "mogrifier_inter_layer_dropout", 0.291)
+    args.mogrifier_state_dropout = safe_getattr(args, "mogrifier_state_dropout", 0.387)
+    args.mogrifier_output_dropout = safe_getattr(args, "mogrifier_output_dropout", 0.716)
 
 
 @register_model_architecture("mogrifier_lstm_lm", "lstm_lm_ptb")
@@ -224,7 +206,14 @@ def lstm_lm_ptb(args):
     Budget 24M at V = 10,000: 16 n^2 + (V + 8) n + V parameters; n = 951 is the largest that fits (23,998,024;
     n = 952 would give 24,038,480).
     """
-    _lamb_config(args, hidden=951, rounds=0, rank=0, dropouts=(0.628, 0.307, 0.369, 0.690))
+    args.mogrifier_hidden_size = safe_getattr(args, "mogrifier_hidden_size", 951)
+    args.mogrifier_rounds = safe_getattr(args, "mogrifier_rounds", 0)
+    args.mogrifier_rank = safe_getattr(args, "mogrifier_rank", 0)
+    args.mogrifier_input_dropout = safe_getattr(args, "mogrifier_input_dropout", 0.628)
+    args.mogrifier_inter_layer_dropout = safe_getattr(args, "mogrifier_inter_layer_dropout", 0.307)
+    args.mogrifier_state_dropout = safe_getattr(args, "mogrifier_state_dropout", 0.369)
+    args.mogrifier_output_dropout = safe_getattr(args, "mogrifier_output_dropout", 0.69)
+    mogrifier_lstm_lm_ptb(args)
 
 
 @register_model_architecture("mogrifier_lstm_lm", "mogrifier_lstm_lm_wt2")
@@ -237,16 +226,18 @@ def mogrifier_lstm_lm_wt2(args):
     layer 2 8 n^2 + 4 n + 12 k n + 6 n; mixture 2 e n + 2 e (projection) + 2 n (prior). n = 1366 with e = 272 is
     the largest that fits (34,991,552 parameters; n = 1367, e = 272 would give 35,026,863).
     """
-    _lamb_config(
-        args,
-        hidden=1366,
-        rounds=6,
-        rank=48,
-        dropouts=(0.547, 0.199, 0.221, 0.348),
-        embed_dim=272,
-        mos=2,
-        state_dropout_mask="step",
-    )
+    args.mogrifier_hidden_size = safe_getattr(args, "mogrifier_hidden_size", 1366)
+    args.mogrifier_embed_dim = safe_getattr(args, "mogrifier_embed_dim", 272)
+    args.mogrifier_rounds = safe_getattr(args, "mogrifier_rounds", 6)
+    args.mogrifier_rank = safe_getattr(args, "mogrifier_rank", 48)
+    args.mogrifier_mos_components = safe_getattr(args, "mogrifier_mos_components", 2)
+    # lamb runs the WikiText-2 configs as a dynamic_rnn (swap_memory True): one state mask per step
+    args.mogrifier_state_dropout_mask = safe_getattr(args, "mogrifier_state_dropout_mask", "step")
+    args.mogrifier_input_dropout = safe_getattr(args, "mogrifier_input_dropout", 0.547)
+    args.mogrifier_inter_layer_dropout = safe_getattr(args, "mogrifier_inter_layer_dropout", 0.199)
+    args.mogrifier_state_dropout = safe_getattr(args, "mogrifier_state_dropout", 0.221)
+    args.mogrifier_output_dropout = safe_getattr(args, "mogrifier_output_dropout", 0.348)
+    mogrifier_lstm_lm_ptb(args)
 
 
 @register_model_architecture("mogrifier_lstm_lm", "lstm_lm_wt2")
@@ -258,13 +249,12 @@ def lstm_lm_wt2(args):
     Budget 35M at V = 33,278: the Mogrifier WT2 count without the rounds; n = 1211 with e = 428 is the largest
     that fits (34,997,328 parameters; n = 1212, e = 428 would give 35,028,982).
     """
-    _lamb_config(
-        args,
-        hidden=1211,
-        rounds=0,
-        rank=0,
-        dropouts=(0.609, 0.091, 0.271, 0.348),
-        embed_dim=428,
-        mos=2,
-        state_dropout_mask="step",
-    )
+    args.mogrifier_hidden_size = safe_getattr(args, "mogrifier_hidden_size", 1211)
+    args.mogrifier_embed_dim = safe_getattr(args, "mogrifier_embed_dim", 428)
+    args.mogrifier_rounds = safe_getattr(args, "mogrifier_rounds", 0)
+    args.mogrifier_rank = safe_getattr(args, "mogrifier_rank", 0)
+    args.mogrifier_input_dropout = safe_getattr(args, "mogrifier_input_dropout", 0.609)
+    args.mogrifier_inter_layer_dropout = safe_getattr(args, "mogrifier_inter_layer_dropout", 0.091)
+    args.mogrifier_state_dropout = safe_getattr(args, "mogrifier_state_dropout", 0.271)
+    args.mogrifier_output_dropout = safe_getattr(args, "mogrifier_output_dropout", 0.348)
+    mogrifier_lstm_lm_wt2(args)

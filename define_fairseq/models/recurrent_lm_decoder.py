@@ -254,8 +254,9 @@ def build_recurrent_output(
 
 
 def build_recurrent_decoder(cfg: Namespace, dictionary, adaptive: bool, tie_full_softmax: bool) -> RecurrentLMDecoder:
-    """The decoder described by ``cfg`` (a namespace of :class:`RecurrentLMConfig` fields, plus those of
-    :class:`LSTMLMDefineConfig` when ``adaptive``). ``tie_full_softmax``: tie a full softmax to the V x n table.
+    """The decoder described by ``cfg`` (a namespace of ``LSTMLMDefineConfig``'s or ``AWDLSTMLMConfig``'s fields;
+    the adaptive ones are read only when ``adaptive``). ``tie_full_softmax``: tie a full softmax to the V x n
+    table.
 
     Raises ``ValueError`` naming the flag for every impossible combination: the sizes and combinations here, the
     probabilities in the modules (each under the flag that set it).

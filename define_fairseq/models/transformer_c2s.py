@@ -26,12 +26,19 @@ from fairseq.models.transformer.transformer_legacy import (
     transformer_iwslt_de_en,
 )
 
-from define_fairseq.models.config_helpers import config_namespace, flag_names
-from define_fairseq.models.define_config import DeFINEConfig, build_define_embedding
+from define_fairseq.models.config_helpers import config_namespace, flag_names, plugin_defaults
+from define_fairseq.models.define_config import (
+    DeFINEConfig,
+    build_define_embedding,
+    define_depth_field,
+    define_n_field,
+)
 from define_fairseq.models.transformer_define import _flat_fields
 from define_fairseq.modules.char2subword import Char2SubwordEmbedding
 
 C2S_FIELDS = [
+    ("define_n", int, define_n_field(128)),
+    ("define_depth", int, define_depth_field(3)),
     (
         "c2s_char_dim",
         int,
@@ -226,23 +233,17 @@ class TransformerC2SModel(TransformerModel):
         )
 
 
-def _c2s_defaults(args):
-    for field in dataclasses.fields(TransformerC2SConfig):
-        if field.name.startswith(("c2s_", "define_")) and getattr(args, field.name, None) is None:
-            setattr(args, field.name, field.default)
-
-
 def transformer_c2s(args):
     """Defaults of ``--arch transformer_c2s``: Transformer base (6+6 layers, d 512) with a Char2Subword encoder
     embedding (characters 256 wide, 2 layers, 4 heads, FFN 512, up to 24 characters)."""
-    _c2s_defaults(args)
+    plugin_defaults(args, TransformerC2SConfig)
     base_architecture(args)
 
 
 @register_model_architecture("transformer_c2s", "transformer_c2s_iwslt_de_en")
 def transformer_c2s_iwslt_de_en(args):
     """fairseq's IWSLT size (d 512, FFN 1024, 4 heads, 6+6 layers) with Char2Subword on the source."""
-    _c2s_defaults(args)
+    plugin_defaults(args, TransformerC2SConfig)
     transformer_iwslt_de_en(args)
 
 
@@ -263,5 +264,5 @@ def transformer_c2s_small(args):
     ):
         if getattr(args, name, None) is None:
             setattr(args, name, value)
-    _c2s_defaults(args)
+    plugin_defaults(args, TransformerC2SConfig)
     base_architecture(args)

@@ -25,8 +25,13 @@ from fairseq.models.transformer.transformer_legacy import (
     transformer_vaswani_wmt_en_de_big,
 )
 
-from define_fairseq.models.config_helpers import config_namespace, define_defaults
-from define_fairseq.models.define_config import DeFINEConfig, build_define_embedding
+from define_fairseq.models.config_helpers import config_namespace, plugin_defaults
+from define_fairseq.models.define_config import (
+    DeFINEConfig,
+    build_define_embedding,
+    define_depth_field,
+    define_n_field,
+)
 from define_fairseq.modules import FoldedDeFINEEmbedding
 
 
@@ -55,6 +60,8 @@ def _flat_fields(config_cls, prefix: str = "") -> List[Tuple[str, Any, dataclass
 TransformerDefineConfig = dataclasses.make_dataclass(
     "TransformerDefineConfig",
     [
+        ("define_n", int, define_n_field(128)),
+        ("define_depth", int, define_depth_field(3)),
         (
             "define_untie_output",
             bool,
@@ -166,19 +173,19 @@ def transformer_define(args):
     """Defaults of ``--arch transformer_define``, the paper's WMT14 En-De setting: Transformer base with DeFINE
     n=128, k=1024, N=3, m=512. (``register_model`` with a dataclass registers that arch itself, from the
     dataclass defaults, which are these.)"""
-    define_defaults(args, TransformerDefineConfig)
+    plugin_defaults(args, TransformerDefineConfig)
     base_architecture(args)
 
 
 @register_model_architecture("transformer_define", "transformer_define_wmt_en_de_big")
 def transformer_define_wmt_en_de_big(args):
     """Transformer big (d_model 1024, 16 heads) with DeFINE n=128, k=1024, N=3, m=1024."""
-    define_defaults(args, TransformerDefineConfig)
+    plugin_defaults(args, TransformerDefineConfig)
     transformer_vaswani_wmt_en_de_big(args)
 
 
 @register_model_architecture("transformer_define", "transformer_define_iwslt_de_en")
 def transformer_define_iwslt_de_en(args):
     """fairseq's IWSLT Transformer size (d_model 512, FFN 1024, 4 heads, 6+6 layers) with DeFINE n=64, k=512."""
-    define_defaults(args, TransformerDefineConfig, define_n=64, define_k=512)
+    plugin_defaults(args, TransformerDefineConfig, define_n=64, define_k=512)
     transformer_iwslt_de_en(args)

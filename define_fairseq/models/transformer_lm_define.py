@@ -28,12 +28,19 @@ from fairseq.models.transformer_lm import (
     transformer_lm_baevski_wiki103,
 )
 
-from define_fairseq.models.config_helpers import check_tied_bands, config_namespace, define_defaults, parse_cutoff
-from define_fairseq.models.define_config import DeFINEConfig, build_define_embedding
+from define_fairseq.models.config_helpers import check_tied_bands, config_namespace, parse_cutoff, plugin_defaults
+from define_fairseq.models.define_config import (
+    DeFINEConfig,
+    build_define_embedding,
+    define_depth_field,
+    define_n_field,
+)
 
 TransformerLMDefineConfig = dataclasses.make_dataclass(
     "TransformerLMDefineConfig",
     [
+        ("define_n", int, define_n_field(128)),
+        ("define_depth", int, define_depth_field(3)),
         (
             "define_untie_output",
             bool,
@@ -148,7 +155,7 @@ def transformer_lm_define(args):
     """Defaults of ``--arch transformer_lm_define`` (registered by ``register_model`` from the dataclass):
     fairseq's ``transformer_lm`` size (6 layers, d_model 512, FFN 2048, 8 heads) with DeFINE n=128, k=1024, N=3,
     m=512 and a full softmax tied to the V x 128 table."""
-    define_defaults(args, TransformerLMDefineConfig)
+    plugin_defaults(args, TransformerLMDefineConfig)
     base_lm_architecture(args)
 
 
@@ -158,5 +165,5 @@ def transformer_lm_define_wiki103(args):
     input and softmax with cutoffs 20000,60000 and factor 4, tied bands and projections) with the adaptive input
     at base width n=256 (bands 256/64/16 instead of 1024/256/64) feeding DeFINE N=3, k=4096 up to 1024. The output
     is projected 1024 -> 256 before the tied adaptive softmax."""
-    define_defaults(args, TransformerLMDefineConfig, define_n=256, define_k=4096)
+    plugin_defaults(args, TransformerLMDefineConfig, define_n=256, define_k=4096)
     transformer_lm_baevski_wiki103(args)

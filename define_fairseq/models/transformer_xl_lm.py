@@ -45,7 +45,12 @@ from torch import Tensor
 
 from define_fairseq.models.carried_state import CarriedState
 from define_fairseq.models.config_helpers import MAX_POSITIONS, config_namespace, flag_names, parse_cutoff
-from define_fairseq.models.define_config import DeFINEConfig, build_define_embedding
+from define_fairseq.models.define_config import (
+    DeFINEConfig,
+    build_define_embedding,
+    define_depth_field,
+    define_n_field,
+)
 from define_fairseq.modules.checks import check_cutoff
 from define_fairseq.modules.define_embedding import FoldedDeFINEEmbedding
 from define_fairseq.modules.projected_adaptive_softmax import ProjectedAdaptiveSoftmax
@@ -58,6 +63,8 @@ WT103_CUTOFF = "20000,40000,200000"
 
 @dataclass
 class TransformerXLConfig(DeFINEConfig):
+    define_n: int = define_n_field(128, "width n of the V x n table of the projective and DeFINE inputs")
+    define_depth: int = define_depth_field(3)
     decoder_layers: int = field(default=16, metadata={"help": "number of Transformer-XL layers"})
     decoder_embed_dim: int = field(default=410, metadata={"help": "model width d (d_model)"})
     decoder_attention_heads: int = field(default=10, metadata={"help": "attention heads"})
@@ -289,50 +296,66 @@ class TransformerXLLanguageModel(FairseqLanguageModel):
         return cls(build_transformer_xl_decoder(args, task.target_dictionary))
 
 
-def _defaults(args, d: int, d_inner: int, kind: str, n: Optional[int] = None):
-    """The Table 2 settings: 16 layers, 10 heads x 41, WT103 cutoffs; d, d_inner, input layer and n per arch."""
-    args.decoder_layers = safe_getattr(args, "decoder_layers", 16)
-    args.decoder_embed_dim = safe_getattr(args, "decoder_embed_dim", d)
-    args.decoder_attention_heads = safe_getattr(args, "decoder_attention_heads", 10)
-    args.txl_head_dim = safe_getattr(args, "txl_head_dim", 41)
-    args.decoder_ffn_embed_dim = safe_getattr(args, "decoder_ffn_embed_dim", d_inner)
-    args.txl_input = safe_getattr(args, "txl_input", kind)
-    args.adaptive_softmax_cutoff = safe_getattr(args, "adaptive_softmax_cutoff", WT103_CUTOFF)
-    if n is not None:
-        args.define_n = safe_getattr(args, "define_n", n)
-    if kind == "define":  # the paper's DeFINE setting for Transformer-XL: N = 3, k = 4096, m = d = 384
-        args.define_depth = safe_getattr(args, "define_depth", 3)
-        args.define_k = safe_getattr(args, "define_k", 4096)
-
-
 @register_model_architecture("transformer_xl_lm", "transformer_xl_wt103")
 def transformer_xl_wt103(args):
-    """Transformer-XL's WikiText-103 base model (the paper's starred 151M reference): 16 layers, d 410, 10 heads
-    x 41, d_inner 2100, standard V x 410 input, adaptive softmax tied to it."""
-    _defaults(args, 410, 2100, "standard")
+    """Transformer-XL's WikiText-103 base model (the paper's starred 151M reference), the config's defaults: 16
+    layers, d 410, 10 heads x 41, d_inner 2100, standard V x 410 input, adaptive softmax tied to it."""
 
 
 @register_model_architecture("transformer_xl_lm", "transformer_xl_wt103_d384")
 def transformer_xl_wt103_d384(args):
     """The paper's standard 384 model: d 384, d_inner 1920, still 10 heads x 41, standard V x 384 input."""
-    _defaults(args, 384, 1920, "standard")
+    args.decoder_embed_dim = safe_getattr(args, "decoder_embed_dim", 384)
+    args.decoder_ffn_embed_dim = safe_getattr(args, "decoder_ffn_embed_dim", 1920)
 
 
-def _register_variants():
-    for n in (64, 128, 256):
-
-        def projective(args, n=n):
-            _defaults(args, 384, 1920, "projective", n)
-
-        projective.__doc__ = f"d 384 with a projective input: V x {n} table and a {n} -> 384 projection."
-        register_model_architecture("transformer_xl_lm", f"transformer_xl_projective_wt103_n{n}")(projective)
-    for n in (64, 128, 256, 384):
-
-        def define(args, n=n):
-            _defaults(args, 384, 1920, "define", n)
-
-        define.__doc__ = f"d 384 with a DeFINE input: V x {n} table, DeFINE N = 3, k = 4096, m = 384."
-        register_model_architecture("transformer_xl_lm", f"transformer_xl_define_wt103_n{n}")(define)
+@register_model_architecture("transformer_xl_lm", "transformer_xl_projective_wt103_n128")
+def transformer_xl_projective_wt103_n128(args):
+    """Table 2's projective input at n = 128: a V x 128 table and a 128 -> 384 projection, d 384."""
+    args.txl_input = safe_getattr(args, "txl_input", "projective")
+    args.define_n = safe_getattr(args, "define_n", 128)
+    transformer_xl_wt103_d384(args)
 
 
-_register_variants()
+@register_model_architecture("transformer_xl_lm", "transformer_xl_projective_wt103_n64")
+def transformer_xl_projective_wt103_n64(args):
+    """The projective input at n = 64."""
+    args.define_n = safe_getattr(args, "define_n", 64)
+    transformer_xl_projective_wt103_n128(args)
+
+
+@register_model_architecture("transformer_xl_lm", "transformer_xl_projective_wt103_n256")
+def transformer_xl_projective_wt103_n256(args):
+    """The projective input at n = 256."""
+    args.define_n = safe_getattr(args, "define_n", 256)
+    transformer_xl_projective_wt103_n128(args)
+
+
+@register_model_architecture("transformer_xl_lm", "transformer_xl_define_wt103_n128")
+def transformer_xl_define_wt103_n128(args):
+    """Table 2's DeFINE input at n = 128: a V x 128 table and DeFINE (N = 3, k = 4096) to m = d = 384."""
+    args.txl_input = safe_getattr(args, "txl_input", "define")
+    args.define_n = safe_getattr(args, "define_n", 128)
+    args.define_k = safe_getattr(args, "define_k", 4096)
+    transformer_xl_wt103_d384(args)
+
+
+@register_model_architecture("transformer_xl_lm", "transformer_xl_define_wt103_n64")
+def transformer_xl_define_wt103_n64(args):
+    """The DeFINE input at n = 64."""
+    args.define_n = safe_getattr(args, "define_n", 64)
+    transformer_xl_define_wt103_n128(args)
+
+
+@register_model_architecture("transformer_xl_lm", "transformer_xl_define_wt103_n256")
+def transformer_xl_define_wt103_n256(args):
+    """The DeFINE input at n = 256."""
+    args.define_n = safe_getattr(args, "define_n", 256)
+    transformer_xl_define_wt103_n128(args)
+
+
+@register_model_architecture("transformer_xl_lm", "transformer_xl_define_wt103_n384")
+def transformer_xl_define_wt103_n384(args):
+    """The DeFINE input at n = 384."""
+    args.define_n = safe_getattr(args, "define_n", 384)
+    transformer_xl_define_wt103_n128(args)

@@ -43,7 +43,7 @@ def _define_prefixes(model_state: Dict[str, torch.Tensor]):
 
 def fold_state(model_state: Dict[str, torch.Tensor], model_cfg) -> Dict[str, torch.Tensor]:
     """The state dict of the folded model: each DeFINE unit's weights replaced by its ``folded`` table."""
-    from define_fairseq.models.define_config import define_embedding_kwargs
+    from define_fairseq.models.define_config import build_define_embedding
 
     state = dict(model_state)
     for prefix in _define_prefixes(model_state):
@@ -56,7 +56,7 @@ def fold_state(model_state: Dict[str, torch.Tensor], model_cfg) -> Dict[str, tor
         )
         layer_weight = state[f"{prefix}define.layers.{last}.weight"]
         m = layer_weight.shape[0] * layer_weight.shape[2]
-        embedding = DeFINEEmbedding(table.shape[0], **define_embedding_kwargs(model_cfg, m))
+        embedding = build_define_embedding(model_cfg, table.shape[0], None, m, "--decoder-embed-dim")
         own = {key[len(prefix) :]: value for key, value in state.items() if key.startswith(prefix)}
         embedding.load_state_dict(own)
         for key in own:
