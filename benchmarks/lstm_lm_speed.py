@@ -4,7 +4,7 @@
    of 1024, batch 60 x BPTT 140, adaptive softmax, SGD. Target: R3's step at most 1.1x R2's.
 2. ``lstm_lm_define`` (one fused ``nn.LSTM`` per layer) against fairseq's ``lstm_lm`` (a loop over time steps of
    ``nn.LSTMCell``), the same network at AWD-LSTM's PTB size (V = 10,000, embedding 400, 3 layers of 1150, tied;
-   ``--define-depth 0``), and with a DeFINE unit under the LSTM: training at batch 20, scoring (eval mode, no
+   ``--input-layer table``), and with a DeFINE unit under the LSTM: training at batch 20, scoring (eval mode, no
    autograd) at batch 10 and 1. Also timed: the model's 3 LSTM layers alone, and the arithmetic of the step's matrix
    products at the machine's peak rate (a floor). Target: >= 3x fairseq's tokens/s on a CPU, >= 5x on a GPU.
 
@@ -111,7 +111,7 @@ def main(argv=None):
     ours = size + ["--decoder-output-dim", "1150", "--define-n"]
     variants = {
         FAIRSEQ: ("lstm_lm", size + ["--decoder-out-embed-dim", "400"]),
-        SAME: ("lstm_lm_define", ours + ["400", "--define-depth", "0"]),
+        SAME: ("lstm_lm_define", ours + ["400", "--input-layer", "table"]),
         "`lstm_lm_define`, DeFINE n=128, N=7, k=1024 (m=400)": (
             "lstm_lm_define",
             ours + ["128", "--define-depth", "7", "--define-k", "1024"],

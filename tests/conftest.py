@@ -16,6 +16,8 @@ USER_DIR = str(REPO / "define_fairseq")
 BIN = Path(sys.executable).parent
 # the shared test modules, importable by their bare names (pytest.ini's pythonpath)
 HELPERS = Path(__file__).resolve().parent / "helpers"
+# the recipe tests' fixtures (a served mirror of each corpus, and the data its prepare.sh makes of it)
+pytest_plugins = ["lm_recipe", "wmt14_recipe"]
 
 
 @pytest.fixture(autouse=True, scope="session")

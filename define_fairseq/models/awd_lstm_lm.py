@@ -15,29 +15,33 @@ Archs:
 
 AR/TAR reach the loss through ``extra["regularization"]``: train with ``--criterion lm_regularized_loss``.
 For AWD-LSTM's contiguous batches with carried state (truncated BPTT, variable length) use
-``--task stateful_lm --tokens-per-sample 70 --variable-bptt``. The output is always tied
-(``--define-untie-output`` gives it its own V x d matrix).
+``--task stateful_lm --tokens-per-sample 70 --variable-bptt``. The output is tied to the table
+(``--awd-untie-output`` gives it its own matrix).
 """
 
 from dataclasses import dataclass, field
 from typing import Optional
 
+from fairseq.dataclass import ChoiceEnum
 from fairseq.models import register_model, register_model_architecture
 from fairseq.utils import safe_getattr
 
-from define_fairseq.models.config_helpers import config_namespace, reject_renamed
-from define_fairseq.models.define_config import DeFINEConfig, define_depth_field, define_n_field
-from define_fairseq.models.lstm_lm_define import AWD_RENAMES, LSTMLMDefineModel
+from define_fairseq.models.config_helpers import config_namespace, reject_renamed, same_value
+from define_fairseq.models.define_config import DeFINEConfig, define_depth_field, define_n_field, input_layer_field
+from define_fairseq.models.lstm_lm_define import INPUT_LAYERS, RENAMES, LSTMLMDefineModel
 from define_fairseq.models.recurrent_lm_decoder import build_recurrent_decoder
+
+AWD_RENAMES = {**RENAMES, "define_untie_output": ("awd_untie_output", same_value)}
 
 
 @dataclass
 class AWDLSTMLMConfig(DeFINEConfig):
     """Options of ``awd_lstm_lm`` (the fields of ``lstm_lm_define`` but the adaptive ones); the defaults are
-    AWD-LSTM's PTB model (``--define-depth 0``: a plain 400-d embedding)."""
+    AWD-LSTM's PTB model (a plain 400-d embedding), the DeFINE ones those of ``awd_lstm_lm_define``."""
 
-    define_n: int = define_n_field(400, "width n of the V x n table the softmax is tied to")
-    define_depth: int = define_depth_field(0, "DeFINE depth N (0: no DeFINE unit, the table feeds the LSTM directly)")
+    input_layer: ChoiceEnum(INPUT_LAYERS) = input_layer_field("table", "--decoder-embed-dim", INPUT_LAYERS)
+    define_n: int = define_n_field(128, "width n of the V x n table under the DeFINE unit (the softmax ties to it)")
+    define_depth: int = define_depth_field(7)
     decoder_embed_dim: int = field(default=400, metadata={"help": "LSTM input width m (the DeFINE output width)"})
     decoder_hidden_size: int = field(default=1150, metadata={"help": "hidden size of every LSTM layer but the last"})
     decoder_layers: int = field(default=3, metadata={"help": "number of LSTM layers"})
@@ -57,8 +61,8 @@ class AWDLSTMLMConfig(DeFINEConfig):
     awd_weight_drop: float = field(default=0.5, metadata={"help": "DropConnect on hidden-to-hidden weights"})
     awd_ar_alpha: float = field(default=2.0, metadata={"help": "AR: alpha * mean(dropped output^2)"})
     awd_tar_beta: float = field(default=1.0, metadata={"help": "TAR: beta * mean((h_t - h_{t-1})^2)"})
-    define_untie_output: bool = field(
-        default=False, metadata={"help": "give the softmax its own weights instead of tying it to the V x n table"}
+    awd_untie_output: bool = field(
+        default=False, metadata={"help": "give the softmax its own weights instead of tying it to the table"}
     )
 
 
@@ -68,11 +72,11 @@ class AWDLSTMLMModel(LSTMLMDefineModel):
 
     @classmethod
     def build_model(cls, cfg, task):
-        reject_renamed(cfg, AWD_RENAMES)
+        reject_renamed(cfg, AWD_RENAMES, AWDLSTMLMConfig)
         args = config_namespace(cfg, AWDLSTMLMConfig)
         return cls(
             build_recurrent_decoder(
-                args, task.target_dictionary, adaptive=False, tie_full_softmax=not args.define_untie_output
+                args, task.target_dictionary, adaptive=False, tie_full_softmax=not args.awd_untie_output
             )
         )
 
@@ -81,7 +85,4 @@ class AWDLSTMLMModel(LSTMLMDefineModel):
 def awd_lstm_lm_define(args):
     """AWD-LSTM + DeFINE (the DeFINE paper, Table 1c): V x 128 table -> DeFINE (N=7, k=1024) -> m=400 ->
     LSTM (1150, 1150, 128) -> softmax tied to the V x 128 table; AWD-LSTM's regularisation."""
-    args.define_n = safe_getattr(args, "define_n", 128)
-    args.define_k = safe_getattr(args, "define_k", 1024)
-    args.define_depth = safe_getattr(args, "define_depth", 7)
-    args.decoder_embed_dim = safe_getattr(args, "decoder_embed_dim", 400)
+    args.input_layer = safe_getattr(args, "input_layer", "define")

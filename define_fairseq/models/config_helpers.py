@@ -4,7 +4,7 @@ import ast
 from argparse import Namespace
 from contextlib import contextmanager
 from dataclasses import fields
-from typing import Dict, Iterator, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 from fairseq.utils import safe_getattr
 
@@ -36,13 +36,14 @@ def config_namespace(cfg, config_cls, defaults: bool = True) -> Namespace:
     return Namespace(**values)
 
 
-PLUGIN_PREFIXES = ("define_", "c2s_")  # the fields the plugin adds to fairseq's Transformer configs
+PLUGIN_PREFIXES = ("define_", "c2s_", "decoder_input_layer")  # the fields the plugin adds to fairseq's Transformers
 
 
 def plugin_defaults(args, config_cls, **values) -> None:
-    """A Transformer arch function's defaults for the fields the plugin adds (``define_*``, ``c2s_*``): each that
-    ``args`` leaves unset (absent or None) takes ``values[name]`` (what the arch changes) or else the dataclass
-    default. (fairseq's Transformer parser has no defaults, so that its arch functions can set them.)"""
+    """A Transformer arch function's defaults for the fields the plugin adds (``define_*``, ``c2s_*``,
+    ``decoder_input_layer``): each that ``args`` leaves unset (absent or None) takes ``values[name]`` (what the arch
+    changes) or else the dataclass default. (fairseq's Transformer parser has no defaults, so that its arch functions
+    can set them.)"""
     names = {f.name: f.default for f in fields(config_cls) if f.name.startswith(PLUGIN_PREFIXES)}
     unknown = set(values) - set(names)
     if unknown:
@@ -56,17 +57,28 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def reject_renamed(cfg, renames: Dict[str, str]) -> None:
-    """Raise a ``ValueError`` naming both flags when ``cfg`` (a checkpoint's configuration) sets a field of
-    ``renames`` (old name -> new name) that the plugin renamed before its first release: such a checkpoint's value
-    would otherwise be passed over silently."""
-    for old, new in renames.items():
+def reject_renamed(cfg, renames: Dict[str, Tuple[str, Callable]], config_cls) -> None:
+    """Refuse a configuration written before a flag was renamed (before the plugin's first release) when reading it
+    with the new names would silently change the model. ``renames``: old field -> (new field, the new value that the
+    old value meant). ``cfg`` (a checkpoint's configuration) is refused with a ``ValueError`` naming both flags when
+    it has the old field but not the new one and the old value means something other than the new field's default
+    (``config_cls``'s)."""
+    defaults = {f.name: f.default for f in fields(config_cls)}
+    for old, (new, meaning) in renames.items():
         value = safe_getattr(cfg, old, None)
-        if value is not None:
+        if value is None or safe_getattr(cfg, new, None) is not None:
+            continue
+        meant = meaning(value)
+        if meant != defaults[new]:
             raise ValueError(
-                f"this configuration sets {_flag(old)} = {value}, which is now {_flag(new)}: give "
-                f"--model-overrides \"{{'{new}': {value!r}}}\" (or retrain with {_flag(new)})"
+                f"this configuration sets {_flag(old)} = {value}, which is now {_flag(new)} {meant}: give "
+                f"--model-overrides \"{{'{new}': {meant!r}}}\" (or retrain with {_flag(new)})"
             )
+
+
+def same_value(value):
+    """The meaning of a renamed field whose values did not change (for :func:`reject_renamed`)."""
+    return value
 
 
 @contextmanager

@@ -1,8 +1,9 @@
 """The DeFINE options shared by every model of the plugin that can embed its tokens with DeFINE.
 
 ``define_n`` and ``define_depth`` are not here: their defaults differ between families (a V x 128 table for the
-Transformers, 256 for the WikiText-103 LSTMs, no unit for AWD-LSTM and the Mogrifier), so each family's config
-declares them once with its base arch's value (:func:`define_n_field`, :func:`define_depth_field`).
+Transformers, 256 for the WikiText-103 LSTMs), so each family's config declares them once with its base arch's value
+(:func:`define_n_field`, :func:`define_depth_field`). So does ``input_layer`` (:func:`input_layer_field`), in the
+language models whose input layer is a choice.
 """
 
 from dataclasses import dataclass, field
@@ -40,6 +41,29 @@ def define_depth_field(
 ):
     """The ``define_depth`` field of a family's config, with its base arch's default."""
     return field(default=default, metadata={"help": help})
+
+
+INPUT_LAYERS = ("table", "projective", "define")
+"""The input layers a language model can have, chosen with ``--input-layer``: ``table`` (a ``V x d`` table),
+``projective`` (a ``V x n`` table and a linear map ``n -> d``, Transformer-XL's, the DeFINE paper's Table 2
+baseline), ``define`` (a ``V x n`` table and a DeFINE unit ``n -> d``); ``d`` is the width the model reads."""
+
+
+# Before --input-layer (and the first release) --define-depth 0 chose the table: config_helpers.reject_renamed's entry
+DEPTH_ZERO_RENAME = {"define_depth": ("input_layer", lambda depth: "table" if depth == 0 else "define")}
+
+INPUT_LAYER_HELP = {
+    "table": "a V x d table (d: {width})",
+    "projective": "a V x n table and a linear map n -> d (n: --define-n)",
+    "define": "a V x n table and a DeFINE unit n -> d (--define-n, --define-k, --define-depth, ...)",
+}
+
+
+def input_layer_field(default: str, width_flag: str, choices=INPUT_LAYERS):
+    """The ``input_layer`` field of a family's config (type ``ChoiceEnum(choices)``), with its base arch's
+    default; ``width_flag`` is the flag that sets ``d``."""
+    described = "; ".join(f"{name}: {INPUT_LAYER_HELP[name]}" for name in choices)
+    return field(default=default, metadata={"help": described.format(width=width_flag)})
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 The model, from tokens to the vocabulary::
 
-    V x e lookup (or a V x n table -> DeFINE unit -> e, ``--gcnn-define-input``)
+    V x e lookup (or a V x n table -> DeFINE unit -> e, ``--input-layer define``)
     -> residual blocks of causal gated convolutions (``--gcnn-layers``), GLU by default
     -> adaptive softmax (``--adaptive-softmax-cutoff``) or a full softmax
 
@@ -51,12 +51,14 @@ from define_fairseq.models.config_helpers import (
     config_namespace,
     flag_names,
     parse_cutoff,
+    reject_renamed,
 )
 from define_fairseq.models.define_config import (
     DeFINEConfig,
     build_define_embedding,
     define_depth_field,
     define_n_field,
+    input_layer_field,
 )
 from define_fairseq.modules.checks import check_cutoff, check_probability
 from define_fairseq.modules.gated_conv import ACTIVATIONS, GatedConvStack, parse_layer_spec
@@ -74,6 +76,9 @@ GCNN_14B = (
 )
 WT103_CUTOFF = "10000,20000,200000"
 GBW_CUTOFF = "10000,50000,200000"
+INPUT_LAYERS = ("table", "define")
+# --gcnn-define-input became --input-layer define before the first release
+RENAMES = {"gcnn_define_input": ("input_layer", lambda on: "define" if on else "table")}
 
 
 @dataclass
@@ -103,13 +108,7 @@ class GatedConvLMConfig(DeFINEConfig):
     gcnn_no_weight_norm: bool = field(
         default=False, metadata={"help": "plain convolutions instead of weight-normalised ones"}
     )
-    gcnn_define_input: bool = field(
-        default=False,
-        metadata={
-            "help": "map tokens with a V x n table and a DeFINE unit (--define-n, --define-k, "
-            "--define-depth, ...) to the lookup width e"
-        },
-    )
+    input_layer: ChoiceEnum(INPUT_LAYERS) = input_layer_field("table", "--decoder-embed-dim", INPUT_LAYERS)
     dropout: float = field(
         default=0.0,
         metadata={
@@ -226,9 +225,9 @@ def build_gated_conv_decoder(cfg, dictionary) -> GatedConvLMDecoder:
     if cfg.gcnn_residual_scale <= 0:
         raise ValueError(f"--gcnn-residual-scale={cfg.gcnn_residual_scale} must be positive")
 
-    if cfg.gcnn_define_input:
+    if str(cfg.input_layer) == "define":
         if cfg.define_depth < 1:
-            raise ValueError(f"--gcnn-define-input needs --define-depth >= 1 (got {cfg.define_depth})")
+            raise ValueError(f"--input-layer define needs --define-depth >= 1 (got {cfg.define_depth})")
         embed = build_define_embedding(cfg, vocab, pad, e, "--decoder-embed-dim")
     else:
         embed = nn.Embedding(vocab, e, padding_idx=pad)
@@ -279,6 +278,7 @@ class GatedConvLanguageModel(FairseqLanguageModel):
 
     @classmethod
     def build_model(cls, cfg, task):
+        reject_renamed(cfg, RENAMES, GatedConvLMConfig)
         args = config_namespace(cfg, GatedConvLMConfig)
         return cls(build_gated_conv_decoder(args, task.target_dictionary))
 

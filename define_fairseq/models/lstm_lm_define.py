@@ -2,7 +2,8 @@
 
 The model, from tokens to the vocabulary::
 
-    map (V x n table, or adaptive input of width n)  ->  DeFINE unit n -> m (``--define-depth`` > 0)
+    map (V x n table, or adaptive input of width n)  ->  DeFINE unit n -> m (``--input-layer define``; with
+    ``--input-layer table`` the map has width m and feeds the LSTM itself)
     -> LSTM stack m -> hidden -> ... -> last layer (``--decoder-output-dim``, default n)
     -> [bias-free projection to n when the last layer is not n and the output is tied]
     -> full softmax (V x n, tied to the table, with a bias) or adaptive softmax (tied to the adaptive input,
@@ -36,11 +37,18 @@ declares the same fields with AWD-LSTM's defaults.
 from dataclasses import dataclass, field
 from typing import Optional
 
+from fairseq.dataclass import ChoiceEnum
 from fairseq.models import FairseqLanguageModel, register_model, register_model_architecture
 from fairseq.utils import safe_getattr
 
-from define_fairseq.models.config_helpers import config_namespace, reject_renamed
-from define_fairseq.models.define_config import DeFINEConfig, define_depth_field, define_n_field
+from define_fairseq.models.config_helpers import config_namespace, reject_renamed, same_value
+from define_fairseq.models.define_config import (
+    DEPTH_ZERO_RENAME,
+    DeFINEConfig,
+    define_depth_field,
+    define_n_field,
+    input_layer_field,
+)
 from define_fairseq.models.recurrent_lm_decoder import RecurrentLMDecoder, build_recurrent_decoder
 
 __all__ = [
@@ -48,13 +56,15 @@ __all__ = [
     "LSTMLMDefineModel",
     "RecurrentLMDecoder",
     "build_recurrent_decoder",
-    "AWD_RENAMES",
+    "RENAMES",
 ]
 
-# The AWD-LSTM regularisers' fields as they were spelled before the first release: a checkpoint that sets one is
-# refused with the new name (config_helpers.reject_renamed) rather than read without it.
-AWD_RENAMES = {
-    f"define_{name}": f"awd_{name}"
+INPUT_LAYERS = ("table", "define")
+# Fields as they were spelled before the first release (the AWD-LSTM regularisers were define_*, and
+# --define-depth 0 chose the map without a DeFINE unit): a checkpoint whose old value would now be read otherwise is
+# refused with the new name (config_helpers.reject_renamed).
+RENAMES = {
+    f"define_{name}": (f"awd_{name}", same_value)
     for name in (
         "input_dropout",
         "hidden_dropout",
@@ -65,6 +75,7 @@ AWD_RENAMES = {
         "tar_beta",
     )
 }
+RENAMES.update(DEPTH_ZERO_RENAME)
 
 
 @dataclass
@@ -73,9 +84,12 @@ class LSTMLMDefineConfig(DeFINEConfig):
     of 1024 (the last of n), locked dropout 0.1, a full softmax; the archs below set Table 1a's rows."""
 
     define_n: int = define_n_field(
-        256, "width n of the map (the V x n table / adaptive input); the output layer is tied in n dimensions"
+        256,
+        "width n of the map under the DeFINE unit (the V x n table / adaptive input) and of the tied output layer "
+        "(with --input-layer table the map is --decoder-embed-dim wide)",
     )
-    define_depth: int = define_depth_field(3, "DeFINE depth N (0: no DeFINE unit, the map feeds the LSTM directly)")
+    define_depth: int = define_depth_field(3)
+    input_layer: ChoiceEnum(INPUT_LAYERS) = input_layer_field("define", "--decoder-embed-dim", INPUT_LAYERS)
     decoder_embed_dim: int = field(default=256, metadata={"help": "LSTM input width m (the DeFINE output width)"})
     decoder_hidden_size: int = field(default=1024, metadata={"help": "hidden size of every LSTM layer but the last"})
     decoder_layers: int = field(default=4, metadata={"help": "number of LSTM layers"})
@@ -152,7 +166,7 @@ class LSTMLMDefineModel(FairseqLanguageModel):
 
     @classmethod
     def build_model(cls, cfg, task):
-        reject_renamed(cfg, AWD_RENAMES)
+        reject_renamed(cfg, RENAMES, LSTMLMDefineConfig)
         args = config_namespace(cfg, LSTMLMDefineConfig)
         return cls(
             build_recurrent_decoder(
@@ -164,9 +178,9 @@ class LSTMLMDefineModel(FairseqLanguageModel):
 @register_model_architecture("lstm_lm_define", "lstm_lm_standard_wt103")
 def lstm_lm_standard_wt103(args):
     """Table 1a R1: V x 256 table, 4 LSTM layers (1024, 1024, 1024, 256), full softmax tied, with a bias."""
-    args.define_depth = safe_getattr(args, "define_depth", 0)
+    args.input_layer = safe_getattr(args, "input_layer", "table")
     args.share_decoder_input_output_embed = safe_getattr(args, "share_decoder_input_output_embed", True)
-    # the paper has m = n in every row
+    # the paper has m = n in every row, so these archs take m from --define-n
     n = safe_getattr(args, "define_n", LSTMLMDefineConfig.define_n)
     args.decoder_embed_dim = safe_getattr(args, "decoder_embed_dim", n)
 
@@ -186,7 +200,7 @@ def lstm_lm_adaptive_wt103(args):
 @register_model_architecture("lstm_lm_define", "lstm_lm_define_wt103_n3")
 def lstm_lm_define_wt103_n3(args):
     """Table 1a R3: adaptive input 256 -> DeFINE (N=3, k=1024) -> LSTM with m=256."""
-    args.define_depth = safe_getattr(args, "define_depth", 3)
+    args.input_layer = safe_getattr(args, "input_layer", "define")
     lstm_lm_adaptive_wt103(args)
 
 
@@ -195,7 +209,7 @@ def lstm_lm_define_wt103_n7(args):
     """Table 1a R4: adaptive input 384 -> DeFINE (N=7, k=1024) -> LSTM with m=384."""
     args.define_n = safe_getattr(args, "define_n", 384)
     args.define_depth = safe_getattr(args, "define_depth", 7)
-    lstm_lm_adaptive_wt103(args)
+    lstm_lm_define_wt103_n3(args)
 
 
 @register_model_architecture("lstm_lm_define", "lstm_lm_define_wt103_n11")
@@ -203,4 +217,4 @@ def lstm_lm_define_wt103_n11(args):
     """Table 1a R5: adaptive input 512 -> DeFINE (N=11, k=1024) -> LSTM with m=512."""
     args.define_n = safe_getattr(args, "define_n", 512)
     args.define_depth = safe_getattr(args, "define_depth", 11)
-    lstm_lm_adaptive_wt103(args)
+    lstm_lm_define_wt103_n3(args)

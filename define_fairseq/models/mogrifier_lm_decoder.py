@@ -138,14 +138,12 @@ def build_mogrifier_decoder(cfg, dictionary) -> MogrifierLMDecoder:
         )
     if not (cfg.mogrifier_l2_penalty >= 0 and math.isfinite(cfg.mogrifier_l2_penalty)):
         raise ValueError(f"--mogrifier-l2-penalty={cfg.mogrifier_l2_penalty} must be >= 0")
-    depth = cfg.define_depth
-    if depth < 0:
-        raise ValueError(f"--define-depth={depth} must be >= 0 (0: no DeFINE unit)")
-    if depth == 0 and cfg.define_folded:
-        raise ValueError("--define-folded needs a DeFINE unit (--define-depth > 0)")
+    table = str(cfg.input_layer) == "table"
+    if table and cfg.define_folded:
+        raise ValueError("--define-folded needs a DeFINE unit (--input-layer define)")
 
     # input: a V x e table, or a V x n table and DeFINE n -> e; the output ties to the table
-    if depth == 0:
+    if table:
         embed = nn.Embedding(vocab, embed_dim, padding_idx=pad)
         variance_scaling_(embed.weight, embed_dim)  # lamb: variance scaling, fan_out = e
         with torch.no_grad():

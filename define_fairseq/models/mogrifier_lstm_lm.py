@@ -2,7 +2,7 @@
 
 The model, from tokens to the vocabulary::
 
-    V x e table (or, with --define-depth > 0, a V x n table and a DeFINE unit n -> e)
+    V x e table (or, with --input-layer define, a V x n table and a DeFINE unit n -> e)
     -> MogrifierLSTM stack (e -> H -> ... -> H; input / inter-layer / state / output dropout inside it;
        the output is the top layer's or, with --mogrifier-sum-layer-outputs, the sum of all layers' outputs)
     -> output layer tied to the table (:class:`~define_fairseq.modules.tied_output.TiedOutput`):
@@ -52,19 +52,26 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.models import FairseqLanguageModel, register_model, register_model_architecture
 from fairseq.utils import safe_getattr
 
-from define_fairseq.models.config_helpers import config_namespace
-from define_fairseq.models.define_config import DeFINEConfig, define_depth_field, define_n_field
+from define_fairseq.models.config_helpers import config_namespace, reject_renamed
+from define_fairseq.models.define_config import (
+    DEPTH_ZERO_RENAME,
+    DeFINEConfig,
+    define_depth_field,
+    define_n_field,
+    input_layer_field,
+)
 from define_fairseq.models.mogrifier_lm_decoder import STATE_MASKS, build_mogrifier_decoder
+
+INPUT_LAYERS = ("table", "define")
 
 
 @dataclass
 class MogrifierLSTMLMConfig(DeFINEConfig):
-    """Options of ``mogrifier_lstm_lm`` (the DeFINE fields apply with ``--define-depth`` > 0 only)."""
+    """Options of ``mogrifier_lstm_lm`` (the DeFINE fields apply with ``--input-layer define`` only)."""
 
+    input_layer: ChoiceEnum(INPUT_LAYERS) = input_layer_field("table", "--mogrifier-embed-dim", INPUT_LAYERS)
     define_n: int = define_n_field(128)
-    define_depth: int = define_depth_field(
-        0, "DeFINE depth N (0: no DeFINE unit, a V x e table feeds the LSTM directly)"
-    )
+    define_depth: int = define_depth_field(3)
     mogrifier_layers: int = field(default=2, metadata={"help": "number of Mogrifier LSTM layers"})
     mogrifier_hidden_size: int = field(default=512, metadata={"help": "hidden size H of every layer"})
     mogrifier_embed_dim: Optional[int] = field(
@@ -170,6 +177,7 @@ class MogrifierLSTMLMModel(FairseqLanguageModel):
 
     @classmethod
     def build_model(cls, cfg, task):
+        reject_renamed(cfg, DEPTH_ZERO_RENAME, MogrifierLSTMLMConfig)
         args = config_namespace(cfg, MogrifierLSTMLMConfig)
         return cls(build_mogrifier_decoder(args, task.target_dictionary))
 
@@ -197,8 +205,8 @@ def mogrifier_lstm_lm_ptb(args):
     args.mogrifier_output_dropout = safe_getattr(args, "mogrifier_output_dropout", 0.716)
 
 
-@register_model_architecture("mogrifier_lstm_lm", "lstm_lm_ptb")
-def lstm_lm_ptb(args):
+@register_model_architecture("mogrifier_lstm_lm", "mogrifier_lstm_lm_baseline_ptb")
+def mogrifier_lstm_lm_baseline_ptb(args):
     """lamb's tuned PTB LSTM baseline (``tune_ptb_24m_lstm_d2_arms/trial_833``): the same model with r = 0 (a
     plain LSTM with the capped input gate), dropout input .628 / inter-layer .307 / state .369 / output .690
     (lr 3.04e-3 and L2 2.49e-4 are in ``recipes/ptb/train.sh``).
@@ -240,8 +248,8 @@ def mogrifier_lstm_lm_wt2(args):
     mogrifier_lstm_lm_ptb(args)
 
 
-@register_model_architecture("mogrifier_lstm_lm", "lstm_lm_wt2")
-def lstm_lm_wt2(args):
+@register_model_architecture("mogrifier_lstm_lm", "mogrifier_lstm_lm_baseline_wt2")
+def mogrifier_lstm_lm_baseline_wt2(args):
     """lamb's tuned WikiText-2 LSTM baseline (``tune_wikitext-2_35m_lstm_mos2_d2_arms/trial_763``): r = 0,
     embeddings e = round(0.3531 n), a mixture of 2 softmaxes, dropout input .609 / inter-layer .091 / state .271 /
     output .348 (lr 3.18e-3 and L2 2.31e-4 are in ``recipes/wikitext-2/train.sh``).

@@ -116,23 +116,25 @@ class RecurrentLMDecoder(RecurrentDecoder):
         return self.output_projection(features)
 
 
+def map_width(cfg: Namespace) -> int:
+    """n, the width of the map (the table or the adaptive input) and of a tied output layer: ``--define-n`` under a
+    DeFINE unit, the LSTM's input width ``--decoder-embed-dim`` when the map feeds the LSTM itself."""
+    return cfg.define_n if str(cfg.input_layer) == "define" else cfg.decoder_embed_dim
+
+
 def check_recurrent_config(cfg: Namespace, adaptive: bool) -> None:
     """The checks of ``cfg`` that no module makes: sizes and combinations of flags (``ValueError`` naming them)."""
-    n, m, depth = cfg.define_n, cfg.decoder_embed_dim, cfg.define_depth
-    for name in ("define_n", "decoder_embed_dim", "decoder_hidden_size", "decoder_layers"):
+    define = str(cfg.input_layer) == "define"
+    sizes = ("decoder_embed_dim", "decoder_hidden_size", "decoder_layers") + (("define_n",) if define else ())
+    for name in sizes:
         if getattr(cfg, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}={getattr(cfg, name)} must be at least 1")
     if cfg.decoder_output_dim is not None and cfg.decoder_output_dim < 1:
         raise ValueError(f"--decoder-output-dim={cfg.decoder_output_dim} must be at least 1")
-    if depth < 0:
-        raise ValueError(f"--define-depth={depth} must be >= 0 (0: no DeFINE unit)")
-    if depth == 0 and n != m:
-        raise ValueError(
-            f"--define-depth 0 (no DeFINE unit) feeds the map straight into the LSTM, so --define-n "
-            f"({n}) must equal --decoder-embed-dim ({m}); set them equal or use --define-depth > 0"
-        )
-    if depth == 0 and cfg.define_folded:
-        raise ValueError("--define-folded needs a DeFINE unit (--define-depth > 0)")
+    if define and cfg.define_depth < 1:
+        raise ValueError(f"--input-layer define needs --define-depth >= 1 (got {cfg.define_depth})")
+    if not define and cfg.define_folded:
+        raise ValueError("--define-folded needs a DeFINE unit (--input-layer define)")
     if adaptive:
         check_rate(cfg.adaptive_softmax_dropout, "--adaptive-softmax-dropout")  # fairseq's AdaptiveSoftmax: unchecked
         if cfg.tie_adaptive_proj and not cfg.tie_adaptive_weights:
@@ -150,10 +152,10 @@ def locked_dropouts(cfg: Namespace) -> Dict[str, Tuple[float, str]]:
 
 
 def build_recurrent_input(cfg: Namespace, dictionary, adaptive: bool) -> Tuple[nn.Module, Optional[list]]:
-    """The map (a V x n table or an adaptive input), with a DeFINE unit n -> m when ``--define-depth`` > 0, and
-    the adaptive input's band boundaries (None without one)."""
+    """The map (a V x n table or an adaptive input), with a DeFINE unit n -> m under ``--input-layer define``,
+    and the adaptive input's band boundaries (None without one)."""
     vocab, pad = len(dictionary), dictionary.pad()
-    n, m, depth = cfg.define_n, cfg.decoder_embed_dim, cfg.define_depth
+    n, m = map_width(cfg), cfg.decoder_embed_dim
     input_cutoff = None
     use_adaptive_input = adaptive and cfg.adaptive_input
     if use_adaptive_input:
@@ -164,7 +166,7 @@ def build_recurrent_input(cfg: Namespace, dictionary, adaptive: bool) -> Tuple[n
         )
     elif adaptive and cfg.adaptive_input_cutoff:
         raise ValueError("--adaptive-input-cutoff is given without --adaptive-input; add --adaptive-input or drop it")
-    if depth == 0:
+    if str(cfg.input_layer) == "table":
         if use_adaptive_input:
             return AdaptiveInput(vocab, pad, n, input_cutoff, cfg.adaptive_input_factor, output_dim=n), input_cutoff
         embed = nn.Embedding(vocab, n, padding_idx=pad)
@@ -201,7 +203,7 @@ def build_recurrent_output(
 ):
     """``(output_projection, adaptive_softmax, project_out_dim)`` for a last LSTM layer of ``last`` units: a full
     softmax (tied to the V x n table or not) or fairseq's adaptive softmax (tied to the adaptive input or not)."""
-    vocab, n = len(dictionary), cfg.define_n
+    vocab, n = len(dictionary), map_width(cfg)
     project_out_dim = output_projection = adaptive_softmax = None
     softmax_cutoff = cfg.adaptive_softmax_cutoff if adaptive else None
     if softmax_cutoff:
@@ -264,7 +266,7 @@ def build_recurrent_decoder(cfg: Namespace, dictionary, adaptive: bool, tie_full
     check_recurrent_config(cfg, adaptive)
     dropouts = locked_dropouts(cfg)
     embed, input_cutoff = build_recurrent_input(cfg, dictionary, adaptive)
-    last = cfg.decoder_output_dim if cfg.decoder_output_dim is not None else cfg.define_n
+    last = cfg.decoder_output_dim if cfg.decoder_output_dim is not None else map_width(cfg)
     with flag_names(hidden_dropout=dropouts["hidden"][1], weight_drop="--awd-weight-drop"):
         lstm = LSTMStack(
             cfg.decoder_embed_dim,

@@ -5,9 +5,10 @@ The encoder embeds each source token from its characters (:class:`Char2SubwordEm
 word that the dictionary lacks is embedded from its letters instead of as ``<unk>``; without them the encoder
 reads the characters of the dictionary entries.
 
-The decoder input is a plain table (default, ``--share-decoder-input-output-embed`` ties it to the output),
-Char2Subword too (``--c2s-decoder``, output layer untied), or DeFINE (``--c2s-define-decoder`` with the
-``--define-*`` flags, the output tied to its ``V x n`` table as in ``transformer_define``).
+The decoder input (``--decoder-input-layer``) is a plain table (``table``, the default;
+``--share-decoder-input-output-embed`` ties it to the output), Char2Subword too (``char2subword``, output layer
+untied), or DeFINE (``define`` with the ``--define-*`` flags, the output tied to its ``V x n`` table as in
+``transformer_define``).
 ``--share-all-embeddings`` is refused: a Char2Subword embedding has no table to share with an output layer.
 """
 
@@ -15,6 +16,7 @@ import dataclasses
 from typing import Optional
 
 import torch
+from fairseq.dataclass import ChoiceEnum
 from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerConfig, TransformerModel
@@ -26,7 +28,7 @@ from fairseq.models.transformer.transformer_legacy import (
     transformer_iwslt_de_en,
 )
 
-from define_fairseq.models.config_helpers import config_namespace, flag_names, plugin_defaults
+from define_fairseq.models.config_helpers import config_namespace, flag_names, plugin_defaults, reject_renamed
 from define_fairseq.models.define_config import (
     DeFINEConfig,
     build_define_embedding,
@@ -35,6 +37,13 @@ from define_fairseq.models.define_config import (
 )
 from define_fairseq.models.transformer_define import _flat_fields
 from define_fairseq.modules.char2subword import Char2SubwordEmbedding
+
+DECODER_INPUT_LAYERS = ("table", "char2subword", "define")
+# Before the first release the decoder's input layer was chosen with two switches
+RENAMES = {
+    "c2s_decoder": ("decoder_input_layer", lambda on: "char2subword" if on else "table"),
+    "c2s_define_decoder": ("decoder_input_layer", lambda on: "define" if on else "table"),
+}
 
 C2S_FIELDS = [
     ("define_n", int, define_n_field(128)),
@@ -76,21 +85,14 @@ C2S_FIELDS = [
         ),
     ),
     (
-        "c2s_decoder",
-        bool,
+        "decoder_input_layer",
+        ChoiceEnum(DECODER_INPUT_LAYERS),
         dataclasses.field(
-            default=False,
-            metadata={"help": "embed the decoder input with Char2Subword too (the output layer is then untied)"},
-        ),
-    ),
-    (
-        "c2s_define_decoder",
-        bool,
-        dataclasses.field(
-            default=False,
+            default="table",
             metadata={
-                "help": "embed the decoder input with DeFINE (--define-n, --define-k, ...), output tied to its "
-                "V x n table"
+                "help": "the decoder's input layer: table (a V x d table); char2subword (Char2Subword, the output "
+                "layer then untied); define (a V x n table and a DeFINE unit to d, --define-n, --define-k, ...; "
+                "the output tied to the V x n table)"
             },
         ),
     ),
@@ -150,6 +152,7 @@ class TransformerC2SModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
+        reject_renamed(args, RENAMES, TransformerC2SConfig)
         args = config_namespace(args, TransformerC2SConfig, defaults=False)
         transformer_c2s(args)
         if args.share_all_embeddings:
@@ -157,10 +160,6 @@ class TransformerC2SModel(TransformerModel):
                 "transformer_c2s cannot --share-all-embeddings: a Char2Subword encoder embedding has "
                 "no table to tie an output layer to; drop the flag (--share-decoder-input-output-embed "
                 "still ties the decoder's own table)"
-            )
-        if args.c2s_decoder and args.c2s_define_decoder:
-            raise ValueError(
-                "--c2s-decoder and --c2s-define-decoder both choose the decoder's input embedding; give one"
             )
         if args.encoder_embed_path:
             raise ValueError(
@@ -173,7 +172,7 @@ class TransformerC2SModel(TransformerModel):
             args.max_target_positions = DEFAULT_MAX_TARGET_POSITIONS
         src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
 
-        if args.c2s_define_decoder:
+        if str(args.decoder_input_layer) == "define":
             # DeFINE's output has unit scale like Char2Subword's: no sqrt(d) multiplier on either side
             args.no_scale_embedding = True
             args.share_decoder_input_output_embed = True
@@ -181,11 +180,11 @@ class TransformerC2SModel(TransformerModel):
             decoder_embed = build_define_embedding(
                 args, len(tgt_dict), tgt_dict.pad(), args.decoder_embed_dim, "--decoder-embed-dim"
             )
-        elif args.c2s_decoder:
+        elif str(args.decoder_input_layer) == "char2subword":
             if args.share_decoder_input_output_embed:
                 raise ValueError(
-                    "--share-decoder-input-output-embed needs a decoder table; with --c2s-decoder the "
-                    "output layer is its own V x d matrix: drop one of the two flags"
+                    "--share-decoder-input-output-embed needs a decoder table; with --decoder-input-layer "
+                    "char2subword the output layer is its own V x d matrix: drop one of the two flags"
                 )
             decoder_embed = build_char2subword(
                 args, tgt_dict, args.decoder_embed_dim, 1.0 if args.no_scale_embedding else args.decoder_embed_dim**-0.5

@@ -1,10 +1,10 @@
-"""``transformer_xl_lm``: Transformer-XL (Dai et al., 2019) with a standard, projective or DeFINE input layer, the
+"""``transformer_xl_lm``: Transformer-XL (Dai et al., 2019) with a table, projective or DeFINE input layer, the
 DeFINE paper's main WikiText-103 experiment (Table 2).
 
 The model, from tokens to the vocabulary::
 
-    input layer (--txl-input):
-        standard     V x d table, scaled by sqrt(d)                                   (n = d, no projection)
+    input layer (--input-layer):
+        table        V x d table, scaled by sqrt(d)                                   (n = d, no projection)
         projective   V x n table -> n x d projection, scaled by sqrt(d)               (Transformer-XL's adaptive
                                                                                       embedding with div_val 1)
         define       V x n table -> DeFINE unit (N, k) -> d                          (not scaled, as in
@@ -44,12 +44,20 @@ from fairseq.utils import safe_getattr
 from torch import Tensor
 
 from define_fairseq.models.carried_state import CarriedState
-from define_fairseq.models.config_helpers import MAX_POSITIONS, config_namespace, flag_names, parse_cutoff
+from define_fairseq.models.config_helpers import (
+    MAX_POSITIONS,
+    config_namespace,
+    flag_names,
+    parse_cutoff,
+    reject_renamed,
+)
 from define_fairseq.models.define_config import (
+    INPUT_LAYERS,
     DeFINEConfig,
     build_define_embedding,
     define_depth_field,
     define_n_field,
+    input_layer_field,
 )
 from define_fairseq.modules.checks import check_cutoff
 from define_fairseq.modules.define_embedding import FoldedDeFINEEmbedding
@@ -57,8 +65,9 @@ from define_fairseq.modules.projected_adaptive_softmax import ProjectedAdaptiveS
 from define_fairseq.modules.projective_embedding import ProjectiveEmbedding
 from define_fairseq.modules.transformer_xl import TransformerXLStack
 
-INPUTS = ["standard", "projective", "define"]
 WT103_CUTOFF = "20000,40000,200000"
+# --txl-input (standard, projective, define) became --input-layer (table, projective, define) before the first release
+RENAMES = {"txl_input": ("input_layer", lambda kind: "table" if kind == "standard" else kind)}
 
 
 @dataclass
@@ -80,13 +89,7 @@ class TransformerXLConfig(DeFINEConfig):
         },
     )
     attention_dropout: float = field(default=0.0, metadata={"help": "dropout on the attention probabilities"})
-    txl_input: ChoiceEnum(INPUTS) = field(
-        default="standard",
-        metadata={
-            "help": "input layer: standard (V x d table), projective (V x n table, n -> d projection; n is "
-            "--define-n), define (V x n table and a DeFINE unit to d)"
-        },
-    )
+    input_layer: ChoiceEnum(INPUT_LAYERS) = input_layer_field("table", "--decoder-embed-dim")
     txl_pre_norm: bool = field(default=False, metadata={"help": "LayerNorm before each sublayer (default: after)"})
     txl_mem_len: int = field(default=150, metadata={"help": "states kept per layer from the previous segments"})
     txl_clamp_len: int = field(
@@ -200,7 +203,7 @@ def build_transformer_xl_decoder(cfg, dictionary) -> TransformerXLDecoder:
     Raises ``ValueError`` naming the flag for every impossible setting.
     """
     vocab, pad = len(dictionary), dictionary.pad()
-    d, n, kind = cfg.decoder_embed_dim, cfg.define_n, str(cfg.txl_input)
+    d, n, kind = cfg.decoder_embed_dim, cfg.define_n, str(cfg.input_layer)
     for name in (
         "decoder_layers",
         "decoder_embed_dim",
@@ -225,23 +228,23 @@ def build_transformer_xl_decoder(cfg, dictionary) -> TransformerXLDecoder:
             "--txl-same-length needs a memory (--txl-mem-len > 0): it makes every position attend to mem_len states"
         )
     if cfg.define_folded and kind != "define":
-        raise ValueError(f"--define-folded needs --txl-input define (got {kind})")
+        raise ValueError(f"--define-folded needs --input-layer define (got {kind})")
 
     # input layer, and the projections of the softmax clusters tied to it
-    if kind == "standard":
+    if kind == "table":
         embed = ProjectiveEmbedding(vocab, d, d, padding_idx=pad)
         table_dim = d
     elif kind == "projective":
         if n == d:
             raise ValueError(
-                f"--txl-input projective with --define-n {n} = --decoder-embed-dim: nothing to "
-                f"project; use --txl-input standard"
+                f"--input-layer projective with --define-n {n} = --decoder-embed-dim: nothing to "
+                f"project; use --input-layer table"
             )
         embed = ProjectiveEmbedding(vocab, n, d, padding_idx=pad)
         table_dim = n
     else:
         if cfg.define_depth < 1:
-            raise ValueError(f"--txl-input define needs --define-depth >= 1 (got {cfg.define_depth})")
+            raise ValueError(f"--input-layer define needs --define-depth >= 1 (got {cfg.define_depth})")
         if cfg.define_folded:
             embed = FoldedDeFINEEmbedding(vocab, n, d, padding_idx=pad)
         else:
@@ -292,6 +295,7 @@ class TransformerXLLanguageModel(FairseqLanguageModel):
 
     @classmethod
     def build_model(cls, cfg, task):
+        reject_renamed(cfg, RENAMES, TransformerXLConfig)
         args = config_namespace(cfg, TransformerXLConfig)
         return cls(build_transformer_xl_decoder(args, task.target_dictionary))
 
@@ -299,12 +303,12 @@ class TransformerXLLanguageModel(FairseqLanguageModel):
 @register_model_architecture("transformer_xl_lm", "transformer_xl_wt103")
 def transformer_xl_wt103(args):
     """Transformer-XL's WikiText-103 base model (the paper's starred 151M reference), the config's defaults: 16
-    layers, d 410, 10 heads x 41, d_inner 2100, standard V x 410 input, adaptive softmax tied to it."""
+    layers, d 410, 10 heads x 41, d_inner 2100, a V x 410 table as input, adaptive softmax tied to it."""
 
 
 @register_model_architecture("transformer_xl_lm", "transformer_xl_wt103_d384")
 def transformer_xl_wt103_d384(args):
-    """The paper's standard 384 model: d 384, d_inner 1920, still 10 heads x 41, standard V x 384 input."""
+    """The paper's standard 384 model: d 384, d_inner 1920, still 10 heads x 41, a V x 384 table as input."""
     args.decoder_embed_dim = safe_getattr(args, "decoder_embed_dim", 384)
     args.decoder_ffn_embed_dim = safe_getattr(args, "decoder_ffn_embed_dim", 1920)
 
@@ -312,7 +316,7 @@ def transformer_xl_wt103_d384(args):
 @register_model_architecture("transformer_xl_lm", "transformer_xl_projective_wt103_n128")
 def transformer_xl_projective_wt103_n128(args):
     """Table 2's projective input at n = 128: a V x 128 table and a 128 -> 384 projection, d 384."""
-    args.txl_input = safe_getattr(args, "txl_input", "projective")
+    args.input_layer = safe_getattr(args, "input_layer", "projective")
     args.define_n = safe_getattr(args, "define_n", 128)
     transformer_xl_wt103_d384(args)
 
@@ -334,7 +338,7 @@ def transformer_xl_projective_wt103_n256(args):
 @register_model_architecture("transformer_xl_lm", "transformer_xl_define_wt103_n128")
 def transformer_xl_define_wt103_n128(args):
     """Table 2's DeFINE input at n = 128: a V x 128 table and DeFINE (N = 3, k = 4096) to m = d = 384."""
-    args.txl_input = safe_getattr(args, "txl_input", "define")
+    args.input_layer = safe_getattr(args, "input_layer", "define")
     args.define_n = safe_getattr(args, "define_n", 128)
     args.define_k = safe_getattr(args, "define_k", 4096)
     transformer_xl_wt103_d384(args)

@@ -1,7 +1,7 @@
 """The largest size at which one model has no more parameters than another, for comparisons at equal parameters::
 
-    python -m define_fairseq.tools.equal_params --budget "--txl-input define --define-n 64" \\
-        --size "--txl-input projective --define-n {}" -- data-bin --user-dir define_fairseq --arch ...
+    python -m define_fairseq.tools.equal_params --budget "--input-layer define --define-n 64" \\
+        --size "--input-layer projective --define-n {}" -- data-bin --user-dir define_fairseq --arch ...
 
 prints the largest integer (a multiple of ``--step``) that, put for ``{}`` in ``--size``'s arguments, builds a
 model (with the fairseq-train arguments after ``--``) whose parameter count does not exceed that of the model built

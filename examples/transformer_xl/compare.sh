@@ -31,10 +31,10 @@ OUT=txl_compare_output SEEDS=3 UPDATES=3000 MODELS="define projective standard p
 compare_options "$@"
 require_tools python fairseq-preprocess fairseq-eval-lm
 declare -A MODEL=(
-    [standard]="--txl-input standard --define-n $D"
-    [projective]="--txl-input projective --define-n $N"
-    [define]="--txl-input define --define-n $N --define-k $K --define-depth 3"
-    [projective_eq]="--txl-input projective --define-n PROJECTIVE_EQ_N"
+    [standard]="--input-layer table"
+    [projective]="--input-layer projective --define-n $N"
+    [define]="--input-layer define --define-n $N --define-k $K --define-depth 3"
+    [projective_eq]="--input-layer projective --define-n PROJECTIVE_EQ_N"
 )
 compare_check_models
 compare_check_points
@@ -54,7 +54,7 @@ TXL=(--user-dir define_fairseq --task stateful_lm --arch transformer_xl_lm --dec
 # projective_eq's n: the largest n < d at which the projective input has no more parameters than DeFINE, -x's
 # arguments included, kept in OUT/projective_eq (lib.sh's equal_size).
 if [[ " $MODELS " == *" projective_eq "* ]]; then
-    equal_size "$OUT/projective_eq" "${MODEL[define]} $EXTRA" "--txl-input projective --define-n {} $EXTRA" \
+    equal_size "$OUT/projective_eq" "${MODEL[define]} $EXTRA" "--input-layer projective --define-n {} $EXTRA" \
         "$N" $((D - 1)) 1 "$OUT/data-bin" "${TXL[@]}" --cpu
     MODEL[projective_eq]=${MODEL[projective_eq]//PROJECTIVE_EQ_N/$EQUAL_SIZE}
 fi

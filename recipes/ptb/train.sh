@@ -14,12 +14,14 @@ SAVE_ROOT/CONFIG (checkpoint_best.pt, checkpoint_last.pt, train.log). Arguments 
 fairseq-train command and win over the recipe's (e.g. --max-epoch 1, --cpu).
 
 CONFIG:
-  awd_lstm_lm            AWD-LSTM: 3 layers (1150, 1150, 400), 400-d embedding tied to the softmax (DeFINE
-                         paper, Table 1c; AWD-LSTM's PTB settings)
-  awd_lstm_lm_define     the same with DeFINE (n=128, k=1024, N=7, m=400); last layer 128, tied to the V x 128 map
-  mogrifier_lstm_lm_ptb  Mogrifier LSTM, 24M parameters: 2 layers of 912, r=5, k=84, tied (Melis et al., 2020;
-                         the official code's tuned PTB settings)
-  lstm_lm_ptb            its LSTM baseline, 24M parameters: 2 layers of 951 (r=0), tuned settings of the same code
+  awd_lstm_lm                     AWD-LSTM: 3 layers (1150, 1150, 400), 400-d embedding tied to the softmax
+                                  (DeFINE paper, Table 1c; AWD-LSTM's PTB settings)
+  awd_lstm_lm_define              the same with DeFINE (n=128, k=1024, N=7, m=400); last layer 128, tied to
+                                  the V x 128 map
+  mogrifier_lstm_lm_ptb           Mogrifier LSTM, 24M parameters: 2 layers of 912, r=5, k=84, tied (Melis et
+                                  al., 2020; the official code's tuned PTB settings)
+  mogrifier_lstm_lm_baseline_ptb  its LSTM baseline, 24M parameters: 2 layers of 951 (r=0), tuned settings of
+                                  the same code
 
 Options:
   -n            print the training command and exit
@@ -81,9 +83,10 @@ case $CONFIG in
     awd_lstm_lm | awd_lstm_lm_define) ARGS=(--arch "$CONFIG" "${AWD_PTB[@]}") ;;
     # learning rate and L2 of lamb's best trials (trial_483 and trial_833)
     mogrifier_lstm_lm_ptb) ARGS=(--arch "$CONFIG" "${LAMB_PTB[@]}" --lr 0.0023 --mogrifier-l2-penalty 2.52e-4) ;;
-    lstm_lm_ptb) ARGS=(--arch "$CONFIG" "${LAMB_PTB[@]}" --lr 0.00304 --mogrifier-l2-penalty 2.49e-4) ;;
+    mogrifier_lstm_lm_baseline_ptb) ARGS=(--arch "$CONFIG" "${LAMB_PTB[@]}" --lr 0.00304 --mogrifier-l2-penalty 2.49e-4) ;;
     *) usage >&2
-       die "unknown CONFIG '$CONFIG' (awd_lstm_lm, awd_lstm_lm_define, mogrifier_lstm_lm_ptb or lstm_lm_ptb)" ;;
+       die "unknown CONFIG '$CONFIG' (awd_lstm_lm, awd_lstm_lm_define, mogrifier_lstm_lm_ptb or" \
+           "mogrifier_lstm_lm_baseline_ptb)" ;;
 esac
 
 lib_train "$DRY_RUN" "$DATA_DIR/data-bin" "$SAVE_ROOT/$CONFIG" "${ARGS[@]}" "$@"

@@ -14,12 +14,15 @@ SAVE_ROOT/CONFIG (checkpoint_best.pt, checkpoint_last.pt, train.log). Arguments 
 fairseq-train command and win over the recipe's (e.g. --max-epoch 1, --cpu).
 
 CONFIG:
-  awd_lstm_lm            AWD-LSTM: 3 layers (1150, 1150, 400), 400-d embedding tied to the softmax (AWD-LSTM's
-                         WikiText-2 settings; the DeFINE paper has no WikiText-2 experiment)
-  awd_lstm_lm_define     the same with DeFINE (n=128, k=1024, N=7, m=400); last layer 128, tied to the V x 128 map
-  mogrifier_lstm_lm_wt2  Mogrifier LSTM, 35M parameters: 2 layers of 1366, r=6, k=48, 272-d embeddings, mixture of
-                         2 softmaxes (Melis et al., 2020; the official code's tuned WikiText-2 settings)
-  lstm_lm_wt2            its LSTM baseline, 35M parameters: 2 layers of 1211 (r=0), 428-d embeddings, MoS2
+  awd_lstm_lm                     AWD-LSTM: 3 layers (1150, 1150, 400), 400-d embedding tied to the softmax
+                                  (AWD-LSTM's WikiText-2 settings; the DeFINE paper has no WikiText-2 experiment)
+  awd_lstm_lm_define              the same with DeFINE (n=128, k=1024, N=7, m=400); last layer 128, tied to
+                                  the V x 128 map
+  mogrifier_lstm_lm_wt2           Mogrifier LSTM, 35M parameters: 2 layers of 1366, r=6, k=48, 272-d
+                                  embeddings, mixture of 2 softmaxes (Melis et al., 2020; the official code's tuned
+                                  WikiText-2 settings)
+  mogrifier_lstm_lm_baseline_wt2  its LSTM baseline, 35M parameters: 2 layers of 1211 (r=0), 428-d embeddings,
+                                  MoS2
 
 Options:
   -n            print the training command and exit
@@ -81,9 +84,10 @@ case $CONFIG in
     awd_lstm_lm | awd_lstm_lm_define) ARGS=(--arch "$CONFIG" "${AWD_WT2[@]}") ;;
     # learning rate and L2 of lamb's best trials (trial_747 and trial_763)
     mogrifier_lstm_lm_wt2) ARGS=(--arch "$CONFIG" "${LAMB_WT2[@]}" --lr 0.00329 --mogrifier-l2-penalty 1.90e-4) ;;
-    lstm_lm_wt2) ARGS=(--arch "$CONFIG" "${LAMB_WT2[@]}" --lr 0.00318 --mogrifier-l2-penalty 2.31e-4) ;;
+    mogrifier_lstm_lm_baseline_wt2) ARGS=(--arch "$CONFIG" "${LAMB_WT2[@]}" --lr 0.00318 --mogrifier-l2-penalty 2.31e-4) ;;
     *) usage >&2
-       die "unknown CONFIG '$CONFIG' (awd_lstm_lm, awd_lstm_lm_define, mogrifier_lstm_lm_wt2 or lstm_lm_wt2)" ;;
+       die "unknown CONFIG '$CONFIG' (awd_lstm_lm, awd_lstm_lm_define, mogrifier_lstm_lm_wt2 or" \
+           "mogrifier_lstm_lm_baseline_wt2)" ;;
 esac
 
 lib_train "$DRY_RUN" "$DATA_DIR/data-bin" "$SAVE_ROOT/$CONFIG" "${ARGS[@]}" "$@"

@@ -15,7 +15,7 @@ from conftest import USER_DIR
 LM_ADAPTIVE = ["--adaptive-input-cutoff", "10,30", "--adaptive-softmax-cutoff", "10,30"]
 ADAPTIVE_LOSS = ["--criterion", "adaptive_loss", "--ddp-backend", "legacy_ddp"]
 LSTM = ["--define-n", "16", "--define-k", "32", "--decoder-hidden-size", "24", "--decoder-layers", "2"]
-AWD = ["--decoder-embed-dim", "24", "--decoder-hidden-size", "32", "--define-n", "24"]
+AWD = ["--decoder-embed-dim", "24", "--decoder-hidden-size", "32"]
 AWD_DEFINE = AWD + ["--define-n", "16", "--define-k", "32"]
 GCNN_TINY = ["--decoder-embed-dim", "16", "--gcnn-layers", "[(16, 3)] * 2 + [[(8, 1), (8, 3), (24, 1)]]"]
 GCNN = [*GCNN_TINY, "--adaptive-softmax-cutoff", "20,40", *ADAPTIVE_LOSS]
@@ -36,8 +36,9 @@ TRANSFORMER_LM = [
     "16",
 ]
 MOGRIFIER = ["--mogrifier-hidden-size", "16", "--mogrifier-embed-dim", "8", "--mogrifier-rank", "4"]
-# a small transformer_define (its last 4 flags: the DeFINE unit's); arch-specific defaults are checked separately
-TRANSLATION = [
+# a 1+1-layer Transformer of width 32, and with a small DeFINE unit the small transformer_define; arch-specific
+# defaults are checked separately
+TRANSFORMER = [
     "--encoder-layers",
     "1",
     "--decoder-layers",
@@ -54,11 +55,9 @@ TRANSLATION = [
     "2",
     "--decoder-attention-heads",
     "2",
-    "--define-n",
-    "16",
-    "--define-k",
-    "64",
 ]
+DEFINE_SMALL = ["--define-n", "16", "--define-k", "64"]
+TRANSLATION = TRANSFORMER + DEFINE_SMALL
 C2S = TRANSLATION + [
     "--c2s-char-dim",
     "16",
@@ -124,8 +123,8 @@ CASES = {
     "lstm_lm_define_wt103_n7": (LM, LSTM + LM_ADAPTIVE + ADAPTIVE_LOSS),
     "lstm_lm_define_wt103_n11": (LM, LSTM + LM_ADAPTIVE + ADAPTIVE_LOSS),
     **{arch: (LM, MOGRIFIER) for arch in ("mogrifier_lstm_lm", "mogrifier_lstm_lm_ptb", "mogrifier_lstm_lm_wt2")},
-    "lstm_lm_ptb": (LM, MOGRIFIER_LSTM),
-    "lstm_lm_wt2": (LM, MOGRIFIER_LSTM),
+    "mogrifier_lstm_lm_baseline_ptb": (LM, MOGRIFIER_LSTM),
+    "mogrifier_lstm_lm_baseline_wt2": (LM, MOGRIFIER_LSTM),
     "transformer_lm_define": (LM, TRANSFORMER_LM),
     "transformer_lm_define_wiki103": (LM, TRANSFORMER_LM + LM_ADAPTIVE + ADAPTIVE_LOSS),
     **{

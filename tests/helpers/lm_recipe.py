@@ -33,7 +33,7 @@ SPLITS = ("train", "valid", "test")
 
 
 @pytest.fixture(scope="module")
-def mirror(tmp_path_factory):
+def lm_mirror(tmp_path_factory):
     """The stand-in archives served over HTTP: yields (base URL, folder, {corpus: archive path})."""
     folder = tmp_path_factory.mktemp("mirror")
     archives = write_all(folder)
@@ -44,9 +44,9 @@ def mirror(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def prepared(mirror, tmp_path_factory):
+def lm_prepared(lm_mirror, tmp_path_factory):
     """prepare.sh run once for each corpus (over HTTP, with the stand-in's MD5): {corpus: (data dir, output)}."""
-    url, folder, archives = mirror
+    url, folder, archives = lm_mirror
     root = tmp_path_factory.mktemp("data")
     result = {}
     for corpus, (archive, url_var, md5_var, _, _) in CORPORA.items():

@@ -4,6 +4,7 @@ layout (``wmt14_mirror.py``) served from 127.0.0.1, the tiny model settings, and
 from pathlib import Path
 
 import pytest
+from arch_cases import DEFINE_SMALL, TRANSFORMER
 from recipe_mirror import serve_directory
 from recipe_runs import md5, ok, run_recipe
 from wmt14_mirror import write_wmt14
@@ -28,24 +29,9 @@ TINY = [
     "1",
     "--data-buffer-size",
     "0",
-    "--encoder-layers",
-    "1",
-    "--decoder-layers",
-    "1",
-    "--encoder-embed-dim",
-    "32",
-    "--decoder-embed-dim",
-    "32",
-    "--encoder-ffn-embed-dim",
-    "64",
-    "--decoder-ffn-embed-dim",
-    "64",
-    "--encoder-attention-heads",
-    "2",
-    "--decoder-attention-heads",
-    "2",
+    *TRANSFORMER,
 ]
-TINY_DEFINE = ["--define-n", "16", "--define-k", "64"]
+TINY_DEFINE = DEFINE_SMALL
 
 
 def run_script(script, *args, env=None, popen=False):
@@ -78,7 +64,7 @@ def binarized(data_bin, subset, lang):
 
 
 @pytest.fixture(scope="module")
-def mirror(tmp_path_factory):
+def wmt14_mirror(tmp_path_factory):
     """The stand-in archives over HTTP: (base URL, folder, {name: archive})."""
     folder = tmp_path_factory.mktemp("wmt14-mirror")
     archives = write_wmt14(folder)
@@ -89,14 +75,14 @@ def mirror(tmp_path_factory):
         yield url, folder, archives
 
 
-def mirror_env(mirror):
-    url, _, archives = mirror
+def mirror_env(wmt14_mirror):
+    url, _, archives = wmt14_mirror
     # the stand-ins' own digests for the two archives whose MD5 the recipe knows
     return {"WMT14_MIRROR": url, "WMT14_TEST_MD5": md5(archives["test"]), "WMT14_TEST17_MD5": md5(archives["test17"])}
 
 
 @pytest.fixture(scope="module")
-def prepared(mirror, tmp_path_factory):
+def wmt14_prepared(wmt14_mirror, tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("wmt14") / "data"
-    proc = ok(run_script("prepare.sh", "-v", BPE_SIZE, "-j", "2", data_dir, env=mirror_env(mirror)))
+    proc = ok(run_script("prepare.sh", "-v", BPE_SIZE, "-j", "2", data_dir, env=mirror_env(wmt14_mirror)))
     return data_dir, proc.stdout + proc.stderr

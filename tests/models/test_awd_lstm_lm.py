@@ -70,14 +70,14 @@ def test_arch_defaults(lm_data):
     assert decoder.output_projection.weight is embed.weight and decoder.project_out_dim is None
     assert [layer.weight_drop for layer in decoder.lstm.layers] == [0.5, 0.5, 0.5]
 
-    _, _, untied = parsed_model(lm_data, "awd_lstm_lm", *TINY_AWD, "--define-untie-output")
+    _, _, untied = parsed_model(lm_data, "awd_lstm_lm", *TINY_AWD, "--awd-untie-output")
     assert untied.decoder.output_projection.weight is not untied.decoder.embed_tokens.weight
 
 
 @pytest.mark.parametrize(
     "flags,message",
     [
-        (["--define-n", "16"], "--define-n (16) must equal --decoder-embed-dim (24)"),
+        (["--input-layer", "define", "--define-depth", "0"], "--input-layer define needs --define-depth >= 1"),
         (["--awd-embed-dropout", "1.0"], "--awd-embed-dropout=1.0"),
         (["--awd-hidden-dropout", "-0.5"], "--awd-hidden-dropout=-0.5"),
     ],
@@ -258,8 +258,39 @@ def test_a_configuration_with_an_old_spelling_is_refused_with_the_new_name(lm_da
     cfg, task, _ = parsed_model(lm_data, arch, *flags)
     old = copy.deepcopy(cfg.model)
     OmegaConf.set_struct(old, False)
-    old.define_weight_drop = None  # the field of a checkpoint written after the rename, unset: builds
+    default = old.pop("awd_weight_drop")  # a checkpoint written before the rename has the old field only
+    old.define_weight_drop = default  # what the new field would default to: read the same, so it builds
     ARCH_MODEL_REGISTRY[arch].build_model(old, task)
     old.define_weight_drop = 0.45
     with pytest.raises(ValueError, match=re.escape("--define-weight-drop = 0.45, which is now --awd-weight-drop")):
         ARCH_MODEL_REGISTRY[arch].build_model(old, task)
+    old.awd_weight_drop = 0.45  # a configuration that has the new field is read by it
+    ARCH_MODEL_REGISTRY[arch].build_model(old, task)
+
+
+@pytest.mark.parametrize(
+    "arch, flags, meant",
+    [
+        ("awd_lstm_lm", TINY_AWD, None),
+        ("awd_lstm_lm_define", TINY_AWD + ["--define-n", "16", "--define-k", "32"], "define"),
+        ("lstm_lm_define", LSTM_TINY, None),
+        ("lstm_lm_standard_wt103", LSTM_TINY, "table"),
+    ],
+)
+def test_a_configuration_from_before_input_layer_is_read_or_refused_by_its_define_depth(lm_data, arch, flags, meant):
+    """--define-depth 0 chose the table before --input-layer: a configuration without input_layer builds where its
+    depth means the family's default input layer, and is refused naming --input-layer where it does not."""
+    from fairseq.models import ARCH_MODEL_REGISTRY
+    from omegaconf import OmegaConf
+
+    cfg, task, model = parsed_model(lm_data, arch, *flags)
+    old = copy.deepcopy(cfg.model)
+    OmegaConf.set_struct(old, False)
+    kind = old.pop("input_layer")
+    old.define_depth = 0 if kind == "table" else old.define_depth
+    if meant is None:
+        rebuilt = ARCH_MODEL_REGISTRY[arch].build_model(old, task)
+        assert sum(p.numel() for p in rebuilt.parameters()) == sum(p.numel() for p in model.parameters())
+    else:
+        with pytest.raises(ValueError, match=re.escape(f"which is now --input-layer {meant}")):
+            ARCH_MODEL_REGISTRY[arch].build_model(old, task)

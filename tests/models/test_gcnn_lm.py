@@ -225,7 +225,8 @@ CASES = {
     "adaptive softmax, bottleneck": TINY + ["--adaptive-softmax-cutoff", "20,40"],
     "DeFINE input, gtu": TINY
     + [
-        "--gcnn-define-input",
+        "--input-layer",
+        "define",
         "--define-n",
         "8",
         "--define-k",
@@ -442,7 +443,7 @@ def test_checkpoint_round_trip(lm_data, checkpoint, tmp_path):
         (["--adaptive-softmax-cutoff", "20,400"], "--adaptive-softmax-cutoff"),
         (["--dropout", "1.0"], "--dropout"),
         (["--gcnn-residual-scale", "0"], "--gcnn-residual-scale"),
-        (["--gcnn-define-input", "--define-depth", "0"], "--gcnn-define-input needs --define-depth"),
+        (["--input-layer", "define", "--define-depth", "0"], "--input-layer define needs --define-depth"),
     ],
 )
 def test_impossible_configs_fail_clearly(lm_data, flags, message):

@@ -384,7 +384,7 @@ ADAPTIVE_BOTH = dict(adaptive_input=True, adaptive_input_cutoff="10,30", adaptiv
         (dict(adaptive_input=True, adaptive_input_cutoff="10,80"), "--adaptive-input-cutoff 10,80"),
         (dict(adaptive_input=True), "--adaptive-input needs --adaptive-input-cutoff"),
         (dict(adaptive_input_cutoff="10"), "without --adaptive-input"),
-        (dict(define_depth=0), "--define-n (16) must equal --decoder-embed-dim (24)"),
+        (dict(input_layer="define", define_depth=0), "--input-layer define needs --define-depth >= 1 (got 0)"),
         (
             dict(adaptive_input=True, adaptive_input_cutoff="10,30", share_decoder_input_output_embed=True),
             "cannot be tied to an adaptive input",

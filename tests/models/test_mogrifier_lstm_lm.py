@@ -29,9 +29,9 @@ from define_fairseq.modules.tied_output import TiedOutput
 # Each arch on tiny dims (the arch's structure: rounds, mixture, projection, dropouts, kept).
 TINY = {
     "mogrifier_lstm_lm_ptb": ["--mogrifier-hidden-size", "16", "--mogrifier-rank", "4"],
-    "lstm_lm_ptb": ["--mogrifier-hidden-size", "16"],
+    "mogrifier_lstm_lm_baseline_ptb": ["--mogrifier-hidden-size", "16"],
     "mogrifier_lstm_lm_wt2": MOGRIFIER,
-    "lstm_lm_wt2": MOGRIFIER_LSTM,
+    "mogrifier_lstm_lm_baseline_wt2": MOGRIFIER_LSTM,
 }
 LAMB_OPTIMIZER = ["--adam-betas", "(0, 0.999)", "--clip-norm", "10"]
 NO_DROPOUT = [
@@ -54,7 +54,8 @@ CASES = {
     "DeFINE input": (
         "mogrifier_lstm_lm_ptb",
         TINY["mogrifier_lstm_lm_ptb"]
-        + ["--define-depth", "2", "--define-n", "8", "--define-k", "16", "--mogrifier-embed-dim", "12"],
+        + ["--input-layer", "define", "--define-depth", "2", "--define-n", "8", "--define-k", "16"]
+        + ["--mogrifier-embed-dim", "12"],
     ),
 }
 
@@ -97,8 +98,8 @@ TEMPERATURE = 1.3
 CLI_RUNS = {
     "mogrifier_lstm_lm_ptb": ("stateful_lm", ["stateful_lm", "temperature"]),
     "mogrifier_lstm_lm_wt2": ("stateful_lm", ["language_modeling"]),
-    "lstm_lm_ptb": ("language_modeling", ["language_modeling"]),
-    "lstm_lm_wt2": ("language_modeling", ["stateful_lm"]),
+    "mogrifier_lstm_lm_baseline_ptb": ("language_modeling", ["language_modeling"]),
+    "mogrifier_lstm_lm_baseline_wt2": ("language_modeling", ["stateful_lm"]),
 }
 
 
@@ -233,7 +234,7 @@ def test_dropout_mask_flags_reach_the_stack_and_the_output_layer(lm_data):
     for arch, flags, shared, per_step in [
         ("mogrifier_lstm_lm_ptb", ["--mogrifier-state-dropout-mask", "step"], False, True),
         ("mogrifier_lstm_lm_wt2", ["--mogrifier-state-dropout-mask", "window"], False, False),
-        ("lstm_lm_wt2", ["--mogrifier-shared-mask-dropout"], True, True),
+        ("mogrifier_lstm_lm_baseline_wt2", ["--mogrifier-shared-mask-dropout"], True, True),
     ]:
         _, _, model = parsed_model(lm_data, arch, *TINY[arch], *flags)
         lstm = model.decoder.lstm
@@ -389,8 +390,8 @@ def test_checkpoint_round_trip(lm_data, tmp_path, case):
         (dict(mogrifier_mos_components=0), "--mogrifier-mos-components=0 must be at least 1"),
         (dict(mogrifier_state_dropout_mask="time"), "--mogrifier-state-dropout-mask=time: give window"),
         (dict(mogrifier_l2_penalty=-1e-4), "--mogrifier-l2-penalty=-0.0001 must be >= 0"),
-        (dict(define_depth=-1), "--define-depth=-1 must be >= 0"),
-        (dict(define_folded=True), "--define-folded needs a DeFINE unit (--define-depth > 0)"),
+        (dict(input_layer="define", define_depth=1), "--define-depth=1: DeFINE needs at least 2 layers"),
+        (dict(define_folded=True), "--define-folded needs a DeFINE unit (--input-layer define)"),
     ],
 )
 def test_bad_settings_raise_clear_errors(lm_task, overrides, message):

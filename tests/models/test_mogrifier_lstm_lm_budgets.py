@@ -42,15 +42,15 @@ def dictionary_dirs(tmp_path_factory):
 # arch -> (vocabulary, budget, hidden n, embedding e, rounds, rank, mixture components, embedding ratio or None)
 BUDGETS = {
     "mogrifier_lstm_lm_ptb": (PTB_VOCAB, 24_000_000, 912, 912, 5, 84, 1, None),
-    "lstm_lm_ptb": (PTB_VOCAB, 24_000_000, 951, 951, 0, 0, 1, None),
+    "mogrifier_lstm_lm_baseline_ptb": (PTB_VOCAB, 24_000_000, 951, 951, 0, 0, 1, None),
     "mogrifier_lstm_lm_wt2": (WT2_VOCAB, 35_000_000, 1366, 272, 6, 48, 2, 0.1993194960596213),
-    "lstm_lm_wt2": (WT2_VOCAB, 35_000_000, 1211, 428, 0, 0, 2, 0.3530770457779424),
+    "mogrifier_lstm_lm_baseline_wt2": (WT2_VOCAB, 35_000_000, 1211, 428, 0, 0, 2, 0.3530770457779424),
 }
 TUNED_DROPOUTS = {  # input, inter-layer, state, output: lamb's best trials
     "mogrifier_lstm_lm_ptb": (0.729, 0.291, 0.387, 0.716),
-    "lstm_lm_ptb": (0.628, 0.307, 0.369, 0.690),
+    "mogrifier_lstm_lm_baseline_ptb": (0.628, 0.307, 0.369, 0.690),
     "mogrifier_lstm_lm_wt2": (0.547, 0.199, 0.221, 0.348),
-    "lstm_lm_wt2": (0.609, 0.091, 0.271, 0.348),
+    "mogrifier_lstm_lm_baseline_wt2": (0.609, 0.091, 0.271, 0.348),
 }
 
 

@@ -74,10 +74,10 @@ def test_the_encoder_embeds_with_char2subword_and_the_decoder_choices(translatio
     assert model.decoder.output_projection.weight is model.decoder.embed_tokens.weight
     # fairseq multiplies by sqrt(d); the module divides it out of its unit-scale LayerNorm output
     assert model.encoder.embed_tokens.output_scale == pytest.approx(32**-0.5)
-    _, _, model = setup(translation_data, "--c2s-decoder")
+    _, _, model = setup(translation_data, "--decoder-input-layer", "char2subword")
     assert isinstance(model.decoder.embed_tokens, Char2SubwordEmbedding)
     assert model.decoder.output_projection.weight is not None and model.decoder.share_input_output_embed is False
-    _, _, model = setup(translation_data, "--c2s-define-decoder")
+    _, _, model = setup(translation_data, "--decoder-input-layer", "define")
     from define_fairseq.modules import DeFINEEmbedding
 
     assert isinstance(model.decoder.embed_tokens, DeFINEEmbedding)
@@ -250,8 +250,7 @@ def test_checkpoint_round_trip(translation_data, checkpoint):
     "flags,message",
     [
         (["--share-all-embeddings"], "cannot --share-all-embeddings"),
-        (["--c2s-decoder", "--c2s-define-decoder"], "give one"),
-        (["--c2s-decoder", "--share-decoder-input-output-embed"], "needs a decoder table"),
+        (["--decoder-input-layer", "char2subword", "--share-decoder-input-output-embed"], "needs a decoder table"),
         (["--c2s-noise-rate", "1.5"], "--c2s-noise-rate"),
         (["--c2s-noise-types", "insert,typo"], "--c2s-noise-types"),
     ],

@@ -23,7 +23,7 @@ from define_fairseq.tools.params import parameter_breakdown, setup_from_train_ar
 
 WT103_VOCAB = 267_735
 TINY = [*TXL_TINY, "--dropout", "0.0"]
-INPUT_FLAGS = {"standard": [], "projective": ["--txl-input", "projective"], "define": ["--txl-input", "define"]}
+INPUT_FLAGS = {"standard": [], "projective": ["--input-layer", "projective"], "define": ["--input-layer", "define"]}
 TRAIN = [
     "--criterion",
     "lm_regularized_loss",
@@ -206,7 +206,7 @@ def checkpoint(lm_data, tmp_path_factory):
         "--arch",
         "transformer_xl_lm",
         *TINY,
-        "--txl-input",
+        "--input-layer",
         "define",
         "--txl-mem-len",
         "8",
@@ -269,7 +269,7 @@ def test_checkpoint_round_trip_and_folding(lm_data, checkpoint, tmp_path):
     assert type(state["cfg"]) is dict and state["cfg"]["model"]["_name"] == "transformer_xl_lm"
     tokens = tokens_batch(len(task.target_dictionary), length=10, bos=False)
     before = log_probs(model, tokens)
-    fresh = parsed_model(lm_data, *TINY, "--txl-input", "define", "--txl-mem-len", "8")[2].eval()
+    fresh = parsed_model(lm_data, *TINY, "--input-layer", "define", "--txl-mem-len", "8")[2].eval()
     assert not torch.allclose(log_probs(fresh, tokens), before)  # the weights are the trained ones
     fresh.load_state_dict(state["model"])
     torch.testing.assert_close(log_probs(fresh, tokens), before, rtol=0, atol=0)
@@ -294,8 +294,8 @@ def test_checkpoint_round_trip_and_folding(lm_data, checkpoint, tmp_path):
         (["--txl-head-dim", "0"], "--txl-head-dim=0"),
         (["--decoder-embed-dim", "15"], "--decoder-embed-dim=15 must be even"),
         (["--adaptive-softmax-cutoff", "20,400"], "--adaptive-softmax-cutoff"),
-        (["--txl-input", "projective", "--define-n", "16"], "nothing to project"),
-        (["--txl-input", "define", "--define-depth", "0"], "--txl-input define needs --define-depth"),
+        (["--input-layer", "projective", "--define-n", "16"], "nothing to project"),
+        (["--input-layer", "define", "--define-depth", "0"], "--input-layer define needs --define-depth"),
         (["--dropout", "1.0"], "--dropout"),
     ],
 )
@@ -339,8 +339,8 @@ def test_every_arch_trains_through_fairseq_train(lm_data, tmp_path, arch):
     assert math.isfinite(float(re.findall(r"valid on 'valid' subset \| loss ([\d.]+)", out)[-1]))
     state = torch.load(tmp_path / "checkpoint_last.pt", map_location="cpu", weights_only=False)
     assert state["cfg"]["model"]["_name"] == arch
-    kind = "define" if "define" in arch else "projective" if "projective" in arch else "standard"
-    assert state["cfg"]["model"]["txl_input"] == kind
+    kind = "define" if "define" in arch else "projective" if "projective" in arch else "table"
+    assert state["cfg"]["model"]["input_layer"] == kind
 
 
 # -- the recipe: recipes/wikitext-103/train-transformer-xl.sh and eval.sh ------------------------------------------

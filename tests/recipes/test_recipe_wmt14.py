@@ -13,19 +13,7 @@ import pytest
 import torch
 from conftest import BIN, REPO, training_arguments
 from recipe_runs import leftovers, ok
-from wmt14_recipe import (  # noqa: F401 - fixtures
-    BPE_SIZE,
-    TESTSETS,
-    TINY,
-    TINY_DEFINE,
-    binarized,
-    mirror,
-    mirror_env,
-    normalize,
-    prepared,
-    read_lines,
-    run_script,
-)
+from wmt14_recipe import BPE_SIZE, TESTSETS, TINY, TINY_DEFINE, binarized, mirror_env, normalize, read_lines, run_script
 
 # ------------------------------------------------------------------------------------------ train.sh commands
 
@@ -140,9 +128,9 @@ def test_train_bad_options_fail_clearly(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def trained(prepared, tmp_path_factory):
+def trained(wmt14_prepared, tmp_path_factory):
     """transformer_define in float32 and the baseline in bfloat16, 6 updates each, a checkpoint every 2."""
-    data_dir, _ = prepared
+    data_dir, _ = wmt14_prepared
     save_root = tmp_path_factory.mktemp("checkpoints")
     outputs = {}
     for config, precision, extra in (
@@ -263,8 +251,8 @@ def check_bleu_folder(folder, data_dir, checkpoint, bpe="subword-nmt", beam=2, t
 
 
 @pytest.mark.slow
-def test_eval_chain_writes_well_formed_bleu(averaged, prepared, trained):
-    data_dir, _ = prepared
+def test_eval_chain_writes_well_formed_bleu(averaged, wmt14_prepared, trained):
+    data_dir, _ = wmt14_prepared
     save_root, _ = trained
     checkpoint, _ = averaged
     quick = ["--cpu", "--max-len-b", "20"]
@@ -285,13 +273,12 @@ def test_eval_chain_writes_well_formed_bleu(averaged, prepared, trained):
 
 
 @pytest.mark.slow
-def test_sentencepiece_option_prepares_trains_and_evaluates(mirror, tmp_path):
+def test_sentencepiece_option_prepares_trains_and_evaluates(wmt14_mirror, tmp_path):
     import sentencepiece
 
     data_dir = tmp_path / "spm"
-    proc = ok(
-        run_script("prepare.sh", "-b", "sentencepiece", "-v", BPE_SIZE, "-j", "2", data_dir, env=mirror_env(mirror))
-    )
+    env = mirror_env(wmt14_mirror)
+    proc = ok(run_script("prepare.sh", "-b", "sentencepiece", "-v", BPE_SIZE, "-j", "2", data_dir, env=env))
     assert "SentencePiece BPE, vocabulary 300" in proc.stdout
     assert (data_dir / "settings").read_text() == f"bpe=sentencepiece size={BPE_SIZE}\n"
     assert not (data_dir / "bpe" / "code").exists()
@@ -364,12 +351,12 @@ def test_sentencepiece_option_prepares_trains_and_evaluates(mirror, tmp_path):
 
 
 @pytest.mark.slow
-def test_recipe_checkpoint_translates_raw_text_from_python_and_interactive(prepared, trained):
+def test_recipe_checkpoint_translates_raw_text_from_python_and_interactive(wmt14_prepared, trained):
     """The hub interface and fairseq-interactive on the recipe's outputs, with the Moses tokenizer (the data
     are Moses-tokenised) and the BPE codes: raw sentences in, detokenised translations out, the same both ways."""
     from define_fairseq.models.transformer_define import TransformerDefineModel
 
-    data_dir, _ = prepared
+    data_dir, _ = wmt14_prepared
     save_root, _ = trained
     sentences = ['The Commission\'s well-known report & the "new" road.', "Mr President, we must not forget it."]
     hub = TransformerDefineModel.from_pretrained(

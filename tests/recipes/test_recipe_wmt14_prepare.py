@@ -10,14 +10,14 @@ import pytest
 from recipe_mirror import closed_port_url
 from recipe_runs import leftovers, md5, ok
 from wmt14_mirror import expected_text, write_wmt14
-from wmt14_recipe import BPE_SIZE, binarized, mirror, mirror_env, normalize, prepared, read_lines, run_script  # noqa: F401 - fixtures
+from wmt14_recipe import BPE_SIZE, binarized, mirror_env, normalize, read_lines, run_script
 
 # ------------------------------------------------------------------------------------------------ prepare.sh
 
 
-def test_prepare_extracts_the_right_members(prepared, mirror):
-    data_dir, output = prepared
-    _, _, archives = mirror
+def test_prepare_extracts_the_right_members(wmt14_prepared, wmt14_mirror):
+    data_dir, output = wmt14_prepared
+    _, _, archives = wmt14_mirror
     for archive in archives.values():
         assert (data_dir / "orig" / archive.name).read_bytes() == archive.read_bytes()
     assert output.count("no checksum to verify") == 4  # the four archives without a known MD5; the others checked
@@ -29,11 +29,11 @@ def test_prepare_extracts_the_right_members(prepared, mirror):
     assert not leftovers(data_dir)
 
 
-def test_prepare_tokenises_cleans_and_segments_as_moses_and_subword_nmt(prepared):
+def test_prepare_tokenises_cleans_and_segments_as_moses_and_subword_nmt(wmt14_prepared):
     from sacremoses import MosesPunctNormalizer, MosesTokenizer
     from subword_nmt.apply_bpe import BPE
 
-    data_dir, output = prepared
+    data_dir, output = wmt14_prepared
     for lang in ("en", "de"):
         normalizer, tokenizer = MosesPunctNormalizer(lang=lang), MosesTokenizer(lang)
         for split in ("train", "valid", "newstest2014", "newstest2017"):
@@ -71,8 +71,8 @@ def test_prepare_tokenises_cleans_and_segments_as_moses_and_subword_nmt(prepared
             assert read_lines(data_dir / "bpe" / f"{split}.{lang}") == expected, (split, lang)
 
 
-def test_prepare_binarizes_every_split_with_one_dictionary(prepared):
-    data_dir, _ = prepared
+def test_prepare_binarizes_every_split_with_one_dictionary(wmt14_prepared):
+    data_dir, _ = wmt14_prepared
     data_bin = data_dir / "data-bin"
     assert (data_bin / "dict.en.txt").read_bytes() == (data_bin / "dict.de.txt").read_bytes()
     for subset, name in (("train", "train"), ("valid", "valid"), ("test", "newstest2014"), ("test1", "newstest2017")):
@@ -80,11 +80,11 @@ def test_prepare_binarizes_every_split_with_one_dictionary(prepared):
             assert binarized(data_bin, subset, lang) == read_lines(data_dir / "bpe" / f"{name}.{lang}"), (subset, lang)
 
 
-def test_prepare_rerun_skips_finished_steps(prepared, tmp_path):
+def test_prepare_rerun_skips_finished_steps(wmt14_prepared, tmp_path):
     import shutil
 
     data_dir = tmp_path / "data"
-    shutil.copytree(prepared[0], data_dir)
+    shutil.copytree(wmt14_prepared[0], data_dir)
     before = {p: p.stat().st_mtime_ns for p in data_dir.rglob("*") if p.is_file()}
     proc = ok(run_script("prepare.sh", "-v", BPE_SIZE, data_dir, env={"WMT14_MIRROR": closed_port_url("wmt")}))
     for step in (
@@ -105,11 +105,11 @@ def test_prepare_rerun_skips_finished_steps(prepared, tmp_path):
 
 
 @pytest.mark.parametrize("kill_at", ["sacremoses tokenize", "    train.en:", "apply the BPE", "fairseq-preprocess"])
-def test_prepare_killed_midway_and_rerun_gives_identical_data(kill_at, prepared, mirror, tmp_path):
+def test_prepare_killed_midway_and_rerun_gives_identical_data(kill_at, wmt14_prepared, wmt14_mirror, tmp_path):
     """SIGKILL to prepare.sh and all its programs as soon as a step starts (no clean-up handler runs), then a
     rerun: the binarized data are byte for byte those of an uninterrupted run."""
     data_dir = tmp_path / "data"
-    env = mirror_env(mirror)
+    env = mirror_env(wmt14_mirror)
     proc = run_script("prepare.sh", "-v", BPE_SIZE, "-j", "2", data_dir, env=env, popen=True)
     seen = []
     for line in proc.stdout:
@@ -131,16 +131,16 @@ def test_prepare_killed_midway_and_rerun_gives_identical_data(kill_at, prepared,
     assert "skip extract" in rerun.stdout and f"skip {step}" not in rerun.stdout
     if kill_at == "    train.en:":  # killed after the first file of the step: the rerun keeps it, does the rest
         assert "train.en: already done" in rerun.stdout and "train.de: already done" not in rerun.stdout
-    reference = prepared[0] / "data-bin"
+    reference = wmt14_prepared[0] / "data-bin"
     files = sorted(p.name for p in reference.iterdir() if p.name != "preprocess.log")
     assert sorted(p.name for p in (data_dir / "data-bin").iterdir() if p.name != "preprocess.log") == files
     for name in files:
         assert (data_dir / "data-bin" / name).read_bytes() == (reference / name).read_bytes(), name
-    assert (data_dir / "bpe" / "code").read_bytes() == (prepared[0] / "bpe" / "code").read_bytes()
+    assert (data_dir / "bpe" / "code").read_bytes() == (wmt14_prepared[0] / "bpe" / "code").read_bytes()
     assert not leftovers(data_dir)
 
 
-def test_prepare_redoes_the_later_steps_when_an_archive_changes(prepared, mirror, tmp_path):
+def test_prepare_redoes_the_later_steps_when_an_archive_changes(wmt14_prepared, wmt14_mirror, tmp_path):
     """An archive downloaded again (here: another News Commentary) is extracted again, and every later step is
     redone from the new text: no tokenised file of the old text is trusted."""
     import shutil
@@ -148,7 +148,7 @@ def test_prepare_redoes_the_later_steps_when_an_archive_changes(prepared, mirror
     from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
     data_dir = tmp_path / "data"
-    shutil.copytree(prepared[0], data_dir)
+    shutil.copytree(wmt14_prepared[0], data_dir)
     other = write_wmt14(tmp_path / "other-mirror", seed=7)["news_commentary"]
     (data_dir / "orig" / "training-parallel-nc-v9.tgz").unlink()
     proc = ok(
@@ -165,7 +165,8 @@ def test_prepare_redoes_the_later_steps_when_an_archive_changes(prepared, mirror
     assert "skip download training-parallel-europarl-v7.tgz" in proc.stdout
     assert "skip extract" not in proc.stdout and "train.en: already done" not in proc.stdout
     raw = read_lines(data_dir / "raw" / "train.en")
-    assert raw != read_lines(prepared[0] / "raw" / "train.en") and raw[-1] == expected_text(seed=7)["train.en"][-1]
+    assert raw != read_lines(wmt14_prepared[0] / "raw" / "train.en")
+    assert raw[-1] == expected_text(seed=7)["train.en"][-1]
     normalizer, tokenizer = MosesPunctNormalizer(lang="en"), MosesTokenizer("en")
     assert read_lines(data_dir / "tok" / "train.en") == [
         tokenizer.tokenize(normalize(normalizer, line), aggressive_dash_splits=True, escape=True, return_str=True)
@@ -175,9 +176,9 @@ def test_prepare_redoes_the_later_steps_when_an_archive_changes(prepared, mirror
     assert len(read_lines(data_dir / "bpe" / "train.en")) == len(read_lines(data_dir / "tok" / "train.clean.en"))
 
 
-def test_prepare_wrong_archive_or_checksum_fails_clearly(mirror, tmp_path):
-    url, _, archives = mirror
-    env = mirror_env(mirror)
+def test_prepare_wrong_archive_or_checksum_fails_clearly(wmt14_mirror, tmp_path):
+    url, _, archives = wmt14_mirror
+    env = mirror_env(wmt14_mirror)
     # an archive without the expected members: named in the error, deleted, and downloaded again by a rerun
     data_dir = tmp_path / "broken"
     proc = run_script(

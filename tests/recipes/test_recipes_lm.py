@@ -10,7 +10,7 @@ import sys
 
 import pytest
 from conftest import training_arguments
-from lm_recipe import CORPORA, mirror, prepared, raw_token_count  # noqa: F401 - fixtures
+from lm_recipe import CORPORA, raw_token_count
 from recipe_runs import leftovers, ok, run_recipe
 
 # ------------------------------------------------------------------------------------------ train.sh configs
@@ -31,16 +31,16 @@ CONFIGS = [
     ),
     *(f"{corpus}/{c}" for corpus in ("ptb", "wikitext-2") for c in ("awd_lstm_lm", "awd_lstm_lm_define")),
     "ptb/mogrifier_lstm_lm_ptb",
-    "ptb/lstm_lm_ptb",
+    "ptb/mogrifier_lstm_lm_baseline_ptb",
     "wikitext-2/mogrifier_lstm_lm_wt2",
-    "wikitext-2/lstm_lm_wt2",
+    "wikitext-2/mogrifier_lstm_lm_baseline_wt2",
 ]
 # The official code's learning rate and L2 penalty of each Mogrifier-paper config (lamb's tuned trials).
 LAMB_LR_L2 = {
     "mogrifier_lstm_lm_ptb": ("0.0023", "0.000252"),
-    "lstm_lm_ptb": ("0.00304", "0.000249"),
+    "mogrifier_lstm_lm_baseline_ptb": ("0.00304", "0.000249"),
     "mogrifier_lstm_lm_wt2": ("0.00329", "0.00019"),
-    "lstm_lm_wt2": ("0.00318", "0.000231"),
+    "mogrifier_lstm_lm_baseline_wt2": ("0.00318", "0.000231"),
 }
 
 # Parses each config's fairseq-train command with fairseq's own parser (arch defaults applied, then the
@@ -281,9 +281,9 @@ EVAL_EXTRA = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("config", list(TINY))
-def test_train_then_eval(config, prepared, tmp_path):
+def test_train_then_eval(config, lm_prepared, tmp_path):
     corpus, name = config.split("/")
-    data_dir = prepared[corpus][0]
+    data_dir = lm_prepared[corpus][0]
     save_root = tmp_path / "checkpoints"
     proc = ok(run_recipe(f"{corpus}/train.sh", "-d", data_dir, "-s", save_root, name, *TINY[config], *CPU))
     save_dir = save_root / name
@@ -352,8 +352,8 @@ MOGRIFIER_TINY = [
 
 
 @pytest.mark.slow
-def test_mogrifier_eval_reports_perplexity_without_and_with_the_tuned_temperature(prepared, tmp_path):
-    data_dir = prepared["ptb"][0]
+def test_mogrifier_eval_reports_perplexity_without_and_with_the_tuned_temperature(lm_prepared, tmp_path):
+    data_dir = lm_prepared["ptb"][0]
     save_root = tmp_path / "checkpoints"
     ok(run_recipe("ptb/train.sh", "-d", data_dir, "-s", save_root, "mogrifier_lstm_lm_ptb", *MOGRIFIER_TINY, *CPU))
     save_dir = save_root / "mogrifier_lstm_lm_ptb"

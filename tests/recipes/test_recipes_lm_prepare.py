@@ -6,7 +6,7 @@ script has a usage and runs in strict mode."""
 import shutil
 
 import pytest
-from lm_recipe import CORPORA, SPLITS, mirror, prepared, read_binarized  # noqa: F401 - fixtures
+from lm_recipe import CORPORA, SPLITS, read_binarized
 from recipe_mirror import closed_port_url
 from recipe_runs import RECIPES, leftovers, md5, ok, run_recipe
 
@@ -14,10 +14,10 @@ from recipe_runs import RECIPES, leftovers, md5, ok, run_recipe
 
 
 @pytest.mark.parametrize("corpus", list(CORPORA))
-def test_prepare_downloads_checks_and_binarizes(corpus, prepared, mirror, tmp_path):
-    data_dir, output = prepared[corpus]
+def test_prepare_downloads_checks_and_binarizes(corpus, lm_prepared, lm_mirror, tmp_path):
+    data_dir, output = lm_prepared[corpus]
     archive, _, _, text_folder, files = CORPORA[corpus]
-    _, _, archives = mirror
+    _, _, archives = lm_mirror
     assert (data_dir / archive).read_bytes() == archives[corpus].read_bytes()
     assert "no checksum to verify" not in output  # the MD5 given was checked
     assert sorted(p.name for p in (data_dir / text_folder).iterdir()) == sorted(files)
@@ -39,9 +39,9 @@ def test_prepare_downloads_checks_and_binarizes(corpus, prepared, mirror, tmp_pa
             assert all(dictionary[i] == word for i, word in zip(lines[0], raw[0].split()))
 
 
-def test_prepare_rerun_skips_finished_steps(prepared, tmp_path):
+def test_prepare_rerun_skips_finished_steps(lm_prepared, tmp_path):
     data_dir = tmp_path / "wikitext-2"
-    shutil.copytree(prepared["wikitext-2"][0], data_dir)
+    shutil.copytree(lm_prepared["wikitext-2"][0], data_dir)
     before = {p: p.stat().st_mtime_ns for p in data_dir.rglob("*") if p.is_file()}
     # a rerun neither downloads (the URL now points at a closed port) nor unpacks nor binarizes again
     proc = ok(run_recipe("wikitext-2/prepare.sh", data_dir, env={"WIKITEXT2_URL": closed_port_url("x.zip")}))
@@ -82,8 +82,8 @@ def test_prepare_unreachable_url_fails_clearly_and_leaves_nothing(tmp_path):
         ("error-page.zip", "cannot unpack"),
     ],
 )
-def test_prepare_wrong_archive_fails_clearly_and_leaves_nothing(served, message, mirror, tmp_path):
-    url, _, _ = mirror
+def test_prepare_wrong_archive_fails_clearly_and_leaves_nothing(served, message, lm_mirror, tmp_path):
+    url, _, _ = lm_mirror
     data_dir = tmp_path / "wt103"
     proc = run_recipe(
         "wikitext-103/prepare.sh", data_dir, env={"WIKITEXT103_URL": f"{url}/{served}", "WIKITEXT103_MD5": ""}
@@ -96,8 +96,8 @@ def test_prepare_wrong_archive_fails_clearly_and_leaves_nothing(served, message,
     assert not data_dir.exists()
 
 
-def test_prepare_checks_the_known_checksum_by_default(mirror, tmp_path):
-    url, _, archives = mirror
+def test_prepare_checks_the_known_checksum_by_default(lm_mirror, tmp_path):
+    url, _, archives = lm_mirror
     data_dir = tmp_path / "wt2"
     # no WIKITEXT2_MD5: the original release's MD5 applies, which the stand-in does not have
     proc = run_recipe("wikitext-2/prepare.sh", data_dir, env={"WIKITEXT2_URL": f"{url}/wikitext-2-v1.zip"})

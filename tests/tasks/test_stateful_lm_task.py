@@ -284,10 +284,8 @@ TINY_LSTM = [
     "32",
     "--decoder-layers",
     "2",
-    "--define-n",
-    "16",
-    "--define-depth",
-    "0",
+    "--input-layer",
+    "table",
 ]
 
 

@@ -226,7 +226,7 @@ def test_io_training_flops_of_the_transformer_xl_layers():
     expected = 30 * 22 * 16 + (in_tail[0] + in_tail[1]) * 20 * 16
     assert io_training_flops(standard, sample) == 6 * expected
     # DeFINE input, table width n = 8: every cluster projects 16 -> 8, and the unit runs per distinct token.
-    define = build_model("transformer_xl_lm", vocab, TXL_TASK, TINY_TXL + ["--txl-input", "define"])[2]
+    define = build_model("transformer_xl_lm", vocab, TXL_TASK, TINY_TXL + ["--input-layer", "define"])[2]
     unit = sum(
         p.numel()
         for name, p in define.decoder.embed_tokens.define.named_parameters()
