@@ -201,14 +201,15 @@ def part_train(bench: Bench, s: dict):
         ]
         for n in (FAIRSEQ, OURS)
     ]
-    loss = {n: [f"{v.item():.1f}" for v in (losses[n][0], losses[n][-1])] if losses[n] else ["", ""] for n in built}
+    loss = {n: [f"{v.item():.1f}" for v in losses[n]] for n in built}
     text = (
         f"## 2. Training: `{OURS}` vs fairseq's `{FAIRSEQ}` (V = {s['vocab']:,}, 1 x {ntok} tokens)\n\n"
         f"Adaptive softmax {s['cutoff']}, `--dropout 0`, weight-normalised convolutions; step as fairseq-train "
         f"(criterion, backward, gradients / sample size, clip 0.1, NAG lr 1, momentum 0.99, weight decay 5e-6); "
         f"the same Zipf-distributed batch every step; {2 * bench.args.rounds} rounds after {warmup} warm-up rounds "
-        f"(the heap grows in the first steps). Loss per token at the first warm-up step and the last step "
-        f"(nats): fairseq {' -> '.join(loss[FAIRSEQ])}, ours {' -> '.join(loss[OURS])}.\n\n"
+        f"(the heap grows in the first steps). Loss per token at every step, warm-up included (nats; at NAG's "
+        f"momentum 0.99 and lr 1 on one repeated batch the loss can rise for some steps before it falls): fairseq "
+        f"{' '.join(loss[FAIRSEQ])}; ours {' '.join(loss[OURS])}.\n\n"
         + table(
             [
                 "model",

@@ -311,9 +311,24 @@ ARCHS = (
 )
 
 
+def input_layer_of(arch: str) -> str:
+    return "define" if "define" in arch else "projective" if "projective" in arch else "table"
+
+
 @pytest.mark.parametrize("arch", ARCHS)
-def test_every_arch_trains_through_fairseq_train(lm_data, tmp_path, arch):
-    """Each registered arch by name (its input layer kept), sizes overridden to fit the toy corpus."""
+def test_every_arch_keeps_its_input_layer_under_the_tiny_sizes(lm_data, arch):
+    cfg, _, _ = setup_from_train_args(
+        [str(lm_data), "--user-dir", USER_DIR, "--task", "stateful_lm", "--arch", arch, *TINY, *TRAIN]
+    )
+    assert cfg.model._name == arch and cfg.model.input_layer == input_layer_of(arch)
+
+
+@pytest.mark.parametrize(
+    "arch", ["transformer_xl_wt103", "transformer_xl_projective_wt103_n64", "transformer_xl_define_wt103_n64"]
+)
+def test_each_input_layer_trains_through_fairseq_train(lm_data, tmp_path, arch):
+    """One arch per input layer by name, sizes overridden to fit the toy corpus (the archs of one input layer
+    differ in their defaults only, which the test above reads)."""
     proc = run_cli(
         "fairseq-train",
         lm_data,
@@ -339,8 +354,7 @@ def test_every_arch_trains_through_fairseq_train(lm_data, tmp_path, arch):
     assert math.isfinite(float(re.findall(r"valid on 'valid' subset \| loss ([\d.]+)", out)[-1]))
     state = torch.load(tmp_path / "checkpoint_last.pt", map_location="cpu", weights_only=False)
     assert state["cfg"]["model"]["_name"] == arch
-    kind = "define" if "define" in arch else "projective" if "projective" in arch else "table"
-    assert state["cfg"]["model"]["input_layer"] == kind
+    assert state["cfg"]["model"]["input_layer"] == input_layer_of(arch)
 
 
 # -- the recipe: recipes/wikitext-103/train-transformer-xl.sh and eval.sh ------------------------------------------
