@@ -27,8 +27,14 @@ from fairseq.models import register_model, register_model_architecture
 from fairseq.utils import safe_getattr
 
 from define_fairseq.models.config_helpers import config_namespace, reject_renamed, same_value
-from define_fairseq.models.define_config import DeFINEConfig, define_depth_field, define_n_field, input_layer_field
-from define_fairseq.models.lstm_lm_define import INPUT_LAYERS, RENAMES, LSTMLMDefineModel
+from define_fairseq.models.define_config import (
+    TABLE_OR_DEFINE,
+    DeFINEConfig,
+    define_depth_field,
+    define_n_field,
+    input_layer_field,
+)
+from define_fairseq.models.lstm_lm_define import RENAMES, LSTMLMDefineModel
 from define_fairseq.models.recurrent_lm_decoder import build_recurrent_decoder
 
 AWD_RENAMES = {**RENAMES, "define_untie_output": ("awd_untie_output", same_value)}
@@ -39,7 +45,7 @@ class AWDLSTMLMConfig(DeFINEConfig):
     """Options of ``awd_lstm_lm`` (the fields of ``lstm_lm_define`` but the adaptive ones); the defaults are
     AWD-LSTM's PTB model (a plain 400-d embedding), the DeFINE ones those of ``awd_lstm_lm_define``."""
 
-    input_layer: ChoiceEnum(INPUT_LAYERS) = input_layer_field("table", "--decoder-embed-dim", INPUT_LAYERS)
+    input_layer: ChoiceEnum(TABLE_OR_DEFINE) = input_layer_field("table", "--decoder-embed-dim", TABLE_OR_DEFINE)
     define_n: int = define_n_field(128, "width n of the V x n table under the DeFINE unit (the softmax ties to it)")
     define_depth: int = define_depth_field(7)
     decoder_embed_dim: int = field(default=400, metadata={"help": "LSTM input width m (the DeFINE output width)"})

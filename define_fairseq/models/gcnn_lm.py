@@ -54,6 +54,7 @@ from define_fairseq.models.config_helpers import (
     reject_renamed,
 )
 from define_fairseq.models.define_config import (
+    TABLE_OR_DEFINE,
     DeFINEConfig,
     build_define_embedding,
     define_depth_field,
@@ -76,7 +77,6 @@ GCNN_14B = (
 )
 WT103_CUTOFF = "10000,20000,200000"
 GBW_CUTOFF = "10000,50000,200000"
-INPUT_LAYERS = ("table", "define")
 # --gcnn-define-input became --input-layer define before the first release
 RENAMES = {"gcnn_define_input": ("input_layer", lambda on: "define" if on else "table")}
 
@@ -108,7 +108,7 @@ class GatedConvLMConfig(DeFINEConfig):
     gcnn_no_weight_norm: bool = field(
         default=False, metadata={"help": "plain convolutions instead of weight-normalised ones"}
     )
-    input_layer: ChoiceEnum(INPUT_LAYERS) = input_layer_field("table", "--decoder-embed-dim", INPUT_LAYERS)
+    input_layer: ChoiceEnum(TABLE_OR_DEFINE) = input_layer_field("table", "--decoder-embed-dim", TABLE_OR_DEFINE)
     dropout: float = field(
         default=0.0,
         metadata={

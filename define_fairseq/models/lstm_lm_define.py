@@ -44,6 +44,7 @@ from fairseq.utils import safe_getattr
 from define_fairseq.models.config_helpers import config_namespace, reject_renamed, same_value
 from define_fairseq.models.define_config import (
     DEPTH_ZERO_RENAME,
+    TABLE_OR_DEFINE,
     DeFINEConfig,
     define_depth_field,
     define_n_field,
@@ -59,7 +60,6 @@ __all__ = [
     "RENAMES",
 ]
 
-INPUT_LAYERS = ("table", "define")
 # Fields as they were spelled before the first release (the AWD-LSTM regularisers were define_*, and
 # --define-depth 0 chose the map without a DeFINE unit): a checkpoint whose old value would now be read otherwise is
 # refused with the new name (config_helpers.reject_renamed).
@@ -89,7 +89,7 @@ class LSTMLMDefineConfig(DeFINEConfig):
         "(with --input-layer table the map is --decoder-embed-dim wide)",
     )
     define_depth: int = define_depth_field(3)
-    input_layer: ChoiceEnum(INPUT_LAYERS) = input_layer_field("define", "--decoder-embed-dim", INPUT_LAYERS)
+    input_layer: ChoiceEnum(TABLE_OR_DEFINE) = input_layer_field("define", "--decoder-embed-dim", TABLE_OR_DEFINE)
     decoder_embed_dim: int = field(default=256, metadata={"help": "LSTM input width m (the DeFINE output width)"})
     decoder_hidden_size: int = field(default=1024, metadata={"help": "hidden size of every LSTM layer but the last"})
     decoder_layers: int = field(default=4, metadata={"help": "number of LSTM layers"})

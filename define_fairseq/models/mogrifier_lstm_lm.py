@@ -55,6 +55,7 @@ from fairseq.utils import safe_getattr
 from define_fairseq.models.config_helpers import config_namespace, reject_renamed
 from define_fairseq.models.define_config import (
     DEPTH_ZERO_RENAME,
+    TABLE_OR_DEFINE,
     DeFINEConfig,
     define_depth_field,
     define_n_field,
@@ -62,14 +63,12 @@ from define_fairseq.models.define_config import (
 )
 from define_fairseq.models.mogrifier_lm_decoder import STATE_MASKS, build_mogrifier_decoder
 
-INPUT_LAYERS = ("table", "define")
-
 
 @dataclass
 class MogrifierLSTMLMConfig(DeFINEConfig):
     """Options of ``mogrifier_lstm_lm`` (the DeFINE fields apply with ``--input-layer define`` only)."""
 
-    input_layer: ChoiceEnum(INPUT_LAYERS) = input_layer_field("table", "--mogrifier-embed-dim", INPUT_LAYERS)
+    input_layer: ChoiceEnum(TABLE_OR_DEFINE) = input_layer_field("table", "--mogrifier-embed-dim", TABLE_OR_DEFINE)
     define_n: int = define_n_field(128)
     define_depth: int = define_depth_field(3)
     mogrifier_layers: int = field(default=2, metadata={"help": "number of Mogrifier LSTM layers"})
