@@ -213,8 +213,18 @@ def trained(lm_data, tmp_path_factory):
     return get
 
 
-# lstm_lm_define_wt103_n3 trains in test_stateful_training_and_eval; n7 and n11 are n3 with a deeper unit
-@pytest.mark.parametrize("arch", ["lstm_lm_define", "lstm_lm_standard_wt103", "lstm_lm_adaptive_wt103"])
+# lstm_lm_define_wt103_n3 trains in test_stateful_training_and_eval; n7 and n11, n3 with a deeper unit, in
+# `make test-all`
+@pytest.mark.parametrize(
+    "arch",
+    [
+        "lstm_lm_define",
+        "lstm_lm_standard_wt103",
+        "lstm_lm_adaptive_wt103",
+        pytest.param("lstm_lm_define_wt103_n7", marks=pytest.mark.slow),
+        pytest.param("lstm_lm_define_wt103_n11", marks=pytest.mark.slow),
+    ],
+)
 def test_train_and_eval_lm(lm_data, trained, arch):
     checkpoint = trained(arch)
     loss, ppl = eval_lm(lm_data, checkpoint, "--tokens-per-sample", "32", "--max-tokens", "256")
