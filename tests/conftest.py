@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cli_runner
 import pytest
 import torch
 
@@ -80,10 +81,13 @@ def run_cli(program, *args, cwd=None, check=True):
     args = [str(a) for a in args]
     if program == "fairseq-train" and "--data-buffer-size" not in args:
         args += ["--data-buffer-size", "0"]
-    command = [str(BIN / program), *args]
-    proc = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
-    if _shutdown_abort(proc):
+    if program in cli_runner.PROGRAMS:  # a new process, forked with fairseq imported
+        proc = cli_runner.run(program, args, cwd=cwd)
+    else:
+        command = [str(BIN / program), *args]
         proc = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+        if _shutdown_abort(proc):
+            proc = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
     if check and proc.returncode != 0:
         raise AssertionError(f"{program} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return proc
@@ -99,7 +103,7 @@ def training_arguments(command_line: str):
 
 def run_module(module, *args, check=True):
     """``python -m module args`` with this environment's Python (the plugin's own command-line tools)."""
-    proc = subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True, text=True)
+    proc = cli_runner.run_module(module, [str(a) for a in args])
     if check and proc.returncode != 0:
         raise AssertionError(f"{module} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return proc
