@@ -184,3 +184,40 @@ def test_gated_conv_compare_writes_its_table(toy_corpus, tmp_path):
     rows = [line for line in (out / "results.md").read_text().splitlines() if line.startswith("| `")]
     assert [row.split("`")[1] for row in rows] == ["fconv_lm", "gcnn_lm_8"]
     assert all(len(re.findall(r"\| \d+\.\d\d \(\d+\.\d\d\) \|", row)) == 2 for row in rows), rows  # updates, time
+
+
+def seed_table(results, seed):
+    return results.split(f"Seed {seed}:\n\n")[1].split("\n\n")[0]
+
+
+def test_char2subword_robustness_adds_a_seed_to_its_table_and_reports_their_spread(toy_corpus, tmp_path):
+    out = tmp_path / "out"
+    script, size = "examples/char2subword/robustness.sh", ("-u", 10, "-U", 10, "-c", toy_corpus)
+    run_script(script, "-o", out, "-s", 1, *size)
+    first = (out / "results.md").read_text()
+    assert "Seed 1:" in first and "Seed 2:" not in first and "±" not in first
+    run_script(script, "-o", out, "-s", "2-2", *size)  # a seed added later: seed 1 is read back, not retrained
+    results = (out / "results.md").read_text()
+    assert seed_table(results, 1) == seed_table(first, 1)
+    names = ["transformer", "transformer_continued", "transformer_c2s"]
+    tables = results.split("Seed ")[1:]
+    assert [t.split(":")[0] for t in tables] == ["1", "2"]
+    number = r"\d+\.\d\d"
+    for table in tables:
+        rows = [line for line in table.splitlines() if line.startswith("| `")]
+        assert [row.split("`")[1] for row in rows[:3]] == names
+        assert all(len(re.findall(rf"\| {number} \([+-]{number}\)", row)) == 4 for row in rows[:3]), rows
+    means = [line for line in tables[1].split("Mean ± standard deviation")[1].splitlines() if line.startswith("| `")]
+    assert [row.split("`")[1] for row in means] == names
+    assert all(len(re.findall(rf"{number} ± {number}", row)) == 5 for row in means), means
+    assert "'seed': 2" in (out / "seed2" / "transformer_c2s" / "train.log").read_text()
+    assert (out / "seed1" / "transformer" / "train.log").read_text().count("done training") == 1
+    assert not list(out.rglob("*.tmp"))
+
+
+def test_char2subword_robustness_refuses_a_bad_seed_range_and_a_positional_argument(tmp_path):
+    proc = run_script("examples/char2subword/robustness.sh", "-o", tmp_path / "a", "-s", "3-2", check=False)
+    assert proc.returncode == 2 and "-s 3-2: the seeds are a count N" in proc.stderr
+    proc = run_script("examples/char2subword/robustness.sh", tmp_path / "b", check=False)
+    assert proc.returncode == 2 and "unexpected argument" in proc.stderr
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
