@@ -1,11 +1,11 @@
 """fairseq's console programs, each run in a new process that starts with fairseq already imported.
 
-A fairseq program spends about 4 of its first 5 seconds importing torch and fairseq (every task and criterion,
-scikit-learn among them). The tests run a few hundred such programs, so each test worker keeps one process that has
-imported them (multiprocessing's fork server, started on the first run) and forks a child of it per program: the
-child is a new process with the program's command line, working directory and environment, runs the console
-script's ``cli_main`` and exits with its status, as the script would. The plugin itself is not imported
-beforehand, so ``--user-dir`` does what it does on the command line.
+A short fairseq run spends most of its time importing torch and fairseq (every task and criterion, scikit-learn
+among them), and the tests run many short runs. So each test worker keeps one process that has imported them
+(multiprocessing's fork server, started on the first run) and forks a child of it per program: the child is a new
+process with the program's command line, working directory and environment, runs the console script's
+``cli_main`` and exits with its status, as the script would. The plugin itself is not imported beforehand, so
+``--user-dir`` does what it does on the command line.
 """
 
 import importlib
