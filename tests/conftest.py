@@ -41,8 +41,9 @@ def one_thread_per_process():
 # finished process: SIGABRT with the line below as the last output (seen with gcnn runs of 2 updates under the full
 # load of the parallel test run; test_train_exit.py makes it happen every time). python -m
 # define_fairseq.tools.train, which the recipes run, exits cleanly instead; the tests run the stock fairseq-train,
-# so its runs collate in the main thread (--data-buffer-size 0), and a program that still aborts that way is run
-# once more; a second abort fails.
+# so its runs collate in the main thread (--data-buffer-size 0), and a program started as a subprocess that still
+# aborts that way is run once more; a second abort fails. (cli_runner's children end with os._exit, which skips
+# that shutdown.)
 SHUTDOWN_ABORT = "terminate called without an active exception"
 
 
