@@ -32,13 +32,18 @@ compare_options() {
         bf16) DEVICE_ARGS+=(--bf16) ;;
         *) echo "error: -p $precision: the precision is fp32 or bf16" >&2; exit 2 ;;
     esac
-    # -s N: seeds 1..N; -s A-B: seeds A..B (several processes or machines filling one OUT, each its own seeds)
-    if [[ $SEEDS =~ ^([1-9][0-9]*)-([1-9][0-9]*)$ ]] && (( BASH_REMATCH[1] <= BASH_REMATCH[2] )); then
+    parse_seeds "$SEEDS"
+}
+
+# parse_seeds SEEDS: FIRST_SEED and LAST_SEED of -s SEEDS: N for seeds 1..N, A-B for seeds A..B (several processes
+# or machines filling one OUT, each its own seeds); anything else stops with exit status 2.
+parse_seeds() {
+    if [[ $1 =~ ^([1-9][0-9]*)-([1-9][0-9]*)$ ]] && (( BASH_REMATCH[1] <= BASH_REMATCH[2] )); then
         FIRST_SEED=${BASH_REMATCH[1]} LAST_SEED=${BASH_REMATCH[2]}
-    elif [[ $SEEDS =~ ^[1-9][0-9]*$ ]]; then
-        FIRST_SEED=1 LAST_SEED=$SEEDS
+    elif [[ $1 =~ ^[1-9][0-9]*$ ]]; then
+        FIRST_SEED=1 LAST_SEED=$1
     else
-        echo "error: -s $SEEDS: the seeds are a count N (1..N) or a range A-B with A <= B" >&2; exit 2
+        echo "error: -s $1: the seeds are a count N (1..N) or a range A-B with A <= B" >&2; exit 2
     fi
 }
 

@@ -41,13 +41,7 @@ while getopts "o:s:u:U:c:h" opt; do
     esac
 done
 (( OPTIND > $# )) || { echo "error: unexpected argument '${!OPTIND}' (the options are flags: -h)" >&2; exit 2; }
-if [[ $SEEDS =~ ^([1-9][0-9]*)-([1-9][0-9]*)$ ]] && (( BASH_REMATCH[1] <= BASH_REMATCH[2] )); then
-    FIRST_SEED=${BASH_REMATCH[1]} LAST_SEED=${BASH_REMATCH[2]}
-elif [[ $SEEDS =~ ^[1-9][0-9]*$ ]]; then
-    FIRST_SEED=1 LAST_SEED=$SEEDS
-else
-    echo "error: -s $SEEDS: the seeds are a count N (1..N) or a range A-B with A <= B" >&2; exit 2
-fi
+parse_seeds "$SEEDS"
 for value in "$UPDATES" "$MORE_UPDATES"; do
     [[ $value =~ ^[1-9][0-9]*$ ]] || { echo "error: -u/-U $value: a number of updates, at least 1" >&2; exit 2; }
 done
