@@ -215,9 +215,11 @@ def test_char2subword_robustness_adds_a_seed_to_its_table_and_reports_their_spre
     assert not list(out.rglob("*.tmp"))
 
 
-def test_char2subword_robustness_refuses_a_bad_seed_range_and_a_positional_argument(tmp_path):
+def test_char2subword_robustness_refuses_a_bad_seed_range_a_positional_argument_and_no_updates(tmp_path):
     proc = run_script("examples/char2subword/robustness.sh", "-o", tmp_path / "a", "-s", "3-2", check=False)
     assert proc.returncode == 2 and "-s 3-2: the seeds are a count N" in proc.stderr
     proc = run_script("examples/char2subword/robustness.sh", tmp_path / "b", check=False)
     assert proc.returncode == 2 and "unexpected argument" in proc.stderr
-    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    proc = run_script("examples/char2subword/robustness.sh", "-o", tmp_path / "c", "-U", 0, check=False)
+    assert proc.returncode == 2 and "-u/-U 0: a number of updates" in proc.stderr
+    assert not any((tmp_path / name).exists() for name in "abc")
