@@ -49,9 +49,20 @@ class GroupLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.groups == 1:
             return F.linear(x, self.weight[0].t(), self.bias)
-        if _autocast_on(x) or x.dtype != self.weight.dtype:
-            return _group_linear_reference(x, self.weight, self.bias)
-        return _GroupLinearFunction.apply(x, self.weight, self.bias)
+        weight, bias = self.weight, self.bias
+        cast = _autocast_dtype(x)
+        if cast is not None:
+            # autocast runs bmm and baddbmm in its dtype: the same casts here keep the result autocast's (and float32
+            # parameters get float32 gradients through the casts' backward)
+            x, weight = x.to(cast), weight.to(cast)
+            bias = None if bias is None else bias.to(cast)
+        if x.dtype != weight.dtype or _compiling():
+            # torch.compile cannot trace the Function's out= writes (a graph break), and fuses the copies they save
+            return _group_linear_reference(x, weight, bias)
+        if cast is None:
+            return _GroupLinearFunction.apply(x, weight, bias)
+        with torch.autocast(x.device.type, enabled=False):
+            return _GroupLinearFunction.apply(x, weight, bias)
 
     def extra_repr(self) -> str:
         return (
@@ -60,11 +71,22 @@ class GroupLinear(nn.Module):
         )
 
 
-def _autocast_on(x: torch.Tensor) -> bool:
+def _autocast_dtype(x: torch.Tensor):
+    """The dtype autocast runs matrix products in on ``x``'s device, or ``None`` when autocast is off there."""
+    device = x.device.type
     try:
-        return torch.is_autocast_enabled(x.device.type)
+        if not torch.is_autocast_enabled(device):
+            return None
+        return torch.get_autocast_dtype(device)
     except TypeError:  # torch < 2.4
-        return torch.is_autocast_enabled() if x.is_cuda else torch.is_autocast_cpu_enabled()
+        if x.is_cuda:
+            return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() else None
+        return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None
+
+
+def _compiling() -> bool:
+    compiler = getattr(torch, "compiler", None)  # torch >= 2.1
+    return compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling()
 
 
 def _group_linear_reference(x, weight, bias):
@@ -93,7 +115,8 @@ class _GroupLinearFunction(torch.autograd.Function):
             y = x.new_empty(n, g * o)
             torch.bmm(xt, weight, out=y.view(n, g, o).transpose(0, 1))
         else:
-            y = bias.expand(n, g * o).contiguous()
+            # a copy even for one row, where contiguous() would return the bias itself for baddbmm_ to write into
+            y = bias.expand(n, g * o).clone(memory_format=torch.contiguous_format)
             y.view(n, g, o).transpose(0, 1).baddbmm_(xt, weight)
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None

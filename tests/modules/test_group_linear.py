@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from define_fairseq.modules import GroupLinear
+from define_fairseq.modules import GroupLinear, group_linear
 
 
 def reference_group_linear(x, weight, bias, groups):
@@ -27,6 +27,19 @@ def test_matches_per_group_reference(groups, bias):
     expected_grads = torch.autograd.grad(expected, [x, layer.weight], g)
     for a, b in zip(grads, expected_grads):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("shape", [(32,), (1, 32), (1, 1, 32)])
+def test_one_row_leaves_the_bias_alone(shape):
+    """A single row: the output starts as a copy of the bias, never the bias itself (``expand(1, F)`` is already
+    contiguous, and the product is added into the output in place)."""
+    torch.manual_seed(0)
+    layer = GroupLinear(32, 48, 4)
+    bias = layer.bias.detach().clone()
+    x = torch.randn(shape)
+    y = layer(x)
+    torch.testing.assert_close(layer.bias.detach(), bias, rtol=0, atol=0)
+    torch.testing.assert_close(y, reference_group_linear(x, layer.weight, layer.bias, 4))
 
 
 def test_one_group_equals_nn_linear():
@@ -64,10 +77,52 @@ def test_gradcheck_float64(bias):
     assert torch.autograd.gradgradcheck(lambda *_: layer(x), params)
 
 
-def test_bfloat16_autocast_matches_reference():
+def count_fast_path_calls(monkeypatch):
+    calls = []
+    apply = group_linear._GroupLinearFunction.apply
+    monkeypatch.setattr(group_linear._GroupLinearFunction, "apply", lambda *a: calls.append(1) or apply(*a))
+    return calls
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_bfloat16_autocast_takes_the_fast_path_and_matches_autocast_on_the_reference(bias, monkeypatch):
+    """Under autocast the operands are cast to its dtype, as autocast casts those of ``bmm`` and ``baddbmm``: the
+    reference formulation under autocast then does the same products in bfloat16. The two write their float32
+    accumulations back in other layouts, so an output may round to the neighbouring bfloat16 value (2**-8 relative):
+    bfloat16 tolerances; the float32 parameters get float32 gradients."""
+    calls = count_fast_path_calls(monkeypatch)
     torch.manual_seed(0)
-    layer = GroupLinear(32, 64, 4)
-    x = torch.randn(5, 32)
+    layer = GroupLinear(32, 64, 4, bias=bias)
+    x = torch.randn(6, 5, 32, requires_grad=True)
+    params = [x, *layer.parameters()]
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y = layer(x)
-    torch.testing.assert_close(y.float(), reference_group_linear(x, layer.weight, layer.bias, 4), rtol=3e-2, atol=3e-2)
+        expected = group_linear._group_linear_reference(x, layer.weight, layer.bias)
+    assert calls == [1] and y.dtype == expected.dtype == torch.bfloat16
+    torch.testing.assert_close(y, expected)
+    g = torch.randn_like(y)
+    grads = torch.autograd.grad(y, params, g)
+    expected_grads = torch.autograd.grad(expected, params, g)
+    for got, want in zip(grads, expected_grads):
+        assert got.dtype == want.dtype == torch.float32
+        torch.testing.assert_close(got, want, rtol=1.6e-2, atol=1e-2)
+    # and the literal definition in float32, within bfloat16's rounding of the operands and the output
+    literal = reference_group_linear(x, layer.weight, layer.bias, 4)
+    torch.testing.assert_close(y.float(), literal, rtol=3e-2, atol=3e-2)
+
+
+def test_half_precision_weights_take_the_fast_path(monkeypatch):
+    """``model.half()`` (fairseq's ``--fp16``): parameters and input in float16, no autocast."""
+    calls = count_fast_path_calls(monkeypatch)
+    torch.manual_seed(0)
+    layer = GroupLinear(32, 64, 4).half()
+    x = torch.randn(6, 32).half().requires_grad_()
+    y = layer(x)
+    assert calls == [1] and y.dtype == torch.float16
+    expected = group_linear._group_linear_reference(x, layer.weight, layer.bias)
+    torch.testing.assert_close(y, expected)
+    g = torch.randn_like(y)
+    for got, want in zip(
+        torch.autograd.grad(y, [x, layer.weight], g), torch.autograd.grad(expected, [x, layer.weight], g)
+    ):
+        torch.testing.assert_close(got, want)
