@@ -12,6 +12,13 @@ from .define import DeFINE
 from .define_delight import DelightDeFINE
 from .parameter_cache import ParameterCache
 
+TOKEN_PATHS = ("unique", "table", "positions")
+"""Where the unit runs in a forward with autograd. ``unique``: once per distinct token of the batch, the results
+indexed back to the positions (``torch.unique``: fewest rows, but the host waits for the device to count them).
+``table``: on all ``V`` rows of the map, then rows gathered per position: static shapes, no host synchronisation,
+so it suits CUDA graphs and ``torch.compile(fullgraph=True)``; more rows than a batch has tokens when ``V`` is
+large. ``positions``: on every position (what dropout in the unit or the map needs anyway)."""
+
 
 class DeFINEEmbedding(nn.Module):
     """Drop-in ``embed_tokens``: ``tokens -> DeFINE(sqrt(n) * map(tokens))``.
@@ -21,11 +28,11 @@ class DeFINEEmbedding(nn.Module):
     (= m) and ``padding_idx``, and for the output layer to tie to: ``weight`` (the ``V x n`` table) with the
     table map, ``weights_for_band(i)`` (fairseq's ``AdaptiveSoftmax`` API) with the adaptive map.
 
-    DeFINE depends only on the token. While training, the unit runs once per distinct token of the batch and
-    the results are indexed back to the positions (``unique_tokens``; skipped when the unit or the map has
-    dropout, since each position must draw its own mask). In eval mode without autograd (validation, generation)
-    the whole ``V x m`` table is computed once and rows are looked up, exactly as the folded model does, until a
-    parameter changes (:class:`ParameterCache`); ``train()`` drops it.
+    DeFINE depends only on the token, so with autograd the unit need not run on every position; ``token_path``
+    says where it runs (see :data:`TOKEN_PATHS`). Whatever the path, when the unit or the map has dropout while
+    training it runs on every position, since each position must draw its own mask. In eval mode without autograd
+    (validation, generation) the whole ``V x m`` table is computed once and rows are looked up, exactly as the
+    folded model does, until a parameter changes (:class:`ParameterCache`); ``train()`` drops it.
 
     Args:
         num_embeddings: vocabulary size V.
@@ -35,7 +42,8 @@ class DeFINEEmbedding(nn.Module):
         padding_idx: row of the table kept at zero.
         map_dropout: dropout on the scaled map output, before the unit, with one mask per sequence (the first
             dimension of ``tokens``) and feature, shared by its positions: the authors' ``delight_emb_dropout``.
-        unique_tokens: run DeFINE on the batch's distinct tokens only.
+        token_path: one of :data:`TOKEN_PATHS`; an attribute, may be changed at any time (``unique_tokens``, the
+            former switch, reads and sets it: ``True`` is ``"unique"``, ``False`` is ``"positions"``).
         adaptive_cutoff, adaptive_factor: make the map an :class:`AdaptiveInput` with these band boundaries.
 
     Shapes: ``tokens [...]`` (long) -> ``[..., m]``.
@@ -54,19 +62,21 @@ class DeFINEEmbedding(nn.Module):
         activation=None,
         norm=None,
         dropout: float = 0.0,
-        unique_tokens: bool = True,
         adaptive_cutoff=None,
         adaptive_factor: float = 4,
         init: str = "unit",
         map_dropout: float = 0.0,
+        token_path: str = "unique",
     ):
         super().__init__()
         check_probability(map_dropout, "map_dropout")
+        if token_path not in TOKEN_PATHS:
+            raise ValueError(f"token_path={token_path!r}: unknown; choose one of {', '.join(TOKEN_PATHS)}")
+        self.token_path = token_path
         self.map_dropout = map_dropout
         self.num_embeddings = num_embeddings
         self.padding_idx = padding_idx
         self.embedding_dim = m
-        self.unique_tokens = unique_tokens
         if adaptive_cutoff:
             self.adaptive = AdaptiveInput(
                 num_embeddings, padding_idx, n, adaptive_cutoff, adaptive_factor, output_dim=n
@@ -112,15 +122,34 @@ class DeFINEEmbedding(nn.Module):
         return self.adaptive.weights_for_band(band)
 
     @property
+    def unique_tokens(self) -> bool:
+        """``token_path == "unique"``; setting it picks ``"unique"`` (``True``) or ``"positions"`` (``False``)."""
+        return self.token_path == "unique"
+
+    @unique_tokens.setter
+    def unique_tokens(self, value: bool) -> None:
+        self.token_path = "unique" if value else "positions"
+
+    @property
+    def active_token_path(self) -> str:
+        """The path a forward with autograd takes: ``token_path``, or ``"positions"`` while training with dropout in
+        the unit or the map (each position must then draw its own mask)."""
+        if self.training and (self.define.dropout > 0 or self.map_dropout > 0):
+            return "positions"
+        return self.token_path
+
+    @property
     def runs_per_distinct_token(self) -> bool:
-        """Whether a forward with autograd runs the unit once per distinct token (``unique_tokens``, unless the
-        unit or the map has dropout while training: each position must then draw its own mask)."""
-        return self.unique_tokens and not (self.training and (self.define.dropout > 0 or self.map_dropout > 0))
+        """Whether a forward with autograd runs the unit once per distinct token of the batch."""
+        return self.active_token_path == "unique"
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         if not self.training and not torch.is_grad_enabled():
             return F.embedding(tokens, self._eval_table.get(self.parameters(), self.folded_table))
-        if self.runs_per_distinct_token:
+        path = self.active_token_path
+        if path == "table":
+            return F.embedding(tokens, self.define(self.map_all_rows() * self.embed_scale))
+        if path == "unique":
             distinct, index = torch.unique(tokens, return_inverse=True)
             return self.define(self.map(distinct) * self.embed_scale)[index]
         mapped = self.map(tokens) * self.embed_scale
@@ -128,6 +157,10 @@ class DeFINEEmbedding(nn.Module):
             shape = tokens.shape[:1] + (1,) * (tokens.dim() - 1) + mapped.shape[-1:]
             mapped = mapped * mapped.new_empty(shape).bernoulli_(1 - self.map_dropout).div_(1 - self.map_dropout)
         return self.define(mapped)
+
+    def map_all_rows(self) -> torch.Tensor:
+        """``[V, n]``: the map of every token id, through the map module (so the padding row gets no gradient)."""
+        return self.map(torch.arange(self.num_embeddings, device=self.define_device()))
 
     def train(self, mode: bool = True):
         if mode:
@@ -139,11 +172,7 @@ class DeFINEEmbedding(nn.Module):
         """The ``V x m`` table of every token's DeFINE output, computed in eval mode."""
         was_training = self.training
         self.eval()
-        if self.adaptive is None:
-            mapped = self.table.weight
-        else:
-            mapped = self.adaptive(torch.arange(self.num_embeddings, device=self.define_device()))
-        table = self.define(mapped * self.embed_scale)
+        table = self.define(self.map_all_rows() * self.embed_scale)
         self.train(was_training)
         return table
 

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from define_fairseq.modules import DeFINEEmbedding
+from define_fairseq.modules.define_embedding import TOKEN_PATHS
 
 
 def make(**kwargs):
@@ -30,18 +31,43 @@ def test_equals_plain_recomputation():
     torch.testing.assert_close(emb(tokens()), expected)
 
 
-def test_unique_token_path_equals_per_position_path_with_gradients():
-    # float64: the two paths sum the gradient in other orders; float32 gradients of about 10 then differ by a few
-    # units in the last place, more than a float32 tolerance allows for their entries near zero
-    emb = make().double()
-    out_unique = emb(tokens())
-    grads_unique = torch.autograd.grad(out_unique.square().sum(), list(emb.parameters()))
-    emb.unique_tokens = False
-    out_all = emb(tokens())
-    grads_all = torch.autograd.grad(out_all.square().sum(), list(emb.parameters()))
-    torch.testing.assert_close(out_unique, out_all, rtol=1e-12, atol=1e-12)
-    for a, b in zip(grads_unique, grads_all):
+@pytest.mark.parametrize("path", TOKEN_PATHS)
+def test_every_token_path_equals_the_literal_per_position_computation_with_gradients(path):
+    """Outputs and every parameter's gradient against ``define(sqrt(n) * table(tokens))`` position by position.
+
+    float64: the paths sum a parameter's gradient in other orders (over distinct tokens, over all V table rows,
+    over positions); float32 gradients of about 10 then differ by a few units in the last place, more than a float32
+    tolerance allows for their entries near zero. In float64 those sums of a few dozen terms agree to about 1e-14."""
+    emb = make(token_path=path).double()
+    params = list(emb.parameters())
+    out = emb(tokens())
+    grads = torch.autograd.grad(out.square().sum(), params)
+    literal = torch.stack([emb.define(emb.table(t) * math.sqrt(16)) for t in tokens().reshape(-1)])
+    expected = torch.autograd.grad(literal.square().sum(), params)
+    torch.testing.assert_close(out, literal.view(2, 4, 24), rtol=1e-12, atol=1e-12)
+    for a, b in zip(grads, expected):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    assert torch.count_nonzero(grads[params.index(emb.table.weight)][1]) == 0  # the padding row stays at zero
+
+
+def test_token_path_setting_and_the_unique_tokens_switch():
+    emb = make()
+    assert emb.token_path == "unique" and emb.unique_tokens and emb.runs_per_distinct_token
+    emb.unique_tokens = False
+    assert emb.token_path == "positions" and not emb.unique_tokens
+    emb.unique_tokens = True
+    assert emb.token_path == "unique"
+    assert not make(token_path="table").unique_tokens
+    message = "token_path='rows': unknown; choose one of unique, table, positions"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        make(token_path="rows")
+
+
+@pytest.mark.parametrize("path", TOKEN_PATHS)
+def test_dropout_while_training_runs_on_every_position_whatever_the_path(path):
+    emb = make(token_path=path, dropout=0.5)
+    assert emb.train().active_token_path == "positions"
+    assert emb.eval().active_token_path == path
 
 
 def test_eval_table_equals_per_token_computation_and_follows_weight_changes():
@@ -124,3 +150,20 @@ def test_an_in_place_change_in_eval_mode_reaches_the_next_output():
     torch.testing.assert_close(after, emb.define(emb.table.weight * 4.0)[tokens()].detach(), rtol=0, atol=0)
     changed = (after - before).abs().amax(dim=-1) > 1e-3
     assert changed.tolist() == (tokens() == 5).tolist()
+
+
+def test_table_path_through_an_adaptive_map_equals_the_unique_path():
+    """With ``adaptive_cutoff`` the table path maps every id through the adaptive input (float64, as above; a band
+    without tokens in the batch has no gradient on the unique path and zeros on the table path)."""
+    torch.manual_seed(0)
+    emb = DeFINEEmbedding(50, n=16, k=64, m=24, padding_idx=1, adaptive_cutoff=[10, 30], adaptive_factor=2).double()
+    results = []
+    for path in ("unique", "table"):
+        emb.token_path = path
+        out = emb(tokens())
+        grads = torch.autograd.grad(out.square().sum(), list(emb.parameters()), allow_unused=True)
+        results.append((out, [torch.zeros_like(p) if g is None else g for p, g in zip(emb.parameters(), grads)]))
+    (out_u, grads_u), (out_t, grads_t) = results
+    torch.testing.assert_close(out_t, out_u, rtol=1e-12, atol=1e-12)
+    for a, b in zip(grads_t, grads_u):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
