@@ -59,6 +59,16 @@ class ProjectedAdaptiveSoftmax(nn.Module):
         table: optional ``nn.Parameter [V, n]`` to tie to.
         projections: see above.
         dropout: on the input, while training.
+        static_shapes: :meth:`forward` scores every row against every tail cluster and marks the rows of other
+            clusters with ``ignore_index`` in that cluster's targets, instead of selecting each cluster's rows
+            (``nonzero()``, whose result size the host must wait for). The loss is the same; the work is that of a
+            full softmax, but every shape is static (CUDA graphs, ``torch.compile(fullgraph=True)``).
+        ignore_index: the target ``static_shapes`` gives the rows outside a cluster: ``cross_entropy``'s default
+            (-100), as this package's ``lm_regularized_loss`` calls it; fairseq's ``adaptive_loss`` needs the
+            dictionary's padding index.
+
+    Shapes: ``forward``: ``input [..., input_dim]``, ``target [...]`` -> per-cluster ``[N_c, size_c]`` logits and
+    ``[N_c]`` targets; ``get_log_prob``: ``input [..., input_dim]`` -> ``[..., V]``.
     """
 
     def __init__(
@@ -70,6 +80,8 @@ class ProjectedAdaptiveSoftmax(nn.Module):
         table: Optional[nn.Parameter] = None,
         projections: Optional[Sequence[Optional[nn.Parameter]]] = None,
         dropout: float = 0.0,
+        static_shapes: bool = False,
+        ignore_index: int = -100,
     ):
         super().__init__()
         for name, value in (("vocab_size", vocab_size), ("embed_dim", embed_dim), ("input_dim", input_dim)):
@@ -78,6 +90,8 @@ class ProjectedAdaptiveSoftmax(nn.Module):
         self.vocab_size = vocab_size
         self.embed_dim = embed_dim
         self.input_dim = input_dim
+        self.static_shapes = static_shapes
+        self.ignore_index = ignore_index
         self.cutoff = check_cutoff(cutoff, vocab_size)
         self.cluster_sizes = [hi - lo for lo, hi in zip([0] + self.cutoff[:-1], self.cutoff)]
         clusters = len(self.cutoff)
@@ -165,7 +179,9 @@ class ProjectedAdaptiveSoftmax(nn.Module):
         Returns ``(logits, targets)``, flattened to N rows: ``logits[0] [N, c0 + C - 1]`` and ``targets[0] [N]``
         (the word for head words, ``c0 + c - 1`` for a word of tail cluster ``c``); for ``c >= 1``
         ``logits[c] [N_c, size_c]`` and ``targets[c] [N_c]`` (the word minus the cluster's start) for the rows
-        whose target is in cluster ``c``, or ``None`` / ``None`` when there are none.
+        whose target is in cluster ``c``, or ``None`` / ``None`` when there are none. With ``static_shapes``,
+        ``logits[c] [N, size_c]`` and ``targets[c] [N]`` for every cluster, ``ignore_index`` where a row's target is
+        in another cluster.
         """
         h = self.dropout(input.reshape(-1, input.size(-1)))
         target = target.reshape(-1)
@@ -178,6 +194,12 @@ class ProjectedAdaptiveSoftmax(nn.Module):
         targets: List[Optional[torch.Tensor]] = [head_target]
         for c in range(1, self.num_clusters):
             lo, hi = self.cutoff[c - 1], self.cutoff[c]
+            if self.static_shapes:
+                member = (target >= lo) & (target < hi)
+                head_target.masked_fill_(member, c0 + c - 1)
+                logits.append(self._cluster_logits(h, c, tables[c], biases[c]))
+                targets.append(torch.where(member, target - lo, self.ignore_index))
+                continue
             rows = ((target >= lo) & (target < hi)).nonzero().squeeze(1)
             if rows.numel() == 0:
                 logits.append(None)

@@ -77,6 +77,18 @@ def test_forward_targets_give_the_same_loss_as_get_log_prob():
     assert logits[1:] == [None, None, None] and targets[1:] == [None, None, None]
 
 
+def test_static_shapes_score_every_row_and_ignore_the_rows_of_other_clusters():
+    sm = small_softmax(static_shapes=True, ignore_index=-7)
+    h = torch.randn(3, 7, 5, dtype=torch.float64)
+    target = torch.tensor([[0, 1, 3, 4, 8, 9, 19], [2, 2, 3, 1, 0, 5, 6], [15, 16, 1, 0, 3, 2, 9]])
+    logits, targets = sm(h, target)
+    assert [lg.shape for lg in logits] == [(21, 7), (21, 5), (21, 6), (21, 5)]
+    assert targets[0].view(3, 7)[0].tolist() == [0, 1, 3, 4, 4, 5, 6]
+    assert targets[2].view(3, 7).tolist() == [[-7, -7, -7, -7, -7, 0, -7], [-7] * 7, [-7, -7, -7, -7, -7, -7, 0]]
+    loss = sum(F.cross_entropy(lg, tg, ignore_index=-7, reduction="sum") for lg, tg in zip(logits, targets))
+    torch.testing.assert_close(loss, -sm.get_log_prob(h).gather(-1, target.unsqueeze(-1)).sum())
+
+
 def reference_log_prob(sm, flat):
     """``[N, 20]`` log-probabilities of ``small_softmax`` written out from the definition, slice by slice."""
     proj = [torch.eye(flat.size(1), dtype=flat.dtype) if p is None else p for p in sm.projections]
@@ -100,10 +112,12 @@ def reference_log_prob(sm, flat):
         [[0, 1, 3, 4, 8, 19, 19], [2, 2, 3, 1, 0, 5, 6], [15, 16, 1, 0, 3, 2, 4]],
     ],
 )
-def test_training_loss_gradients_match_the_definition(target):
+@pytest.mark.parametrize("static_shapes", [False, True])
+def test_training_loss_gradients_match_the_definition(target, static_shapes):
     """Every parameter's gradient through the training path (the table as well, used as the input embedding
-    too, as when tied), also when a cluster has no target (the second case has none in cluster 2)."""
-    sm = small_softmax().train()
+    too, as when tied), also when a cluster has no target (the second case has none in cluster 2), with the rows
+    of each cluster selected and with ``static_shapes`` (every row scored against every cluster)."""
+    sm = small_softmax(static_shapes=static_shapes).train()
     h = torch.randn(3, 7, 5, dtype=torch.float64, requires_grad=True)
     target = torch.tensor(target)
     tokens = torch.tensor([1, 7, 7, 12, 18])
