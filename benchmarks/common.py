@@ -20,9 +20,11 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence
 
 import torch
 
+from benchmarks.precision import LOSS_SCALE, MasterWeights
+
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 KEEP_MARK = "<!-- written by hand below this line: kept when the benchmark is run again -->"
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def _loadavg() -> str:
@@ -32,15 +34,16 @@ def _loadavg() -> str:
         return "n/a"
 
 
-def options(doc: str, rounds: int, warmup: int = 1) -> argparse.ArgumentParser:
-    """The options every benchmark takes; the benchmark adds its own."""
+def options(doc: str, rounds: int, warmup: int = 1, fp16: bool = False) -> argparse.ArgumentParser:
+    """The options every benchmark takes; the benchmark adds its own. ``fp16``: it offers ``--dtype fp16``."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument(
         "--dtype",
-        choices=tuple(DTYPES),
-        help="default fp32 on cpu, bf16 on cuda: autocast around "
-        "forward and loss of whole models, parameters and inputs in that dtype for single modules",
+        choices=tuple(DTYPES) if fp16 else ("fp32", "bf16"),
+        help="default fp32 on cpu, bf16 on cuda: autocast around forward and loss of whole models, parameters and "
+        "inputs in that dtype for single modules; fp16 (where offered): float16 parameters with float32 master "
+        "weights and a fixed loss scale (benchmarks/precision.py), as fairseq's --fp16",
     )
     p.add_argument("--threads", type=int, help="torch CPU threads (default 2 on cpu; torch's default on cuda)")
     p.add_argument("--rounds", type=int, default=rounds, help="timed interleaved rounds (median reported)")
@@ -139,6 +142,7 @@ class Bench:
         if args.quick:
             args.rounds, args.warmup = 1, 1
         self.device, self.dtype, self.cuda = torch.device(args.device), DTYPES[args.dtype], args.device == "cuda"
+        self.half = self.dtype == torch.float16  # whole models: model.half(), no autocast
         if args.threads or not self.cuda:
             torch.set_num_threads(args.threads or 2)
         self.failed = False
@@ -146,20 +150,25 @@ class Bench:
 
     def autocast(self):
         """Mixed precision around a whole model's forward and loss (as fairseq's ``--amp``, in bfloat16)."""
-        return nullcontext() if self.dtype == torch.float32 else torch.autocast(self.device.type, self.dtype)
+        return (
+            nullcontext() if self.dtype == torch.float32 or self.half else torch.autocast(self.device.type, self.dtype)
+        )
 
     def to(self, obj):
-        """``obj`` (a tensor, a module, or dicts / lists of them) on the device."""
+        """``obj`` (a tensor, a module, or dicts / lists of them) on the device; a module in float16 with ``half``."""
         if isinstance(obj, dict):
             return {k: self.to(v) for k, v in obj.items()}
         if isinstance(obj, (list, tuple)):
             return type(obj)(self.to(v) for v in obj)
+        if self.half and isinstance(obj, torch.nn.Module):
+            return obj.to(self.device).half()
         return obj.to(self.device) if hasattr(obj, "to") else obj
 
     def step(self, model, criterion, sample, optimizer=None, clip: float = 0.0):
         """A callable running one training step of ``model`` (``zero_grad``, forward and loss under autocast,
         backward, gradient norm clipped to ``clip`` if given, ``optimizer.step()``) or, without ``optimizer``, one
-        scoring pass without autograd."""
+        scoring pass without autograd. With ``half`` the optimizer steps float32 masters (:class:`MasterWeights`)."""
+        master = MasterWeights(optimizer) if self.half and optimizer is not None else None
 
         def run():
             if optimizer is None:
@@ -168,10 +177,14 @@ class Bench:
             optimizer.zero_grad(set_to_none=True)
             with self.autocast():
                 loss, _, _ = criterion(model, sample)
-            loss.backward()
+            (loss if master is None else loss * master.scale).backward()
+            if master is not None:
+                master.unscale_gradients()
             if clip:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+                torch.nn.utils.clip_grad_norm_(model.parameters() if master is None else master.master, clip)
             optimizer.step()
+            if master is not None:
+                master.copy_back()
 
         return run
 
@@ -259,6 +272,11 @@ class Bench:
                 f"parameters and inputs in it)"
             )
         )
+        if self.half:
+            precision = (
+                f"fp16 (`--dtype`: float16 parameters and float32 master weights, loss scale {LOSS_SCALE:g} fixed, "
+                f"as fairseq's --fp16 without its overflow check; single modules hold parameters and inputs in it)"
+            )
         host = f"{os.cpu_count()}-core CPU, {cpu_name()}, {platform.system()} {platform.machine()}"
         if self.cuda:
             p = torch.cuda.get_device_properties(self.device)

@@ -28,10 +28,13 @@ from benchmarks.common import RESULTS_DIR, error_text, ratio, slug, table, write
 RUNS = (
     ("group_linear", ["--rounds", "10"]),
     ("train_speed", ["--rounds", "10"]),
+    ("train_speed", ["--tokens", "26000", "--rounds", "5"]),
+    ("train_speed", ["--dtype", "fp16", "--rounds", "10"]),
     ("generate_speed", ["--rounds", "5"]),
     ("lstm_lm_speed", ["--rounds", "5"]),
     ("mogrifier_speed", ["--rounds", "5"]),
     ("txl_speed", ["--rounds", "5"]),
+    ("txl_speed", ["--shape", "nvidia-base", "--rounds", "5"]),
     ("gcnn_speed", ["--parts", "train,generate", "--rounds", "3"]),
 )
 
@@ -55,8 +58,8 @@ def main(argv=None) -> int:
     for name, extra in RUNS:
         if name not in only:
             continue
-        began = time.perf_counter()
-        print(f"== {name}", file=sys.stderr, flush=True)
+        began, label = time.perf_counter(), run_label(name, extra)
+        print(f"== {label}", file=sys.stderr, flush=True)
         try:
             result = importlib.import_module(f"benchmarks.{name}").main(
                 ["--device", args.device, "--out", "-", *extra] + (["--quick"] if args.quick else [])
@@ -64,7 +67,7 @@ def main(argv=None) -> int:
             failed |= result.failed
             rows += [
                 [
-                    f"`{name}`",
+                    f"`{label}`",
                     c.what,
                     ratio(c.value),
                     f"{'<=' if c.at_most else '>='} {c.target:g}x",
@@ -73,12 +76,12 @@ def main(argv=None) -> int:
                 for c in result.checks
             ]
             sections.append(
-                re.sub(r"^#", "##", result.text, flags=re.M) + f"\n({name}: {time.perf_counter() - began:.0f} s)\n"
+                re.sub(r"^#", "##", result.text, flags=re.M) + f"\n({label}: {time.perf_counter() - began:.0f} s)\n"
             )
         except (Exception, SystemExit) as error:  # reported; the other benchmarks still run
             traceback.print_exc()
             failed = True
-            rows.append([f"`{name}`", f"**{error_text(error)}**", "", "", ""])
+            rows.append([f"`{label}`", f"**{error_text(error)}**", "", "", ""])
         finally:
             gc.collect()
             if cuda:
@@ -110,6 +113,12 @@ def main(argv=None) -> int:
         write_result(out, text)
         print(f"wrote {os.path.relpath(out)}")
     return 1 if failed else 0
+
+
+def run_label(name: str, extra) -> str:
+    """The benchmark's name and the options that set what it measures (all but ``--rounds``)."""
+    shown = [a for i, a in enumerate(extra) if a != "--rounds" and (i == 0 or extra[i - 1] != "--rounds")]
+    return " ".join([name, *shown])
 
 
 def environment(cuda: bool) -> str:

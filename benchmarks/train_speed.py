@@ -1,10 +1,13 @@
 """Training speed of ``transformer_define`` against fairseq's ``transformer``: target tokens/s of a step (forward,
 label-smoothed cross-entropy, backward, Adam) on one fixed batch. Both are the registered archs at base size
-(d_model 512, FFN 2048, vocabulary 32k per side, decoder output tied); a third variant is ``transformer_define``
-with ``unique_tokens=False`` (DeFINE on every position instead of once per distinct token).
-Target: ``transformer_define`` >= 1.1x the tokens/s of ``transformer`` on a CPU, >= 1.2x on a GPU.
+(d_model 512, FFN 2048, vocabulary 32k per side, decoder output tied); ``transformer_define`` is timed with each of
+the DeFINE embedding's token paths (``DeFINEEmbedding.token_path``: ``unique``, the default, runs the unit once per
+distinct token of the batch; ``table`` on all V rows, static shapes and no host synchronisation; ``positions`` on
+every position). Target: ``transformer_define`` (unique) >= 1.1x the tokens/s of ``transformer`` on a CPU, >= 1.2x
+on a GPU.
 
-    .venv/bin/python -m benchmarks.train_speed [--device cuda] [--layers 6] [--sentences 112] [--rounds 5]
+    .venv/bin/python -m benchmarks.train_speed [--device cuda] [--dtype fp32|bf16|fp16] [--tokens 4000]
+        [--sentences 112] [--token-paths unique,table,positions] [--layers 6] [--rounds 5]
 """
 
 import copy
@@ -23,8 +26,13 @@ from benchmarks.common import (
     table,
     zipf_tokens,
 )
+from define_fairseq.modules.define_embedding import TOKEN_PATHS
 
-MODELS = ("transformer", "transformer_define", "transformer_define, unique_tokens=False")
+BASELINE, DEFINE = "transformer", "transformer_define"
+
+
+def variant(path: str) -> str:
+    return DEFINE if path == "unique" else f"{DEFINE}, token_path={path}"
 
 
 def translation_models(layers: int, vocab: int = 32000):
@@ -75,22 +83,43 @@ def translation_batch(task, sentences: int, min_len: int, max_len: int, exponent
 
 
 def main(argv=None):
-    parser = options(__doc__, rounds=5)
+    parser = options(__doc__, rounds=5, fp16=True)
     parser.add_argument("--layers", type=int, default=6, help="encoder and decoder layers (both models)")
-    parser.add_argument("--sentences", type=int, default=112, help="sentences per batch")
+    parser.add_argument("--sentences", type=int, help="sentences per batch (default 112)")
+    parser.add_argument(
+        "--tokens",
+        type=int,
+        help="target tokens per batch, about: picks --sentences (sentences of (min_len + max_len) / 2 tokens + EOS)",
+    )
     parser.add_argument("--min-len", type=int, default=20, help="shortest sentence (tokens, before EOS)")
     parser.add_argument("--max-len", type=int, default=32, help="longest sentence (tokens, before EOS)")
+    parser.add_argument(
+        "--token-paths",
+        default=",".join(TOKEN_PATHS),
+        help="the DeFINE embedding's token paths to time, comma-separated (unique, the default path, always)",
+    )
     bench = Bench("benchmarks.train_speed", parser, argv)
     args = bench.args
-    layers, sentences = (1, 4) if args.quick else (args.layers, args.sentences)
+    paths = ["unique"] + [p.strip() for p in args.token_paths.split(",") if p.strip() and p.strip() != "unique"]
+    if set(paths) - set(TOKEN_PATHS):
+        parser.error(f"--token-paths {args.token_paths}: choose from {', '.join(TOKEN_PATHS)}")
+    if args.tokens is not None and args.sentences is not None:
+        parser.error("--tokens and --sentences both set the batch size: give one of them")
+    sentences = args.sentences or 112
+    if args.tokens is not None:
+        sentences = max(1, round(args.tokens / ((args.min_len + args.max_len) / 2 + 1)))
+    layers, sentences = (1, 4) if args.quick else (args.layers, sentences)
     define, baseline, task, criterion = translation_models(layers, 500 if args.quick else 32000)
-    per_position = copy.deepcopy(define)
     from define_fairseq.modules import DeFINEEmbedding
 
-    for emb in per_position.modules():
-        if isinstance(emb, DeFINEEmbedding):
-            emb.unique_tokens = False
-    models = {name: bench.to(m).train() for name, m in zip(MODELS, (baseline, define, per_position))}
+    built = {BASELINE: baseline}
+    for path in paths:
+        model = define if path == "unique" else copy.deepcopy(define)
+        for emb in model.modules():
+            if isinstance(emb, DeFINEEmbedding):
+                emb.token_path = path
+        built[variant(path)] = model
+    models = {name: bench.to(m).train() for name, m in built.items()}
     sample = translation_batch(task, sentences, args.min_len, args.max_len)
     src, pad, ntok = sample["net_input"]["src_tokens"], task.target_dictionary.pad(), sample["ntokens"]
     sample = bench.to(sample)
@@ -109,8 +138,8 @@ def main(argv=None):
             t.min_ms(n),
             t.page_faults(n),
             f"{ntok / t.median(n):.0f}",
-            ratio(t.speedup(MODELS[0], n)),
-            ratio(t.paired(MODELS[0], n)),
+            ratio(t.speedup(BASELINE, n)),
+            ratio(t.paired(BASELINE, n)),
         ]
         for n, m in models.items()
     ]
@@ -138,14 +167,14 @@ def main(argv=None):
         ],
         rows,
     )
-    body += (
-        f"\nUnique-token path vs DeFINE on every position: {ratio(t.paired(MODELS[2], MODELS[1]))} (median of "
-        f"per-round ratios).\n"
+    body += "".join(
+        f"\nToken path {path} vs unique: {ratio(t.paired(DEFINE, variant(path)))} (median of per-round ratios).\n"
+        for path in paths[1:]
     )
     checks = [
         Check(
             "transformer_define vs transformer, training tokens/s",
-            t.speedup(MODELS[0], MODELS[1]),
+            t.speedup(BASELINE, DEFINE),
             1.2 if bench.cuda else 1.1,
         )
     ]

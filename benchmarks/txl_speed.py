@@ -7,7 +7,13 @@
 2. Evaluation as fairseq-eval-lm scores (eval mode, full log-probabilities, ``tgt_len`` 64, memory 640,
    ``clamp_len`` 400, ``same_length``, batch 10): standard, DeFINE unfolded, DeFINE folded. Target: >= 1.3x.
 
+``--shape nvidia-base`` times, instead, training at NVIDIA DeepLearningExamples' Transformer-XL base shape (16
+layers, d_model 512, 8 heads of 64, d_inner 2048, ``tgt_len`` and ``mem_len`` 192, batch 32 per GPU, adaptive
+softmax with cutoffs 19997, 39997, 199997 on 267,735 words, ``div_val`` 1, tied): absolute tokens/s beside that
+implementation's published figure.
+
     .venv/bin/python -m benchmarks.txl_speed [--device cuda] [--rounds 3] [--batch 15] [--skip-training]
+        [--shape paper|nvidia-base]
 """
 
 import copy
@@ -30,6 +36,11 @@ from benchmarks.common import (
 
 STANDARD, DEFINE = "transformer_xl_wt103_d384", "transformer_xl_define_wt103_n128"
 ALONE = "context network alone (same in both)"
+NVIDIA_BASE = [
+    "--decoder-layers", "16", "--decoder-embed-dim", "512", "--decoder-attention-heads", "8", "--txl-head-dim", "64",
+    "--decoder-ffn-embed-dim", "2048", "--adaptive-softmax-cutoff", "19997,39997,199997",
+]  # fmt: skip
+NVIDIA_ANCHOR = 60000  # tokens/s, about: one A100 40GB, mixed precision, the DeepLearningExamples README's base model
 
 
 def txl_batch(vocab: int, batch: int, tgt_len: int, seed: int):
@@ -40,10 +51,10 @@ def txl_batch(vocab: int, batch: int, tgt_len: int, seed: int):
 
 def io_training_flops(model, sample) -> int:
     """FLOPs of the matrix products of ``model``'s input and output layers in one training step on ``sample``
-    (forward and the two backward products): a ``DeFINEEmbedding``'s group-linear layers per distinct token (or per
-    position when it runs on every position); the projected adaptive softmax scores every position against the head
-    (``c0`` words and one entry per tail cluster) and each position whose target lies in a tail cluster against
-    that cluster's words, each through its projection."""
+    (forward and the two backward products): a ``DeFINEEmbedding``'s group-linear layers per distinct token, per
+    position or per vocabulary row (its ``active_token_path``); the projected adaptive softmax scores every position
+    against the head (``c0`` words and one entry per tail cluster) and each position whose target lies in a tail
+    cluster against that cluster's words, each through its projection."""
     from define_fairseq.modules import DeFINEEmbedding
 
     emb, softmax = model.decoder.embed_tokens, model.decoder.adaptive_softmax
@@ -51,7 +62,8 @@ def io_training_flops(model, sample) -> int:
     macs = 0
     if isinstance(emb, DeFINEEmbedding):
         unit = sum(layer.in_features * layer.out_features // layer.groups for layer in emb.define.layers)
-        macs += (tokens.unique().numel() if emb.runs_per_distinct_token else tokens.numel()) * unit
+        rows = {"unique": tokens.unique().numel(), "table": emb.num_embeddings, "positions": tokens.numel()}
+        macs += rows[emb.active_token_path] * unit
     d, n, cut = softmax.input_dim, softmax.embed_dim, softmax.cutoff
     for c in range(softmax.num_clusters):
         lo, hi = (0, cut[0]) if c == 0 else (cut[c - 1], cut[c])
@@ -81,13 +93,51 @@ def context_alone(bench: Bench, model, batch: int, tgt_len: int):
     return run
 
 
+def nvidia_base(bench: Bench, batch: int):
+    """Training at NVIDIA DeepLearningExamples' base shape: the standard model and its context network alone."""
+    quick = bench.args.quick
+    vocab, tgt_len = (3000, 8) if quick else (267735, 192)
+    shape = NVIDIA_BASE + ["--txl-mem-len", str(tgt_len)]
+    if quick:
+        shape += ["--decoder-layers", "2", "--adaptive-softmax-cutoff", "500,1000,2000"]
+    task = ["--task", "language_modeling", "--criterion", "lm_regularized_loss", "--ddp-backend", "legacy_ddp"]
+    torch.manual_seed(1)
+    _, _, model, criterion = build_model("transformer_xl_lm", vocab, task, shape)
+    model = bench.to(model).train()
+    sample = bench.to(txl_batch(vocab, batch, tgt_len, seed=0))
+    name = "transformer_xl_lm at the base shape"
+    fns = {name: bench.step(model, criterion, sample, torch.optim.Adam(model.parameters(), lr=2.5e-4), clip=0.25)}
+    fns["context network alone"] = context_alone(bench, model, batch, tgt_len)
+    t = bench.time(fns)
+    rows = [[n, t.ms(n), f"{batch * tgt_len / t.median(n):.0f}"] for n in fns]
+    rows.append(["NVIDIA DeepLearningExamples, 1x A100 40GB, mixed precision (published)", "", f"{NVIDIA_ANCHOR}"])
+    return (
+        f"## Training at NVIDIA's Transformer-XL base shape (batch {batch} x tgt_len {tgt_len}, memory {tgt_len}, "
+        f"{count_params(model) / 1e6:.1f} M parameters, Adam, clipping 0.25)\n\n"
+        + table(["model", "step ms (median)", "tokens/s"], rows)
+        + "\nNVIDIA's recipe trains with LAMB; Adam's step costs the same order (an elementwise pass over the "
+        "parameters). Its figure is per GPU, from its README's training performance table.\n"
+    )
+
+
 def main(argv=None):
     parser = options(__doc__, rounds=3)
-    parser.add_argument("--batch", type=int, default=15, help="training streams (15: batch 60 on 4 GPUs)")
+    parser.add_argument("--batch", type=int, help="training streams (default 15: batch 60 on 4 GPUs; nvidia-base 32)")
     parser.add_argument("--eval-batch", type=int, default=10)
     parser.add_argument("--skip-training", action="store_true", help="only the evaluation comparison")
+    parser.add_argument(
+        "--shape",
+        choices=("paper", "nvidia-base"),
+        default="paper",
+        help="paper: the DeFINE paper's Table 2 comparison (training and evaluation); nvidia-base: training at "
+        "NVIDIA DeepLearningExamples' base shape, absolute tokens/s beside its published figure",
+    )
     bench = Bench("benchmarks.txl_speed", parser, argv)
     args, quick = bench.args, bench.args.quick
+    if args.shape == "nvidia-base":
+        body = nvidia_base(bench, 2 if quick else args.batch or 32)
+        return bench.finish("Transformer-XL at NVIDIA's base shape: training tokens/s", [], body, [])
+    args.batch = args.batch or 15
     vocab, batch, tgt_len, eval_batch, eval_len = (
         (3000, 2, 8, 2, 4) if quick else (267735, args.batch, 150, args.eval_batch, 64)
     )
