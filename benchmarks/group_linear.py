@@ -36,7 +36,7 @@ class PlainGroupLinear(GroupLinear):
 
 
 def main(argv=None):
-    parser = options(__doc__, rounds=15, warmup=2)
+    parser = options(__doc__, rounds=15, warmup=2, fp16=True)
     parser.add_argument("--tokens", type=int, default=8192, help="rows of the input")
     bench = Bench("benchmarks.group_linear", parser, argv)
     tokens = 64 if bench.args.quick else bench.args.tokens
