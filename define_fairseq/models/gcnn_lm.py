@@ -36,7 +36,6 @@ token at a time, each layer keeping its last k - 1 inputs (``incremental_state``
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-import torch
 import torch.nn as nn
 from fairseq.dataclass import ChoiceEnum
 from fairseq.models import FairseqIncrementalDecoder, FairseqLanguageModel, register_model, register_model_architecture
@@ -56,11 +55,11 @@ from define_fairseq.models.config_helpers import (
 from define_fairseq.models.define_config import (
     TABLE_OR_DEFINE,
     DeFINEConfig,
-    build_define_embedding,
     define_depth_field,
     define_n_field,
     input_layer_field,
 )
+from define_fairseq.models.input_layer import build_input_layer
 from define_fairseq.modules.checks import check_cutoff, check_probability
 from define_fairseq.modules.gated_conv import ACTIVATIONS, GatedConvStack, parse_layer_spec
 
@@ -212,28 +211,22 @@ class GatedConvLMDecoder(FairseqIncrementalDecoder):
         return MAX_POSITIONS
 
 
+def gcnn_table_init(weight: Tensor) -> None:
+    """fairseq's fconv_lm initialisation of the table: N(0, 0.1)."""
+    nn.init.normal_(weight, mean=0.0, std=0.1)
+
+
 def build_gated_conv_decoder(cfg, dictionary) -> GatedConvLMDecoder:
     """The decoder described by ``cfg`` (a namespace of :class:`GatedConvLMConfig` fields).
 
     Raises ``ValueError`` naming the flag for every impossible setting.
     """
-    vocab, pad = len(dictionary), dictionary.pad()
-    e = cfg.decoder_embed_dim
-    if e < 1:
-        raise ValueError(f"--decoder-embed-dim={e} must be at least 1")
+    vocab, e = len(dictionary), cfg.decoder_embed_dim
     check_rate(cfg.adaptive_softmax_dropout, "--adaptive-softmax-dropout")  # fairseq's AdaptiveSoftmax: unchecked
     if cfg.gcnn_residual_scale <= 0:
         raise ValueError(f"--gcnn-residual-scale={cfg.gcnn_residual_scale} must be positive")
 
-    if str(cfg.input_layer) == "define":
-        if cfg.define_depth < 1:
-            raise ValueError(f"--input-layer define needs --define-depth >= 1 (got {cfg.define_depth})")
-        embed = build_define_embedding(cfg, vocab, pad, e, "--decoder-embed-dim")
-    else:
-        embed = nn.Embedding(vocab, e, padding_idx=pad)
-        nn.init.normal_(embed.weight, mean=0.0, std=0.1)
-        with torch.no_grad():
-            embed.weight[pad].zero_()
+    embed = build_input_layer(cfg, dictionary, e, "--decoder-embed-dim", table_init=gcnn_table_init).embed
 
     blocks = parse_layer_spec(cfg.gcnn_layers, "--gcnn-layers")
     with flag_names(dropout="--dropout"):

@@ -11,10 +11,9 @@ from fairseq import utils
 from torch import Tensor
 
 from define_fairseq.models.config_helpers import flag_names
-from define_fairseq.models.define_config import build_define_embedding
+from define_fairseq.models.input_layer import build_input_layer
 from define_fairseq.models.recurrent_decoder import RecurrentDecoder
 from define_fairseq.modules.checks import check_probability
-from define_fairseq.modules.define_embedding import FoldedDeFINEEmbedding
 from define_fairseq.modules.mogrifier_lstm import MogrifierLSTM
 from define_fairseq.modules.tied_output import TiedOutput
 from define_fairseq.modules.variance_scaling import variance_scaling_
@@ -97,13 +96,17 @@ class MogrifierLMDecoder(RecurrentDecoder):
         return utils.softmax(scores, dim=-1)
 
 
+def lamb_table_init(weight: Tensor) -> None:
+    """lamb's initialisation of the table: variance scaling with fan_out = e."""
+    variance_scaling_(weight, weight.size(1))
+
+
 def build_mogrifier_decoder(cfg, dictionary) -> MogrifierLMDecoder:
     """The decoder described by ``cfg`` (a namespace of
     :class:`~define_fairseq.models.mogrifier_lstm_lm.MogrifierLSTMLMConfig` fields).
 
     Raises ``ValueError`` naming the flag for every impossible setting.
     """
-    vocab, pad = len(dictionary), dictionary.pad()
     hidden = cfg.mogrifier_hidden_size
     embed_dim = hidden if cfg.mogrifier_embed_dim is None else cfg.mogrifier_embed_dim
     for flag, value in (
@@ -138,22 +141,8 @@ def build_mogrifier_decoder(cfg, dictionary) -> MogrifierLMDecoder:
         )
     if not (cfg.mogrifier_l2_penalty >= 0 and math.isfinite(cfg.mogrifier_l2_penalty)):
         raise ValueError(f"--mogrifier-l2-penalty={cfg.mogrifier_l2_penalty} must be >= 0")
-    table = str(cfg.input_layer) == "table"
-    if table and cfg.define_folded:
-        raise ValueError("--define-folded needs a DeFINE unit (--input-layer define)")
-
     # input: a V x e table, or a V x n table and DeFINE n -> e; the output ties to the table
-    if table:
-        embed = nn.Embedding(vocab, embed_dim, padding_idx=pad)
-        variance_scaling_(embed.weight, embed_dim)  # lamb: variance scaling, fan_out = e
-        with torch.no_grad():
-            embed.weight[pad].zero_()
-    elif cfg.define_folded:
-        embed = FoldedDeFINEEmbedding(vocab, cfg.define_n, embed_dim, padding_idx=pad)
-    else:
-        if cfg.define_n < 1:
-            raise ValueError(f"--define-n={cfg.define_n} must be at least 1")
-        embed = build_define_embedding(cfg, vocab, pad, embed_dim, "--mogrifier-embed-dim")
+    embed = build_input_layer(cfg, dictionary, embed_dim, "--mogrifier-embed-dim", table_init=lamb_table_init).embed
 
     dropouts = ("input_dropout", "inter_layer_dropout", "state_dropout", "output_dropout")
     with flag_names(**{name: f"--mogrifier-{name.replace('_', '-')}" for name in dropouts}):

@@ -4,7 +4,6 @@ builds it from the models' configuration (:func:`build_recurrent_decoder`)."""
 from argparse import Namespace
 from typing import Dict, Optional, Tuple
 
-import torch
 import torch.nn as nn
 from fairseq.modules import AdaptiveSoftmax
 from torch import Tensor
@@ -16,11 +15,9 @@ from define_fairseq.models.config_helpers import (
     flag_names,
     parse_cutoff,
 )
-from define_fairseq.models.define_config import build_define_embedding
+from define_fairseq.models.input_layer import InputLayer, build_input_layer, check_input_layer, input_kind, tied_width
 from define_fairseq.models.recurrent_decoder import RecurrentDecoder
-from define_fairseq.modules.adaptive_input import AdaptiveInput
 from define_fairseq.modules.checks import check_cutoff, check_probability
-from define_fairseq.modules.define_embedding import FoldedDeFINEEmbedding
 from define_fairseq.modules.locked_dropout import locked_dropout
 from define_fairseq.modules.lstm_stack import LSTMStack
 from define_fairseq.modules.weight_drop import embedding_dropout
@@ -119,22 +116,17 @@ class RecurrentLMDecoder(RecurrentDecoder):
 def map_width(cfg: Namespace) -> int:
     """n, the width of the map (the table or the adaptive input) and of a tied output layer: ``--define-n`` under a
     DeFINE unit, the LSTM's input width ``--decoder-embed-dim`` when the map feeds the LSTM itself."""
-    return cfg.define_n if str(cfg.input_layer) == "define" else cfg.decoder_embed_dim
+    return tied_width(cfg, cfg.decoder_embed_dim, input_kind(cfg))
 
 
 def check_recurrent_config(cfg: Namespace, adaptive: bool) -> None:
     """The checks of ``cfg`` that no module makes: sizes and combinations of flags (``ValueError`` naming them)."""
-    define = str(cfg.input_layer) == "define"
-    sizes = ("decoder_embed_dim", "decoder_hidden_size", "decoder_layers") + (("define_n",) if define else ())
-    for name in sizes:
+    for name in ("decoder_hidden_size", "decoder_layers"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}={getattr(cfg, name)} must be at least 1")
     if cfg.decoder_output_dim is not None and cfg.decoder_output_dim < 1:
         raise ValueError(f"--decoder-output-dim={cfg.decoder_output_dim} must be at least 1")
-    if define and cfg.define_depth < 1:
-        raise ValueError(f"--input-layer define needs --define-depth >= 1 (got {cfg.define_depth})")
-    if not define and cfg.define_folded:
-        raise ValueError("--define-folded needs a DeFINE unit (--input-layer define)")
+    check_input_layer(cfg, cfg.decoder_embed_dim, "--decoder-embed-dim", input_kind(cfg))
     if adaptive:
         check_rate(cfg.adaptive_softmax_dropout, "--adaptive-softmax-dropout")  # fairseq's AdaptiveSoftmax: unchecked
         if cfg.tie_adaptive_proj and not cfg.tie_adaptive_weights:
@@ -151,45 +143,14 @@ def locked_dropouts(cfg: Namespace) -> Dict[str, Tuple[float, str]]:
     return dropouts
 
 
-def build_recurrent_input(cfg: Namespace, dictionary, adaptive: bool) -> Tuple[nn.Module, Optional[list]]:
-    """The map (a V x n table or an adaptive input), with a DeFINE unit n -> m under ``--input-layer define``,
-    and the adaptive input's band boundaries (None without one)."""
-    vocab, pad = len(dictionary), dictionary.pad()
-    n, m = map_width(cfg), cfg.decoder_embed_dim
-    input_cutoff = None
-    use_adaptive_input = adaptive and cfg.adaptive_input
-    if use_adaptive_input:
-        if not cfg.adaptive_input_cutoff:
-            raise ValueError("--adaptive-input needs --adaptive-input-cutoff (e.g. 20000,40000,200000)")
-        input_cutoff = check_cutoff(
-            parse_cutoff(cfg.adaptive_input_cutoff, "--adaptive-input-cutoff"), vocab, "--adaptive-input-cutoff"
-        )
-    elif adaptive and cfg.adaptive_input_cutoff:
-        raise ValueError("--adaptive-input-cutoff is given without --adaptive-input; add --adaptive-input or drop it")
-    if str(cfg.input_layer) == "table":
-        if use_adaptive_input:
-            return AdaptiveInput(vocab, pad, n, input_cutoff, cfg.adaptive_input_factor, output_dim=n), input_cutoff
-        embed = nn.Embedding(vocab, n, padding_idx=pad)
-        nn.init.uniform_(embed.weight, -0.1, 0.1)  # AWD-LSTM's initialisation
-        with torch.no_grad():
-            embed.weight[pad].zero_()
-        return embed, None
-    if cfg.define_folded:
-        if use_adaptive_input:
-            raise ValueError(
-                "--define-folded is not supported with --adaptive-input (the DeFINE embedding already "
-                "computes its V x m table once in eval mode)"
-            )
-        return FoldedDeFINEEmbedding(vocab, n, m, padding_idx=pad), None
-    return build_define_embedding(
-        cfg,
-        vocab,
-        pad,
-        m,
-        "--decoder-embed-dim",
-        adaptive_cutoff=input_cutoff,
-        adaptive_factor=cfg.adaptive_input_factor if use_adaptive_input else 4,
-    ), input_cutoff
+def build_recurrent_input(cfg: Namespace, dictionary) -> InputLayer:
+    """The map (a V x n table or an adaptive input), with a DeFINE unit n -> m under ``--input-layer define``."""
+    return build_input_layer(cfg, dictionary, cfg.decoder_embed_dim, "--decoder-embed-dim", table_init=awd_table_init)
+
+
+def awd_table_init(weight: Tensor) -> None:
+    """AWD-LSTM's initialisation of the table: U(-0.1, 0.1)."""
+    nn.init.uniform_(weight, -0.1, 0.1)
 
 
 def build_recurrent_output(
@@ -265,7 +226,7 @@ def build_recurrent_decoder(cfg: Namespace, dictionary, adaptive: bool, tie_full
     """
     check_recurrent_config(cfg, adaptive)
     dropouts = locked_dropouts(cfg)
-    embed, input_cutoff = build_recurrent_input(cfg, dictionary, adaptive)
+    embed, _, input_cutoff = build_recurrent_input(cfg, dictionary)
     last = cfg.decoder_output_dim if cfg.decoder_output_dim is not None else map_width(cfg)
     with flag_names(hidden_dropout=dropouts["hidden"][1], weight_drop="--awd-weight-drop"):
         lstm = LSTMStack(

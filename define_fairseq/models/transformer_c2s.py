@@ -29,12 +29,8 @@ from fairseq.models.transformer.transformer_legacy import (
 )
 
 from define_fairseq.models.config_helpers import config_namespace, flag_names, plugin_defaults, reject_renamed
-from define_fairseq.models.define_config import (
-    DeFINEConfig,
-    build_define_embedding,
-    define_depth_field,
-    define_n_field,
-)
+from define_fairseq.models.define_config import DeFINEConfig, define_depth_field, define_n_field
+from define_fairseq.models.input_layer import build_input_layer
 from define_fairseq.models.transformer_define import _flat_fields
 from define_fairseq.modules.char2subword import Char2SubwordEmbedding
 
@@ -171,15 +167,20 @@ class TransformerC2SModel(TransformerModel):
         if getattr(args, "max_target_positions", None) is None:
             args.max_target_positions = DEFAULT_MAX_TARGET_POSITIONS
         src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
+        if args.define_folded and str(args.decoder_input_layer) != "define":
+            raise ValueError(
+                f"--define-folded needs a DeFINE unit (--decoder-input-layer define), not "
+                f"--decoder-input-layer {args.decoder_input_layer}"
+            )
 
         if str(args.decoder_input_layer) == "define":
             # DeFINE's output has unit scale like Char2Subword's: no sqrt(d) multiplier on either side
             args.no_scale_embedding = True
             args.share_decoder_input_output_embed = True
             args.decoder_output_dim = args.define_n
-            decoder_embed = build_define_embedding(
-                args, len(tgt_dict), tgt_dict.pad(), args.decoder_embed_dim, "--decoder-embed-dim"
-            )
+            decoder_embed = build_input_layer(
+                args, tgt_dict, args.decoder_embed_dim, "--decoder-embed-dim", kind_flag="--decoder-input-layer"
+            ).embed
         elif str(args.decoder_input_layer) == "char2subword":
             if args.share_decoder_input_output_embed:
                 raise ValueError(

@@ -26,13 +26,8 @@ from fairseq.models.transformer.transformer_legacy import (
 )
 
 from define_fairseq.models.config_helpers import config_namespace, plugin_defaults
-from define_fairseq.models.define_config import (
-    DeFINEConfig,
-    build_define_embedding,
-    define_depth_field,
-    define_n_field,
-)
-from define_fairseq.modules import FoldedDeFINEEmbedding
+from define_fairseq.models.define_config import DeFINEConfig, define_depth_field, define_n_field
+from define_fairseq.models.input_layer import build_input_layer
 
 
 def _flat_fields(config_cls, prefix: str = "") -> List[Tuple[str, Any, dataclasses.Field]]:
@@ -162,11 +157,7 @@ class TransformerDefineModel(TransformerModel):
                 f"transformer_define builds its embeddings with DeFINE; --encoder-embed-path / "
                 f"--decoder-embed-path ({path}) cannot be used with it"
             )
-        if cfg.define_folded:
-            return FoldedDeFINEEmbedding(len(dictionary), cfg.define_n, embed_dim, padding_idx=dictionary.pad())
-        return build_define_embedding(
-            cfg, len(dictionary), dictionary.pad(), embed_dim, "--encoder-embed-dim / --decoder-embed-dim"
-        )
+        return build_input_layer(cfg, dictionary, embed_dim, "--encoder-embed-dim / --decoder-embed-dim").embed
 
 
 def transformer_define(args):

@@ -29,12 +29,8 @@ from fairseq.models.transformer_lm import (
 )
 
 from define_fairseq.models.config_helpers import check_tied_bands, config_namespace, parse_cutoff, plugin_defaults
-from define_fairseq.models.define_config import (
-    DeFINEConfig,
-    build_define_embedding,
-    define_depth_field,
-    define_n_field,
-)
+from define_fairseq.models.define_config import DeFINEConfig, define_depth_field, define_n_field
+from define_fairseq.models.input_layer import build_input_layer
 
 TransformerLMDefineConfig = dataclasses.make_dataclass(
     "TransformerLMDefineConfig",
@@ -139,15 +135,8 @@ class TransformerLMDefine(TransformerLanguageModel):
                     f"--define-n={n} dimensions; drop the flag"
                 )
             args.decoder_output_dim = n
-        embed_tokens = build_define_embedding(
-            args,
-            len(task.source_dictionary),
-            task.source_dictionary.pad(),
-            args.decoder_input_dim,
-            "--decoder-input-dim",
-            adaptive_cutoff=input_cutoff,
-            adaptive_factor=args.adaptive_input_factor,
-        )
+        embed_tokens = build_input_layer(args, task.source_dictionary, args.decoder_input_dim, "--decoder-input-dim")
+        embed_tokens = embed_tokens.embed
         return cls(DeFINELMDecoder(args, task.target_dictionary, embed_tokens))
 
 

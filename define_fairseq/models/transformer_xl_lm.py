@@ -54,15 +54,13 @@ from define_fairseq.models.config_helpers import (
 from define_fairseq.models.define_config import (
     INPUT_LAYERS,
     DeFINEConfig,
-    build_define_embedding,
     define_depth_field,
     define_n_field,
     input_layer_field,
 )
+from define_fairseq.models.input_layer import build_input_layer
 from define_fairseq.modules.checks import check_cutoff
-from define_fairseq.modules.define_embedding import FoldedDeFINEEmbedding
 from define_fairseq.modules.projected_adaptive_softmax import ProjectedAdaptiveSoftmax
-from define_fairseq.modules.projective_embedding import ProjectiveEmbedding
 from define_fairseq.modules.transformer_xl import TransformerXLStack
 
 WT103_CUTOFF = "20000,40000,200000"
@@ -202,15 +200,13 @@ def build_transformer_xl_decoder(cfg, dictionary) -> TransformerXLDecoder:
 
     Raises ``ValueError`` naming the flag for every impossible setting.
     """
-    vocab, pad = len(dictionary), dictionary.pad()
-    d, n, kind = cfg.decoder_embed_dim, cfg.define_n, str(cfg.input_layer)
+    vocab, d, kind = len(dictionary), cfg.decoder_embed_dim, str(cfg.input_layer)
     for name in (
         "decoder_layers",
         "decoder_embed_dim",
         "decoder_attention_heads",
         "txl_head_dim",
         "decoder_ffn_embed_dim",
-        "define_n",
     ):
         if getattr(cfg, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}={getattr(cfg, name)} must be at least 1")
@@ -227,29 +223,8 @@ def build_transformer_xl_decoder(cfg, dictionary) -> TransformerXLDecoder:
         raise ValueError(
             "--txl-same-length needs a memory (--txl-mem-len > 0): it makes every position attend to mem_len states"
         )
-    if cfg.define_folded and kind != "define":
-        raise ValueError(f"--define-folded needs --input-layer define (got {kind})")
-
     # input layer, and the projections of the softmax clusters tied to it
-    if kind == "table":
-        embed = ProjectiveEmbedding(vocab, d, d, padding_idx=pad)
-        table_dim = d
-    elif kind == "projective":
-        if n == d:
-            raise ValueError(
-                f"--input-layer projective with --define-n {n} = --decoder-embed-dim: nothing to "
-                f"project; use --input-layer table"
-            )
-        embed = ProjectiveEmbedding(vocab, n, d, padding_idx=pad)
-        table_dim = n
-    else:
-        if cfg.define_depth < 1:
-            raise ValueError(f"--input-layer define needs --define-depth >= 1 (got {cfg.define_depth})")
-        if cfg.define_folded:
-            embed = FoldedDeFINEEmbedding(vocab, n, d, padding_idx=pad)
-        else:
-            embed = build_define_embedding(cfg, vocab, pad, d, "--decoder-embed-dim")
-        table_dim = n
+    embed, table_dim, _ = build_input_layer(cfg, dictionary, d, "--decoder-embed-dim", kind=kind, scaled_table=True)
 
     cutoff = []
     if cfg.adaptive_softmax_cutoff:

@@ -20,7 +20,51 @@ so it suits CUDA graphs and ``torch.compile(fullgraph=True)``; more rows than a 
 large. ``positions``: on every position (what dropout in the unit or the map needs anyway)."""
 
 
-class DeFINEEmbedding(nn.Module):
+class MappedEmbedding(nn.Module):
+    """What :class:`DeFINEEmbedding` and its folded form share: the map of width ``n`` (a ``V x n`` table, or an
+    :class:`AdaptiveInput` of base width ``n``) and the weights an output layer ties to. Subclasses set
+    ``num_embeddings`` and ``padding_idx`` before :meth:`_build_map`."""
+
+    def _build_map(self, n: int, adaptive_cutoff=None, adaptive_factor: float = 4) -> None:
+        self.n = n
+        if adaptive_cutoff:
+            self.adaptive = AdaptiveInput(
+                self.num_embeddings, self.padding_idx, n, adaptive_cutoff, adaptive_factor, output_dim=n
+            )
+            self.table = None
+        else:
+            self.adaptive = None
+            self.table = nn.Embedding(self.num_embeddings, n, padding_idx=self.padding_idx)
+            nn.init.normal_(self.table.weight, mean=0.0, std=n**-0.5)
+            if self.padding_idx is not None:
+                nn.init.zeros_(self.table.weight[self.padding_idx])
+
+    @property
+    def map(self) -> nn.Module:
+        """The map layer: the ``V x n`` table or the adaptive input."""
+        return self.table if self.adaptive is None else self.adaptive
+
+    @property
+    def weight(self) -> nn.Parameter:
+        """The ``V x n`` map table (what a full-softmax output layer ties to)."""
+        if self.adaptive is not None:
+            raise AttributeError(
+                f"this {type(self).__name__} maps through an adaptive input and has no single V x n "
+                "table; tie an adaptive softmax to it with weights_for_band()"
+            )
+        return self.table.weight
+
+    def weights_for_band(self, band: int):
+        """``(table [size_i, n_i], projection [n, n_i] or None)`` of the adaptive map's band ``band``."""
+        if self.adaptive is None:
+            raise AttributeError(
+                f"this {type(self).__name__} maps through a plain table; weights_for_band() needs "
+                "adaptive_cutoff (an adaptive input map)"
+            )
+        return self.adaptive.weights_for_band(band)
+
+
+class DeFINEEmbedding(MappedEmbedding):
     """Drop-in ``embed_tokens``: ``tokens -> DeFINE(sqrt(n) * map(tokens))``.
 
     The map is a ``V x n`` table, or with ``adaptive_cutoff`` an :class:`AdaptiveInput` of base width ``n``
@@ -77,18 +121,7 @@ class DeFINEEmbedding(nn.Module):
         self.num_embeddings = num_embeddings
         self.padding_idx = padding_idx
         self.embedding_dim = m
-        if adaptive_cutoff:
-            self.adaptive = AdaptiveInput(
-                num_embeddings, padding_idx, n, adaptive_cutoff, adaptive_factor, output_dim=n
-            )
-            self.table = None
-        else:
-            self.adaptive = None
-            self.table = nn.Embedding(num_embeddings, n, padding_idx=padding_idx)
-            nn.init.normal_(self.table.weight, mean=0.0, std=n**-0.5)
-            if padding_idx is not None:
-                nn.init.zeros_(self.table.weight[padding_idx])
-        self.n = n
+        self._build_map(n, adaptive_cutoff, adaptive_factor)
         self.embed_scale = math.sqrt(n)
         options = dict(depth=depth, max_groups=max_groups, dropout=dropout, norm=norm or "group")
         if variant == "delight":
@@ -96,30 +129,6 @@ class DeFINEEmbedding(nn.Module):
         else:
             self.define = DeFINE(n, k, m, variant=variant, activation=activation or "gelu", init=init, **options)
         self._eval_table = ParameterCache()
-
-    @property
-    def map(self) -> nn.Module:
-        """The map layer: the ``V x n`` table or the adaptive input."""
-        return self.table if self.adaptive is None else self.adaptive
-
-    @property
-    def weight(self) -> nn.Parameter:
-        """The ``V x n`` map table (what a full-softmax output layer ties to)."""
-        if self.adaptive is not None:
-            raise AttributeError(
-                "this DeFINEEmbedding maps through an adaptive input and has no single V x n "
-                "table; tie an adaptive softmax to it with weights_for_band()"
-            )
-        return self.table.weight
-
-    def weights_for_band(self, band: int):
-        """``(table [size_i, n_i], projection [n, n_i] or None)`` of the adaptive map's band ``band``."""
-        if self.adaptive is None:
-            raise AttributeError(
-                "this DeFINEEmbedding maps through a plain table; weights_for_band() needs "
-                "adaptive_cutoff (an adaptive input map)"
-            )
-        return self.adaptive.weights_for_band(band)
 
     @property
     def unique_tokens(self) -> bool:
@@ -181,40 +190,32 @@ class DeFINEEmbedding(nn.Module):
 
     def fold(self) -> "FoldedDeFINEEmbedding":
         """An inference-only copy whose DeFINE unit is replaced by :meth:`folded_table`; it shares this
-        module's ``V x n`` table, so a tied output layer stays tied."""
-        if self.adaptive is not None:
-            raise NotImplementedError(
-                "folding a DeFINEEmbedding with an adaptive input map is not supported; "
-                "in eval mode it already computes its V x m table once and looks rows up"
-            )
-        folded = FoldedDeFINEEmbedding(
-            self.num_embeddings, self.table.embedding_dim, self.embedding_dim, padding_idx=self.padding_idx
-        )
-        folded.table = self.table
+        module's map (the ``V x n`` table or the adaptive input), so a tied output layer stays tied."""
+        folded = FoldedDeFINEEmbedding(self.num_embeddings, self.n, self.embedding_dim, padding_idx=self.padding_idx)
+        folded.table, folded.adaptive = self.table, self.adaptive
         with torch.no_grad():  # on this module's device and in its dtype
             folded.folded = nn.Parameter(self.folded_table())
         return folded
 
 
-class FoldedDeFINEEmbedding(nn.Module):
+class FoldedDeFINEEmbedding(MappedEmbedding):
     """A folded :class:`DeFINEEmbedding` for inference: the DeFINE unit replaced by its ``V x m`` table.
 
-    ``weight`` is still the ``V x n`` map table, so a tied output layer keeps working.
+    It keeps the map (``weight``, the ``V x n`` table, or with ``adaptive_cutoff`` the adaptive input and its
+    ``weights_for_band``), so a tied output layer keeps working.
 
     Shapes: ``tokens [...]`` (long) -> ``[..., m]``.
     """
 
-    def __init__(self, num_embeddings: int, n: int, m: int, padding_idx=None):
+    def __init__(
+        self, num_embeddings: int, n: int, m: int, padding_idx=None, adaptive_cutoff=None, adaptive_factor: float = 4
+    ):
         super().__init__()
         self.num_embeddings = num_embeddings
         self.padding_idx = padding_idx
         self.embedding_dim = m
-        self.table = nn.Embedding(num_embeddings, n, padding_idx=padding_idx)
+        self._build_map(n, adaptive_cutoff, adaptive_factor)
         self.folded = nn.Parameter(torch.zeros(num_embeddings, m))
-
-    @property
-    def weight(self) -> nn.Parameter:
-        return self.table.weight
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return F.embedding(tokens, self.folded)

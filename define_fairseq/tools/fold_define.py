@@ -42,27 +42,29 @@ def _define_prefixes(model_state: Dict[str, torch.Tensor]):
 
 
 def fold_state(model_state: Dict[str, torch.Tensor], model_cfg) -> Dict[str, torch.Tensor]:
-    """The state dict of the folded model: each DeFINE unit's weights replaced by its ``folded`` table."""
+    """The state dict of the folded model: each DeFINE unit's weights replaced by its ``folded`` table (the map,
+    a ``V x n`` table or an adaptive input, is kept)."""
     from define_fairseq.models.define_config import build_define_embedding
+    from define_fairseq.models.input_layer import adaptive_input_cutoff
 
     state = dict(model_state)
     for prefix in _define_prefixes(model_state):
-        table = state[prefix + "table.weight"]
-        last = max(
-            int(m.group(1))
-            for key in state
-            for m in [re.match(re.escape(prefix) + r"define\.layers\.(\d+)\.weight$", key)]
-            if m
-        )
-        layer_weight = state[f"{prefix}define.layers.{last}.weight"]
-        m = layer_weight.shape[0] * layer_weight.shape[2]
-        embedding = build_define_embedding(model_cfg, table.shape[0], None, m, "--decoder-embed-dim")
         own = {key[len(prefix) :]: value for key, value in state.items() if key.startswith(prefix)}
+        bands = [value for key, value in own.items() if re.match(r"adaptive\.tables\.\d+\.weight$", key)]
+        vocab = own["table.weight"].shape[0] if "table.weight" in own else sum(band.shape[0] for band in bands)
+        last = max(int(m.group(1)) for key in own for m in [re.match(r"define\.layers\.(\d+)\.weight$", key)] if m)
+        layer_weight = own[f"define.layers.{last}.weight"]
+        m = layer_weight.shape[0] * layer_weight.shape[2]
+        cutoff = adaptive_input_cutoff(model_cfg, vocab) if bands else None
+        factor = getattr(model_cfg, "adaptive_input_factor", 4)
+        embedding = build_define_embedding(
+            model_cfg, vocab, None, m, "--decoder-embed-dim", adaptive_cutoff=cutoff, adaptive_factor=factor
+        )
         embedding.load_state_dict(own)
         for key in own:
             if key.startswith("define."):
                 del state[prefix + key]
-        state[prefix + "folded"] = embedding.folded_table().to(table.dtype)
+        state[prefix + "folded"] = embedding.folded_table().to(layer_weight.dtype)
     return state
 
 

@@ -1,0 +1,115 @@
+"""models/input_layer.py: the one builder of every family's input layer, from the flags."""
+
+from argparse import Namespace
+
+import pytest
+import torch
+import torch.nn as nn
+from fairseq.data import Dictionary
+
+from define_fairseq.models.input_layer import build_input_layer
+from define_fairseq.modules import AdaptiveInput, DeFINEEmbedding, FoldedDeFINEEmbedding, ProjectiveEmbedding
+
+
+def dictionary(words: int = 40) -> Dictionary:
+    d = Dictionary()
+    for i in range(words):
+        d.add_symbol(f"w{i}")
+    return d
+
+
+def config(**overrides) -> Namespace:
+    values = dict(
+        input_layer="table",
+        define_n=8,
+        define_k=32,
+        define_depth=3,
+        define_max_groups=4,
+        define_variant="define",
+        define_activation=None,
+        define_norm=None,
+        define_dropout=0.0,
+        define_map_dropout=0.0,
+        define_init="unit",
+        define_folded=False,
+        adaptive_input=False,
+        adaptive_input_cutoff=None,
+        adaptive_input_factor=4,
+    )
+    values.update(overrides)
+    return Namespace(**values)
+
+
+def test_each_kind_builds_its_module_and_says_what_an_output_ties_to():
+    d = dictionary()
+    embed, tied, cutoff = build_input_layer(config(), d, 16, "--width")
+    assert type(embed) is nn.Embedding and embed.weight.shape == (len(d), 16) and tied == 16 and cutoff is None
+    assert torch.equal(embed.weight[d.pad()], torch.zeros(16))
+    embed, tied, _ = build_input_layer(config(input_layer="projective"), d, 16, "--width")
+    assert isinstance(embed, ProjectiveEmbedding) and embed.weight.shape == (len(d), 8) and tied == 8
+    embed, tied, _ = build_input_layer(config(input_layer="define"), d, 16, "--width")
+    assert isinstance(embed, DeFINEEmbedding) and embed.weight.shape == (len(d), 8) and tied == 8
+    assert embed.embedding_dim == 16
+    embed, _, _ = build_input_layer(config(input_layer="define", define_folded=True), d, 16, "--width")
+    assert isinstance(embed, FoldedDeFINEEmbedding) and embed.folded.shape == (len(d), 16)
+
+
+def test_the_family_initialises_its_table():
+    embed = build_input_layer(config(), dictionary(), 16, "--width", table_init=lambda w: nn.init.constant_(w, 0.5))
+    assert embed.embed.weight[5].eq(0.5).all()
+    scaled = build_input_layer(config(), dictionary(), 16, "--width", scaled_table=True).embed
+    assert isinstance(scaled, ProjectiveEmbedding) and scaled.projection is None
+
+
+def test_an_adaptive_map_under_a_table_or_a_define_unit_and_folded():
+    d = dictionary(40)  # 44 symbols with fairseq's 4 specials
+    adaptive = dict(adaptive_input=True, adaptive_input_cutoff="10,20", adaptive_input_factor=2)
+    embed, tied, cutoff = build_input_layer(config(**adaptive), d, 16, "--width")
+    assert isinstance(embed, AdaptiveInput) and tied == 16 and cutoff == [10, 20, len(d)]
+    unit, _, _ = build_input_layer(config(input_layer="define", **adaptive), d, 16, "--width")
+    assert isinstance(unit.adaptive, AdaptiveInput) and unit.table is None
+    folded = unit.fold()
+    assert folded.adaptive is unit.adaptive  # a tied adaptive softmax stays tied
+    assert folded.weights_for_band(1)[0] is unit.weights_for_band(1)[0]
+    tokens = torch.randint(0, len(d), (3, 7), generator=torch.Generator().manual_seed(0))
+    unit.eval()
+    with torch.enable_grad():  # the DeFINE unit itself, not the eval-mode table
+        reference = unit(tokens).detach()
+    torch.testing.assert_close(folded(tokens), reference, rtol=1e-6, atol=1e-6)
+    built, _, _ = build_input_layer(config(input_layer="define", define_folded=True, **adaptive), d, 16, "--width")
+    assert built.state_dict().keys() == folded.state_dict().keys()
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(input_layer="bag"), "--input-layer bag: choose one of table, projective, define"),
+        (
+            dict(define_folded=True),
+            "--define-folded needs a DeFINE unit (--input-layer define), not --input-layer table",
+        ),
+        (dict(input_layer="define", define_depth=0), "--input-layer define needs --define-depth >= 1 (got 0)"),
+        (dict(input_layer="define", define_n=0), "--define-n=0 must be at least 1"),
+        (dict(input_layer="projective", define_n=16), "--input-layer projective with --define-n 16 = --width"),
+        (dict(adaptive_input=True), "--adaptive-input needs --adaptive-input-cutoff"),
+        (dict(adaptive_input_cutoff="10,20"), "--adaptive-input-cutoff is given without --adaptive-input"),
+        (
+            dict(input_layer="projective", adaptive_input=True, adaptive_input_cutoff="10,20"),
+            "--adaptive-input needs --input-layer table or define, not projective",
+        ),
+    ],
+)
+def test_impossible_settings_name_the_flags(overrides, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        build_input_layer(config(**overrides), dictionary(), 16, "--width")
+
+
+def test_a_family_without_a_choice_names_its_own_flag():
+    with pytest.raises(ValueError, match="--decoder-input-layer define needs --define-depth"):
+        build_input_layer(
+            config(decoder_input_layer="define", define_depth=0),
+            dictionary(),
+            16,
+            "--width",
+            kind_flag="--decoder-input-layer",
+        )
