@@ -181,34 +181,46 @@ class MogrifierLSTMLMModel(FairseqLanguageModel):
         return cls(build_mogrifier_decoder(args, task.target_dictionary))
 
 
+def lamb_base(args):
+    """What lamb's tuned 2-layer configs share (the Mogrifier paper's Sec. 4 and its code, ``lamb``), the base of
+    the four archs below: 2 layers, lamb's capped input gate, forget bias 1, the stack's output the sum of both
+    layers' outputs, the carried state dropped with probability 0.01, dropout masks new at every step (one state mask
+    per BPTT window), one softmax tied to embeddings as wide as the hidden state."""
+    args.mogrifier_layers = safe_getattr(args, "mogrifier_layers", 2)
+    args.mogrifier_no_cap_input_gate = safe_getattr(args, "mogrifier_no_cap_input_gate", False)
+    args.mogrifier_forget_bias = safe_getattr(args, "mogrifier_forget_bias", 1.0)
+    args.mogrifier_sum_layer_outputs = safe_getattr(args, "mogrifier_sum_layer_outputs", True)
+    args.mogrifier_drop_state_probability = safe_getattr(args, "mogrifier_drop_state_probability", 0.01)
+    args.mogrifier_shared_mask_dropout = safe_getattr(args, "mogrifier_shared_mask_dropout", False)
+    args.mogrifier_state_dropout_mask = safe_getattr(args, "mogrifier_state_dropout_mask", "window")
+    args.mogrifier_embed_dim = safe_getattr(args, "mogrifier_embed_dim", None)
+    args.mogrifier_mos_components = safe_getattr(args, "mogrifier_mos_components", 1)
+
+
 @register_model_architecture("mogrifier_lstm_lm", "mogrifier_lstm_lm_ptb")
 def mogrifier_lstm_lm_ptb(args):
-    """lamb's tuned PTB Mogrifier (``tune_ptb_24m_lstm_fm_d2_arms/trial_483``): 2 layers, r = 5, k = 84,
-    embeddings as wide as the hidden state, one softmax tied to the embeddings, dropout input .729 / inter-layer
-    .291 / state .387 / output .716 (lr 2.30e-3 and L2 2.52e-4 are in ``recipes/ptb/train.sh``).
+    """lamb's tuned PTB Mogrifier (``tune_ptb_24m_lstm_fm_d2_arms/trial_483``): r = 5, k = 84, dropout input .729 /
+    inter-layer .291 / state .387 / output .716 (lr 2.30e-3 and L2 2.52e-4 are in ``recipes/ptb/train.sh``).
 
     Budget 24M at V = 10,000: with H = e = n the model has V n + V (table, softmax bias) and per layer 8 n^2 + 4 n
     (LSTM) + 5 (2 k n + n) (five rounds of rank-k factors with a bias), i.e. 16 n^2 + (V + 18 + 20 k) n + V
     parameters; n = 912 is the largest that fits (23,986,480); n = 913 would give 24,027,378.
     """
-    # lamb's settings shared by its tuned 2-layer configs (the other archs call this one): capped input gate,
-    # forget bias 1, the sum of both layers' outputs, the state dropped with probability 0.01, new masks at
-    # every step
-    args.mogrifier_sum_layer_outputs = safe_getattr(args, "mogrifier_sum_layer_outputs", True)
-    args.mogrifier_drop_state_probability = safe_getattr(args, "mogrifier_drop_state_probability", 0.01)
     args.mogrifier_hidden_size = safe_getattr(args, "mogrifier_hidden_size", 912)
+    args.mogrifier_rounds = safe_getattr(args, "mogrifier_rounds", 5)
     args.mogrifier_rank = safe_getattr(args, "mogrifier_rank", 84)
     args.mogrifier_input_dropout = safe_getattr(args, "mogrifier_input_dropout", 0.729)
     args.mogrifier_inter_layer_dropout = safe_getattr(args, "mogrifier_inter_layer_dropout", 0.291)
     args.mogrifier_state_dropout = safe_getattr(args, "mogrifier_state_dropout", 0.387)
     args.mogrifier_output_dropout = safe_getattr(args, "mogrifier_output_dropout", 0.716)
+    lamb_base(args)
 
 
 @register_model_architecture("mogrifier_lstm_lm", "mogrifier_lstm_lm_baseline_ptb")
 def mogrifier_lstm_lm_baseline_ptb(args):
-    """lamb's tuned PTB LSTM baseline (``tune_ptb_24m_lstm_d2_arms/trial_833``): the same model with r = 0 (a
-    plain LSTM with the capped input gate), dropout input .628 / inter-layer .307 / state .369 / output .690
-    (lr 3.04e-3 and L2 2.49e-4 are in ``recipes/ptb/train.sh``).
+    """lamb's tuned PTB LSTM baseline (``tune_ptb_24m_lstm_d2_arms/trial_833``): r = 0 (a plain LSTM with the
+    capped input gate), dropout input .628 / inter-layer .307 / state .369 / output .690 (lr 3.04e-3 and L2 2.49e-4
+    are in ``recipes/ptb/train.sh``).
 
     Budget 24M at V = 10,000: 16 n^2 + (V + 8) n + V parameters; n = 951 is the largest that fits (23,998,024;
     n = 952 would give 24,038,480).
@@ -220,14 +232,15 @@ def mogrifier_lstm_lm_baseline_ptb(args):
     args.mogrifier_inter_layer_dropout = safe_getattr(args, "mogrifier_inter_layer_dropout", 0.307)
     args.mogrifier_state_dropout = safe_getattr(args, "mogrifier_state_dropout", 0.369)
     args.mogrifier_output_dropout = safe_getattr(args, "mogrifier_output_dropout", 0.69)
-    mogrifier_lstm_lm_ptb(args)
+    lamb_base(args)
 
 
 @register_model_architecture("mogrifier_lstm_lm", "mogrifier_lstm_lm_wt2")
 def mogrifier_lstm_lm_wt2(args):
-    """lamb's tuned WikiText-2 Mogrifier (``tune_wikitext-2_35m_lstm_mos2_fm_d2_arms/trial_747``): 2 layers, r = 6,
-    k = 48, embeddings e = round(0.1993 n), a mixture of 2 softmaxes tied to the embeddings, dropout input .547 /
-    inter-layer .199 / state .221 / output .348 (lr 3.29e-3 and L2 1.90e-4 are in ``recipes/wikitext-2/train.sh``).
+    """lamb's tuned WikiText-2 Mogrifier (``tune_wikitext-2_35m_lstm_mos2_fm_d2_arms/trial_747``): r = 6, k = 48,
+    embeddings e = round(0.1993 n), a mixture of 2 softmaxes tied to the embeddings, one state mask per step,
+    dropout input .547 / inter-layer .199 / state .221 / output .348 (lr 3.29e-3 and L2 1.90e-4 are in
+    ``recipes/wikitext-2/train.sh``).
 
     Budget 35M at V = 33,278: table V e + softmax bias V; layer 1 4 n (e + n) + 4 n + 6 k (e + n) + 3 (e + n);
     layer 2 8 n^2 + 4 n + 12 k n + 6 n; mixture 2 e n + 2 e (projection) + 2 n (prior). n = 1366 with e = 272 is
@@ -244,14 +257,14 @@ def mogrifier_lstm_lm_wt2(args):
     args.mogrifier_inter_layer_dropout = safe_getattr(args, "mogrifier_inter_layer_dropout", 0.199)
     args.mogrifier_state_dropout = safe_getattr(args, "mogrifier_state_dropout", 0.221)
     args.mogrifier_output_dropout = safe_getattr(args, "mogrifier_output_dropout", 0.348)
-    mogrifier_lstm_lm_ptb(args)
+    lamb_base(args)
 
 
 @register_model_architecture("mogrifier_lstm_lm", "mogrifier_lstm_lm_baseline_wt2")
 def mogrifier_lstm_lm_baseline_wt2(args):
     """lamb's tuned WikiText-2 LSTM baseline (``tune_wikitext-2_35m_lstm_mos2_d2_arms/trial_763``): r = 0,
-    embeddings e = round(0.3531 n), a mixture of 2 softmaxes, dropout input .609 / inter-layer .091 / state .271 /
-    output .348 (lr 3.18e-3 and L2 2.31e-4 are in ``recipes/wikitext-2/train.sh``).
+    embeddings e = round(0.3531 n), a mixture of 2 softmaxes, one state mask per step, dropout input .609 /
+    inter-layer .091 / state .271 / output .348 (lr 3.18e-3 and L2 2.31e-4 are in ``recipes/wikitext-2/train.sh``).
 
     Budget 35M at V = 33,278: the Mogrifier WT2 count without the rounds; n = 1211 with e = 428 is the largest
     that fits (34,997,328 parameters; n = 1212, e = 428 would give 35,028,982).
@@ -260,8 +273,10 @@ def mogrifier_lstm_lm_baseline_wt2(args):
     args.mogrifier_embed_dim = safe_getattr(args, "mogrifier_embed_dim", 428)
     args.mogrifier_rounds = safe_getattr(args, "mogrifier_rounds", 0)
     args.mogrifier_rank = safe_getattr(args, "mogrifier_rank", 0)
+    args.mogrifier_mos_components = safe_getattr(args, "mogrifier_mos_components", 2)
+    args.mogrifier_state_dropout_mask = safe_getattr(args, "mogrifier_state_dropout_mask", "step")
     args.mogrifier_input_dropout = safe_getattr(args, "mogrifier_input_dropout", 0.609)
     args.mogrifier_inter_layer_dropout = safe_getattr(args, "mogrifier_inter_layer_dropout", 0.091)
     args.mogrifier_state_dropout = safe_getattr(args, "mogrifier_state_dropout", 0.271)
     args.mogrifier_output_dropout = safe_getattr(args, "mogrifier_output_dropout", 0.348)
-    mogrifier_lstm_lm_wt2(args)
+    lamb_base(args)
