@@ -4,7 +4,7 @@ Use with the stock fairseq programs: ``fairseq-train --user-dir define_fairseq .
 ``define_fairseq.modules`` are plain PyTorch and can be used without fairseq.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 try:
     import fairseq  # noqa: F401
