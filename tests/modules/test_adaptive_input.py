@@ -92,5 +92,6 @@ def test_define_embedding_over_adaptive_map():
     emb.eval()
     with torch.no_grad():
         torch.testing.assert_close(emb(tokens), expected.detach(), rtol=1e-5, atol=1e-5)
-    with pytest.raises(NotImplementedError):
-        emb.fold()
+    folded = emb.fold()  # the unit replaced by its table; the adaptive map (what an output layer ties to) kept
+    assert folded.adaptive is emb.adaptive and not hasattr(folded, "weight")
+    torch.testing.assert_close(folded(tokens), expected.detach(), rtol=1e-5, atol=1e-5)
