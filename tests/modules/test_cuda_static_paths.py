@@ -1,0 +1,93 @@
+"""The static paths on a CUDA device: the DeFINE embedding's ``table`` path makes no synchronising call in a training
+forward and backward (the ``unique`` path makes one, ``torch.unique``), the projected adaptive softmax's
+``static_shapes`` forward neither, and ``GroupLinear`` under bf16 autocast takes its fused path and agrees with the
+reference formulation under autocast.
+
+Marked ``cuda``; skipped without a CUDA device; ``DEFINE_FAIRSEQ_CUDA_TESTS=cpu`` runs them on the CPU (see
+``cuda_device``), where no synchronising call can be counted.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from cuda_device import CUDA_TESTS, DEVICE, ON_CPU, counted_syncs
+
+from define_fairseq.modules import DeFINEEmbedding, GroupLinear, ProjectedAdaptiveSoftmax, group_linear
+from define_fairseq.modules.define_embedding import TOKEN_PATHS
+
+pytestmark = CUDA_TESTS
+
+
+def embedding(path, dtype=torch.float32):
+    torch.manual_seed(0)
+    return DeFINEEmbedding(300, n=16, k=64, m=24, padding_idx=1, token_path=path).to(DEVICE, dtype).train()
+
+
+def tokens():
+    return torch.randint(0, 300, (4, 9), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+
+
+@pytest.mark.parametrize("path", TOKEN_PATHS)
+def test_token_paths_equal_the_per_position_computation(path):
+    """float64 on the device, tolerances as in ``test_define_embedding``: only the summation order differs."""
+    emb = embedding(path, torch.float64)
+    params = list(emb.parameters())
+    out = emb(tokens())
+    literal = emb.define(emb.table(tokens()) * math.sqrt(16))
+    torch.testing.assert_close(out, literal, rtol=1e-12, atol=1e-12)
+    grads = torch.autograd.grad(out.square().sum(), params)
+    for a, b in zip(grads, torch.autograd.grad(literal.square().sum(), params)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_table_path_makes_no_synchronising_call():
+    syncs = {}
+    for path in ("unique", "table"):
+        emb, x = embedding(path), tokens()
+        emb(x).square().sum().backward()  # first calls (allocator, kernels) outside the count
+        with counted_syncs() as found:
+            emb(x).square().sum().backward()
+        syncs[path] = found
+    assert syncs["table"] == []
+    if not ON_CPU:
+        assert syncs["unique"], "torch.unique should make the host wait: is the sync counting working?"
+
+
+def test_static_adaptive_softmax_makes_no_synchronising_call():
+    torch.manual_seed(0)
+    softmax = ProjectedAdaptiveSoftmax(300, 16, 24, [100, 200], static_shapes=True).to(DEVICE).train()
+    h = torch.randn(36, 24, device=DEVICE, requires_grad=True)
+    target = torch.randint(0, 300, (36,), device=DEVICE)
+
+    def step():
+        logits, targets = softmax(h, target)
+        sum(F.cross_entropy(lg, tg, reduction="sum") for lg, tg in zip(logits, targets)).backward()
+
+    step()
+    with counted_syncs() as found:
+        step()
+    assert found == []
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_group_linear_under_autocast_takes_the_fused_path(dtype, monkeypatch):
+    if ON_CPU and dtype == torch.float16:
+        pytest.skip("float16 autocast: the CUDA case")
+    calls = []
+    apply = group_linear._GroupLinearFunction.apply
+    monkeypatch.setattr(group_linear._GroupLinearFunction, "apply", lambda *a: calls.append(1) or apply(*a))
+    torch.manual_seed(0)
+    layer = GroupLinear(64, 128, 4).to(DEVICE)
+    x = torch.randn(33, 64, device=DEVICE, requires_grad=True)
+    with torch.autocast(DEVICE.type, dtype=dtype):
+        y = layer(x)
+        expected = group_linear._group_linear_reference(x, layer.weight, layer.bias)
+    assert calls == [1] and y.dtype == dtype
+    torch.testing.assert_close(y, expected)  # dtype's tolerance: one rounding of the same accumulation
+    g = torch.randn_like(y)
+    params = [x, layer.weight, layer.bias]
+    for a, b in zip(torch.autograd.grad(y, params, g), torch.autograd.grad(expected, params, g)):
+        assert a.dtype == torch.float32
+        torch.testing.assert_close(a, b, rtol=1.6e-2, atol=1e-2)
