@@ -27,7 +27,7 @@ TESTS ?= tests
 # it stays under 8 minutes on 2 cores); `make test-all` runs them too.
 MARKS ?= not slow
 
-.PHONY: install lint format test test-all test-stack test-matrix wheelhouse install-offline install-env gpu-check demo bench clean
+.PHONY: install lint format test test-all test-stack test-matrix wheelhouse install-offline install-env gpu-check demo bench results clean
 
 install: $(STAMP)
 
@@ -188,6 +188,11 @@ gpu-check:
 	@$(PYTHON) -m benchmarks.gpu_report --tests-log $(GPU_CHECK_LOG) || { echo "gpu-check: a benchmark raised \
 	(its row in the report above says which)" >&2; exit 1; }
 	@rm -f $(GPU_CHECK_LOG)
+
+# Every results table of README.md and examples/*/README.md, rendered from the data beside each example
+# (examples/*/results/*.json; docs/results.md); tests/tools/test_render_results.py fails when one differs.
+results: install
+	$(VENV_PY) -m define_fairseq.tools.render_results
 
 demo: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash examples/demo/run.sh

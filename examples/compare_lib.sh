@@ -14,6 +14,8 @@ TIMED=1 LONG=0 LONG_SEEDS=1 EXTRA="" CORPUS=""
 # bfloat16 through define_fairseq.tools.train, scoring in float32) set DEVICE_ARGS and EVAL_DEVICE_ARGS.
 compare_options() {
     local opt OPTARG OPTIND=1 device=cpu precision=fp32
+    COMPARE_COMMAND="bash $0${*:+ $(printf '%q ' "$@")}"  # kept with every run in OUT/results.json
+    COMPARE_COMMAND=${COMPARE_COMMAND% }
     while getopts "o:s:m:c:u:TL:n:i:x:d:p:h" opt; do
         case $opt in
             o) OUT=$OPTARG ;; s) SEEDS=$OPTARG ;; m) MODELS=$OPTARG ;; c) CORPUS=$OPTARG ;;
@@ -32,6 +34,7 @@ compare_options() {
         bf16) DEVICE_ARGS+=(--bf16) ;;
         *) echo "error: -p $precision: the precision is fp32 or bf16" >&2; exit 2 ;;
     esac
+    COMPARE_DEVICE="$device, $precision"
     parse_seeds "$SEEDS"
 }
 
@@ -227,9 +230,13 @@ equal_size() {
     EQUAL_SIZE=$(head -1 "$file" | cut -f1)
 }
 
-# compare_report METRIC [NOTE...]: OUT/results.md (written through a .tmp name), define_fairseq.tools.compare_runs'
-# table of the runs of MODELS under OUT/runs (METRIC names their score), then, after an empty line, the line NOTE
-# (its arguments joined by spaces); and OUT/curves.png when matplotlib is installed. Prints the results.
+# compare_report METRIC [NOTE...]: define_fairseq.tools.compare_runs over every scored run under OUT/runs (those
+# of MODELS first, in its order, then any other model's that a process filling the same OUT scored: the union, so
+# that processes with different -m or -s lose none of each other's runs). Under a lock it merges them into
+# OUT/results.json (per model, regime and seed: score, parameters, updates, seconds, the command, the revision,
+# the machine; docs/results.md) and writes OUT/results.md (the table, then, after an empty line, the line NOTE: its
+# arguments joined by spaces), each through a temporary name; and OUT/curves.png when matplotlib is installed.
+# Prints the results.
 compare_report() {
     local metric=$1 names models plot=(--plot "$OUT/curves.png")
     shift
@@ -237,13 +244,8 @@ compare_report() {
     models=$(IFS=,; echo "${names[*]}")
     python -c "import matplotlib" 2>/dev/null \
         || { plot=(); echo "note: no matplotlib, so no curves.png (pip install matplotlib)" >&2; }
-    {
-        python -m define_fairseq.tools.compare_runs "$OUT" --metric "$metric" --models "$models" "${plot[@]}"
-        if (( $# )); then
-            echo
-            echo "$*"
-        fi
-    } > "$OUT/results.md.tmp$$"
-    mv "$OUT/results.md.tmp$$" "$OUT/results.md"
+    python -m define_fairseq.tools.compare_runs "$OUT" --metric "$metric" --models "$models" "${plot[@]}" \
+        --group "$(basename "${CORPUS:-default corpus}")" --command "${COMPARE_COMMAND:-not recorded}" \
+        --device "${COMPARE_DEVICE:-not recorded}" --report "$OUT/results.md" --note "$*" > /dev/null
     cat "$OUT/results.md"
 }

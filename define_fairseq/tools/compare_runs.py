@@ -16,12 +16,17 @@ plot only). Models keep the order of their first appearance in ``--models`` (def
 import argparse
 import json
 import logging
+import os
+import platform
 import re
 import statistics
+import subprocess
 import sys
 from datetime import datetime
 from pathlib import Path
 from typing import Dict, List, Optional
+
+from define_fairseq.tools.render_results import ROOT, load as load_data, locked, merge, write_atomic
 
 RUN_NAME = re.compile(r"^(?P<model>.+)\.s(?P<seed>\d+)$")
 LOG_ENTRY = re.compile(r"\| (?P<kind>train_inner|valid|train) \| (?P<json>\{.*\})\s*$")
@@ -102,15 +107,13 @@ class Run:
         return points[-1][1] if points and updates >= points[-1][0] else None
 
 
-def load(out: Path, regime: str, models: Optional[List[str]] = None) -> List[Run]:
-    """The scored runs of one regime; with ``models``, only theirs (other runs may still be training, or another
-    process filling the same OUT may still be scoring one)."""
+def load(out: Path, regime: str) -> List[Run]:
+    """The scored runs of one regime (other runs may still be training, or another process filling the same OUT may
+    still be scoring one: they are named and left out)."""
     root = out / "runs" / regime
     if not root.is_dir():
         return []
     chosen = [d for d in sorted(root.iterdir()) if d.is_dir()]
-    if models is not None:
-        chosen = [d for d in chosen if RUN_NAME.match(d.name) and RUN_NAME.match(d.name)["model"] in models]
     unscored = [d for d in chosen if not (d / "score").is_file()]
     if unscored:
         print(f"left out, not scored yet: {', '.join(str(d) for d in unscored)}", file=sys.stderr)
@@ -162,6 +165,75 @@ def table(runs: Dict[str, List[Run]], metric: str, order: List[str]) -> str:
     return "\n".join(lines)
 
 
+def revision() -> str:
+    """The checkout's commit, with ``+changes`` when tracked files differ from it; or 'not recorded'."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "not recorded"
+    return head + ("+changes" if dirty else "")
+
+
+def machine(device: str) -> str:
+    """The CPU's model and core count, and the device the runs trained on."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        names = re.findall(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores" + (f"; {device}" if device else "")
+
+
+def records(runs: Dict[str, List[Run]], group: str, command: str, device: str) -> List[dict]:
+    """One data record per scored point (render_results' format)."""
+    where = {"command": command or "not recorded", "revision": revision(), "machine": machine(device)}
+    found = []
+    for regime, rs in runs.items():
+        for r in rs:
+            sizes = {key: float(value) for key, value in r.params.items()}
+            found.append(
+                {
+                    "group": group,
+                    "model": r.model,
+                    "point": regime,
+                    "seed": r.seed,
+                    "value": r.score,
+                    "parameters": sizes,
+                    "updates": r.updates,
+                    "seconds": r.seconds,
+                    **where,
+                }
+            )
+    return found
+
+
+def save_data(path: Path, metric: str, better: str, new: List[dict]) -> dict:
+    """Merge ``new`` into the data file at ``path`` (created when missing); call under ``locked(path)``."""
+    data = (
+        load_data(path)
+        if path.is_file()
+        else {
+            "metric": metric,
+            "better": better,
+            "digits": 2,
+            "runs": [],
+            "points": [{"key": key, "label": f"{metric}, {label}"} for key, label in REGIMES.items()],
+        }
+    )
+    data["runs"] = merge(data["runs"], new)
+    write_atomic(path, json.dumps(data, indent=1) + "\n")
+    return data
+
+
 def plot(runs: List[Run], order: List[str], path: Path) -> None:
     try:
         logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq's import leaves the root logger at DEBUG
@@ -202,18 +274,40 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--metric", default="score", help="the name of the test metric in the table")
     parser.add_argument("--models", default=None, help="comma separated model names, in the table's order")
     parser.add_argument("--plot", type=Path, default=None, help="write the learning curves to this PNG")
+    parser.add_argument(
+        "--better",
+        choices=("lower", "higher"),
+        default=None,
+        help="which way the metric improves (default: higher for BLEU, else lower)",
+    )
+    parser.add_argument("--data", type=Path, default=None, help="the data file (default: OUT/results.json)")
+    parser.add_argument("--group", default="", help="the setting the runs share, in the data (e.g. the corpus)")
+    parser.add_argument("--command", default="", help="the command that made the runs, kept in the data")
+    parser.add_argument("--device", default="", help="the device and precision, kept in the data with the CPU")
+    parser.add_argument("--report", type=Path, default=None, help="write the table here (atomically), not stdout")
+    parser.add_argument("--note", default="", help="a line written under the table")
     args = parser.parse_args(argv)
-    models = args.models.split(",") if args.models else None
-    try:
-        runs = {regime: load(args.out, regime, models) for regime in REGIMES}
-    except (OSError, ValueError) as error:
-        raise SystemExit(f"error: {error}") from None
-    runs = {regime: rs for regime, rs in runs.items() if rs}
-    if not runs:
-        raise SystemExit(f"error: {args.out / 'runs'} holds no finished run (runs/updates or runs/time)")
-    found = sorted({r.model for rs in runs.values() for r in rs})
-    order = models or found
-    print(table(runs, args.metric, order))
+    better = args.better or ("higher" if "bleu" in args.metric.lower() else "lower")
+    data_path = args.data or args.out / "results.json"
+    models = args.models.split(",") if args.models else []
+    with locked(data_path):  # one writer at a time reads the runs on disk, merges the data, writes the report
+        try:
+            runs = {regime: load(args.out, regime) for regime in REGIMES}
+        except (OSError, ValueError) as error:
+            raise SystemExit(f"error: {error}") from None
+        runs = {regime: rs for regime, rs in runs.items() if rs}
+        if not runs:
+            raise SystemExit(f"error: {args.out / 'runs'} holds no finished run (runs/updates or runs/time)")
+        found = sorted({r.model for rs in runs.values() for r in rs})
+        order = [m for m in models if m in found] + [m for m in found if m not in models]
+        try:
+            save_data(data_path, args.metric, better, records(runs, args.group, args.command, args.device))
+        except ValueError as error:
+            raise SystemExit(f"error: {error}") from None
+        report = table(runs, args.metric, order) + (f"\n\n{args.note}" if args.note else "") + "\n"
+        if args.report:
+            write_atomic(args.report, report)
+    sys.stdout.write(report)
     if args.plot is not None:
         longest = {}
         for run in (r for rs in runs.values() for r in rs):

@@ -26,7 +26,8 @@ the characters edited (noise_text, seed 1) in two ways that make the same edits:
     edited piece is usually missing from the dictionary: <unk> for the baseline, its letters for transformer_c2s.
 BLEU: sacreBLEU of the output with the BPE removed against the clean German references.
 Results: OUT/results.md (default OUT: c2s_robustness_output): a table per seed, then each score's mean and
-standard deviation over the seeds. Seed S's runs are in OUT/seedS/. Finished steps are skipped on a rerun, so
+standard deviation over the seeds; OUT/results.json: every score as data (docs/results.md), merged with what it
+holds. Seed S's runs are in OUT/seedS/. Finished steps are skipped on a rerun, so
 seeds can be added later (-s 3-4).
 EOF
 }
@@ -34,6 +35,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source examples/lib.sh
 
 OUT=c2s_robustness_output SEEDS=1 UPDATES=2000 MORE_UPDATES=2000 CORPUS=""
+COMMAND="bash $0${*:+ $(printf '%q ' "$@")}"  # kept with every score in OUT/results.json
 while getopts "o:s:u:U:c:h" opt; do
     case $opt in
         o) OUT=$OPTARG ;; s) SEEDS=$OPTARG ;; u) UPDATES=$OPTARG ;; U) MORE_UPDATES=$OPTARG ;; c) CORPUS=$OPTARG ;;
@@ -181,9 +183,11 @@ print(f"{100 * sum(t not in vocab for t in tokens) / len(tokens):.1f}%")
 PY
 }
 {
-    python - "$OUT" "$UPDATES" "$MORE_UPDATES" "${NAMES[*]}" "${TESTS[*]}" <<'PY'
-import statistics, sys
+    python - "$OUT" "$UPDATES" "$MORE_UPDATES" "${NAMES[*]}" "${TESTS[*]}" "${COMMAND% }" <<'PY'
+import json, statistics, sys
 from pathlib import Path
+from define_fairseq.tools.compare_runs import machine, revision
+from define_fairseq.tools.render_results import load, locked, merge, write_atomic
 
 out, updates, more, names, tests = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4].split(), sys.argv[5].split()
 seeds = sorted(int(d.name[4:]) for d in out.glob("seed*") if d.name[4:].isdigit()
@@ -211,6 +215,18 @@ def cells(name, score, change, time):
         score(t) if t == "clean" else f"{score(t)} ({change(t):+.2f})" for t in tests) + " |"
 
 bleu = {(s, n, t): float((out / f"seed{s}" / n / f"{t}.bleu").read_text()) for s in seeds for n in names for t in tests}
+data_path = out / "results.json"  # every scored seed, as data, merged with what the file holds (other seeds)
+with locked(data_path):
+    data = load(data_path) if data_path.is_file() else {
+        "metric": "BLEU", "better": "higher", "digits": 2, "runs": [],
+        "points": [{"key": t, "label": f"BLEU, {t}"} for t in tests]}
+    where = {"command": sys.argv[6], "revision": revision(), "machine": machine("cpu, fp32")}
+    new = [{"group": "", "model": n, "point": t, "seed": s, "value": bleu[s, n, t],
+            "parameters": {"total": float(params(n)[0].rstrip("M")), "input/output": float(params(n)[1].rstrip("M"))},
+            "updates": int(updates) + (0 if n == "transformer" else int(more)), "seconds": sum(seconds(s, n)), **where}
+           for s in seeds for n in names for t in tests]
+    data["runs"] = merge(data["runs"], new)
+    write_atomic(data_path, json.dumps(data, indent=1) + "\n")
 for s in seeds:
     print(f"Seed {s}:\n\n{header}")
     for n in names:
@@ -236,6 +252,6 @@ PY
         seed=${log#"$OUT"/seed} seed=${seed%%/*}
         echo "seed $seed, distillation (clean entries, after $(grep -c '^epoch' "$log") epochs): $(grep '^after' "$log")"
     done
-} > "$OUT/results.md.tmp"
-mv "$OUT/results.md.tmp" "$OUT/results.md"
+} > "$OUT/results.md.tmp$$"
+mv "$OUT/results.md.tmp$$" "$OUT/results.md"
 cat "$OUT/results.md"

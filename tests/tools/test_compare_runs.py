@@ -124,3 +124,20 @@ def test_a_run_trained_on_keeps_one_clock(tmp_path):
 
     run = load(tmp_path, "updates")[0]
     assert run.wall == {100: 50.0, 200: 100.0, 300: 100.0, 400: 130.0}
+
+
+def test_the_data_file_keeps_every_point_and_merges_with_what_it_holds(tmp_path):
+    write_run(tmp_path, "updates", "baseline", 1, 26.0, [(200, 8.0)], 100)
+    main([str(tmp_path), "--metric", "BLEU", "--command", "bash compare.sh -s 1", "--group", "demo"])
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["metric"] == "BLEU" and data["better"] == "higher"
+    (run,) = data["runs"]
+    assert run["model"] == "baseline" and run["seed"] == 1 and run["value"] == 26.0 and run["point"] == "updates"
+    assert run["parameters"]["total"] == 2.37 and run["updates"] == 200 and run["seconds"] == 100.0
+    assert run["command"] == "bash compare.sh -s 1" and run["group"] == "demo" and run["revision"] and run["machine"]
+    # a later run in another OUT, merged into the same data file: both kept
+    other = tmp_path / "other"
+    write_run(other, "updates", "baseline", 2, 27.0, [(200, 8.0)], 100)
+    main([str(other), "--metric", "BLEU", "--data", str(tmp_path / "results.json"), "--group", "demo"])
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert [(r["seed"], r["value"]) for r in data["runs"]] == [(1, 26.0), (2, 27.0)]

@@ -1,0 +1,355 @@
+"""Every published comparison from its per-seed data, with one rule for verdicts (``docs/results.md``)::
+
+    python -m define_fairseq.tools.render_results            # rewrite the tables of README.md and examples/*/README.md
+    python -m define_fairseq.tools.render_results --check    # exit 1, naming each table that differs from its data
+    python -m define_fairseq.tools.render_results --print OUT/results.json   # one data file's tables, to stdout
+
+A data file (``examples/NAME/results/TABLE.json``, or ``OUT/results.json`` that ``compare_runs`` writes) holds one
+comparison: ``metric``, ``better`` (``lower`` or ``higher``), ``digits``, ``points`` (the table's value columns:
+``[{"key", "label"}]``), the ``command``, ``revision`` and ``machine`` shared by its runs (a run may give its own),
+and ``runs``: one record per group (a corpus or setting, may be empty), model, point and seed, with its ``value``
+and, where known, ``parameters`` (millions: ``total``, ``input/output``, ``DeFINE``), ``updates`` and ``seconds``.
+``verdicts`` name the pairs the rule judges (``a`` against ``b`` at a ``point`` of a ``group``, the ``claim`` of a
+paper it tests or null for the project's own comparison, and what ``differs`` besides the model); ``claims`` are
+the rows of README.md's results table that come from this file.
+
+A Markdown file holds a rendered table between ``<!-- results:EXAMPLE/TABLE -->`` and ``<!-- /results:EXAMPLE/TABLE
+-->`` (the data in ``examples/EXAMPLE/results/TABLE.json``); ``<!-- results:claims -->`` is README.md's table of
+the papers' claims, from every data file's ``claims``.
+"""
+
+import argparse
+import fcntl
+import json
+import os
+import re
+import statistics
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Tuple
+
+ROOT = Path(__file__).resolve().parents[2]
+BLOCK = re.compile(r"(<!-- results:(?P<name>[\w./-]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=name) -->)", re.S)
+RUN_KEY = ("group", "model", "point", "seed")
+OWN = "the project's own comparison"
+
+
+class DataError(ValueError):
+    """A data file that cannot be rendered; the message names the file and the fix."""
+
+
+def load(path: Path) -> dict:
+    """A data file, checked for what the renderer needs."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise DataError(f"{path}: {error}; write it with compare_runs or by hand as docs/results.md describes")
+    for key in ("metric", "better", "points", "runs"):
+        if key not in data:
+            raise DataError(f"{path}: no '{key}'; every data file names it (docs/results.md, 'The data files')")
+    if data["better"] not in ("lower", "higher"):
+        raise DataError(f"{path}: 'better' is {data['better']!r}; it is 'lower' or 'higher'")
+    points = {p["key"] for p in data["points"]}
+    for run in data["runs"]:
+        missing = [k for k in ("model", "point", "seed", "value") if k not in run]
+        if missing or run["point"] not in points:
+            raise DataError(
+                f"{path}: the run {run} lacks {missing or 'a point listed in points'}; give each run "
+                f"model, point (one of {sorted(points)}), seed and value"
+            )
+    return data
+
+
+def merge(old: List[dict], new: List[dict]) -> List[dict]:
+    """The runs of ``old`` and ``new``, a new run replacing an old one with the same group, model, point and seed."""
+    key = lambda run: tuple(run.get(k, "") for k in RUN_KEY)  # noqa: E731
+    merged = {key(run): run for run in old}
+    merged.update((key(run), run) for run in new)
+    return sorted(merged.values(), key=lambda run: tuple(str(run.get(k, "")).zfill(6) for k in RUN_KEY))
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``path.lock``: one process at a time reads, merges and writes ``path``."""
+    with open(f"{path}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """``text`` into ``path`` through a temporary name in the same folder and a rename."""
+    tmp = Path(f"{path}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def cells(data: dict, group: str, model: str, point: str) -> List[dict]:
+    runs = [r for r in data["runs"] if r.get("group", "") == group and r["model"] == model and r["point"] == point]
+    return sorted(runs, key=lambda r: r["seed"])
+
+
+def summary(values: List[float], digits: int, seeds: List[int]) -> str:
+    """mean ± sd (each seed's value), or the one value and its seed."""
+    each = ", ".join(f"{v:.{digits}f}" for v in values)
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f} (seed {seeds[0]})"
+    return f"{statistics.fmean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f} ({each})"
+
+
+def verdict(a: List[float], b: List[float], better: str) -> str:
+    """The rule of docs/results.md: 'holds' when a is better than b by more than sd_a + sd_b, 'reversed' when b is,
+    'level' when the means are within the summed spreads, 'not tested' when a side has fewer than two seeds."""
+    if len(a) < 2 or len(b) < 2:
+        return "not tested (one seed)"
+    gap = statistics.fmean(a) - statistics.fmean(b)
+    if abs(gap) <= statistics.stdev(a) + statistics.stdev(b):
+        return "level"
+    return "holds" if (gap < 0) == (better == "lower") else "reversed"
+
+
+def groups_and_models(data: dict) -> List[Tuple[str, str]]:
+    seen: Dict[Tuple[str, str], None] = {}
+    order = data.get("models") or []
+    runs = sorted(data["runs"], key=lambda r: order.index(r["model"]) if r["model"] in order else len(order))
+    groups = data.get("groups") or []
+    runs = sorted(runs, key=lambda r: groups.index(r.get("group", "")) if r.get("group", "") in groups else 0)
+    for run in runs:
+        seen.setdefault((run.get("group", ""), run["model"]), None)
+    return list(seen)
+
+
+def params(data: dict, group: str, model: str) -> dict:
+    for run in data["runs"]:
+        if run.get("group", "") == group and run["model"] == model and run.get("parameters"):
+            return run["parameters"]
+    return {}
+
+
+def label(data: dict, model: str) -> str:
+    return (data.get("labels") or {}).get(model, f"`{model}`")
+
+
+def table(data: dict) -> str:
+    """One row per group and model: the parameters, then each point's values over the seeds."""
+    digits, rows = data.get("digits", 2), groups_and_models(data)
+    grouped = any(group for group, _ in rows)
+    extra = data.get("parameter_columns", [])
+    header = (["setting"] if grouped else []) + ["model", "parameters"] + [f"of which {c}" for c in extra]
+    header += [p["label"] for p in data["points"]]
+    timed = [p for p in data["points"] if any("seconds" in r for r in cells_all(data, p["key"]))]
+    header += [f"training time (s), {p['label']}" for p in timed] if data.get("show_seconds") else []
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    best = best_means(data, rows)
+    last_group = None
+    for group, model in rows:
+        p = params(data, group, model)
+        row = ([group if group != last_group else ""] if grouped else []) + [label(data, model)]
+        row += [f"{p['total']:.2f}M" if "total" in p else "–"] + [f"{p[c]:.2f}M" if c in p else "–" for c in extra]
+        last_group = group
+        for point in data["points"]:
+            runs = cells(data, group, model, point["key"])
+            if not runs:
+                row.append("–")
+                continue
+            text = summary([r["value"] for r in runs], digits, [r["seed"] for r in runs])
+            if (
+                runs
+                and any(r.get("updates") not in (None, runs[0].get("updates")) for r in runs)
+                or (point.get("show_updates") and runs[0].get("updates") is not None)
+            ):
+                text += ", updates " + "/".join(str(r.get("updates", "?")) for r in runs)
+            row.append(f"**{text}**" if best.get((group, point["key"])) == model else text)
+        if data.get("show_seconds"):
+            for point in timed:
+                secs = [r["seconds"] for r in cells(data, group, model, point["key"]) if r.get("seconds") is not None]
+                row.append(f"{statistics.fmean(secs):.0f}" if secs else "–")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def cells_all(data: dict, point: str) -> List[dict]:
+    return [r for r in data["runs"] if r["point"] == point]
+
+
+def best_means(data: dict, rows: List[Tuple[str, str]]) -> Dict[Tuple[str, str], str]:
+    """The model with the best mean of each group and point (bold), where at least two models have one."""
+    if data.get("bold", True) is False:
+        return {}
+    best = {}
+    for point in data["points"]:
+        if not point.get("scored", True):
+            continue
+        for group in dict.fromkeys(g for g, _ in rows):
+            means = {
+                m: statistics.fmean(r["value"] for r in runs)
+                for g, m in rows
+                if g == group
+                for runs in [cells(data, g, m, point["key"])]
+                if runs
+            }
+            if len(means) > 1:
+                pick = min if data["better"] == "lower" else max
+                best[group, point["key"]] = pick(means, key=means.get)
+    return best
+
+
+def side(data: dict, group: str, model: str, point: str) -> Tuple[List[float], str]:
+    runs = cells(data, group, model, point)
+    values = [r["value"] for r in runs]
+    if not values:
+        raise DataError(f"a verdict names {model} at {point} ({group or 'no group'}), which has no runs")
+    p = params(data, group, model)
+    size = f"{p['total']:.2f}M, " if "total" in p else ""
+    digits = data.get("digits", 2)
+    spread = f" ± {statistics.stdev(values):.{digits}f}" if len(values) > 1 else ""
+    return (
+        values,
+        f"{label(data, model)} ({size}{len(values)} seed{'s' * (len(values) > 1)}): "
+        f"{statistics.fmean(values):.{digits}f}{spread}",
+    )
+
+
+def judge(data: dict, v: dict) -> dict:
+    """One verdict: both sides, the difference, the rule's answer and what differs besides the model."""
+    point = next(p for p in data["points"] if p["key"] == v["point"])
+    group = v.get("group", "")
+    a, a_text = side(data, group, v["a"], v["point"])
+    b, b_text = side(data, group, v["b"], v["point"])
+    gap = statistics.fmean(a) - statistics.fmean(b)
+    digits = data.get("digits", 2)
+    relative = f", {100 * gap / statistics.fmean(b):+.1f}%" if statistics.fmean(b) else ""
+    return {
+        "claim": v.get("claim") or OWN,
+        "where": ", ".join(x for x in (group, point["label"]) if x),
+        "a": a_text,
+        "b": b_text,
+        "gap": f"{gap:+.{digits}f}{relative}",
+        "verdict": verdict(a, b, data["better"]),
+        "differs": v.get("differs", "–"),
+    }
+
+
+def verdict_table(data: dict) -> str:
+    header = ["claim tested", "where", "a", "b", "a − b", "verdict (docs/results.md)", "besides the model"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for v in data.get("verdicts", []):
+        j = judge(data, v)
+        lines.append("| " + " | ".join(j[k] for k in ("claim", "where", "a", "b", "gap", "verdict", "differs")) + " |")
+    return "\n".join(lines)
+
+
+def provenance(data: dict) -> str:
+    """The command, revision and machine of the runs, each once."""
+    found = {}
+    for key in ("command", "revision", "machine"):
+        values = list(dict.fromkeys(str(r.get(key, data.get(key, "not recorded"))) for r in data["runs"]))
+        found[key] = "; ".join(f"`{x}`" if key == "command" else x for x in values)
+    seeds = sorted({r["seed"] for r in data["runs"]})
+    return (
+        f"{data['metric']} ({data['better']} is better): mean ± standard deviation over the seeds, each seed's "
+        f"value in brackets; seeds {', '.join(map(str, seeds))}. Command as published: {found['command']}. "
+        f"Revision: {found['revision']}. Machine: {found['machine']}."
+    )
+
+
+def render(data: dict) -> str:
+    parts = [table(data), "", provenance(data)]
+    if data.get("verdicts"):
+        parts += ["", verdict_table(data)]
+    return "\n".join(parts) + "\n"
+
+
+def data_files(root: Path) -> List[Path]:
+    return sorted(root.glob("examples/*/results/*.json"))
+
+
+def render_claims(root: Path) -> str:
+    """README.md's table: each claim of the papers, the paper's figure, what the data give and the rule's verdict."""
+    rows = []
+    for path in data_files(root):
+        data = load(path)
+        link = f"[{path.parent.parent.name}]({path.parent.parent.relative_to(root).as_posix()}/README.md)"
+        for claim in data.get("claims", []):
+            judged = [judge(data, data["verdicts"][i]) for i in claim["verdicts"]]
+            measured = "; ".join(f"{j['where']}: {j['a']} against {j['b']}" for j in judged)
+            verdicts = "; ".join(f"{j['verdict']} ({j['where']})" for j in judged)
+            differs = "; ".join(dict.fromkeys(j["differs"] for j in judged))
+            rows.append(
+                (
+                    claim["order"],
+                    [
+                        claim["claim"],
+                        claim["paper"],
+                        f"{claim['setting']}: {measured} ({link})",
+                        f"{verdicts}. Besides the model: {differs}" + claim.get("note", ""),
+                    ],
+                )
+            )
+    header = ["claim (paper)", "the paper's figure", "measured here", "verdict at this scale"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for _, row in sorted(rows, key=lambda r: r[0])]
+    return "\n".join(lines) + "\n"
+
+
+def render_block(root: Path, name: str) -> str:
+    if name == "claims":
+        return render_claims(root)
+    example, _, table_name = name.partition("/")
+    path = root / "examples" / example / "results" / f"{table_name}.json"
+    if not path.is_file():
+        raise DataError(
+            f"a results:{name} marker names {path}, which does not exist; add the data file or fix the marker"
+        )
+    return render(load(path))
+
+
+def markdown_files(root: Path) -> List[Path]:
+    return [root / "README.md"] + sorted(root.glob("examples/*/README.md"))
+
+
+def update(root: Path, check: bool) -> List[str]:
+    """Render every marked block; with ``check``, only name those that differ. Returns the differing blocks."""
+    stale = []
+    for path in markdown_files(root):
+        text = path.read_text()
+        new = BLOCK.sub(lambda m: m[1] + render_block(root, m["name"]) + m[4], text)
+        if new != text:
+            for old, fresh in zip(BLOCK.finditer(text), BLOCK.finditer(new)):
+                if old["body"] != fresh["body"]:
+                    stale.append(f"{path.relative_to(root)}: results:{old['name']}")
+            if not check:
+                write_atomic(path, new)
+    return stale
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a table differs from its data")
+    parser.add_argument("--print", type=Path, metavar="DATA", help="print this data file's tables")
+    parser.add_argument("--root", type=Path, default=ROOT, help="the repository (default: this one)")
+    args = parser.parse_args(argv)
+    try:
+        if args.print:
+            sys.stdout.write(render(load(args.print)))
+            return
+        stale = update(args.root, args.check)
+    except DataError as error:
+        raise SystemExit(f"error: {error}") from None
+    if args.check and stale:
+        raise SystemExit(
+            "error: these tables differ from their data (a number edited by hand, or data changed "
+            "without rendering); run `make results`:\n  " + "\n  ".join(stale)
+        )
+    print(
+        f"{'checked' if args.check else 'rendered'}: every results table matches its data"
+        if not stale or args.check
+        else "rendered:\n  " + "\n  ".join(stale)
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""define_fairseq.tools.render_results: the rule for verdicts, the committed tables against their data, and two
+processes writing one comparison's report."""
+
+import json
+import multiprocessing
+import statistics
+from pathlib import Path
+
+import pytest
+from test_compare_runs import write_run
+
+from define_fairseq.tools import render_results
+from define_fairseq.tools.compare_runs import main as compare_main
+
+ROOT = Path(render_results.__file__).resolve().parents[2]
+
+
+def test_every_committed_table_matches_its_data():
+    """A number edited by hand in a rendered block (or data changed without `make results`) fails here."""
+    assert render_results.update(ROOT, check=True) == []
+
+
+def test_a_table_edited_by_hand_is_named(tmp_path):
+    (tmp_path / "examples" / "toy" / "results").mkdir(parents=True)
+    (tmp_path / "examples" / "toy" / "results" / "t.json").write_text(json.dumps(toy_data()))
+    readme = tmp_path / "examples" / "toy" / "README.md"
+    readme.write_text("text\n<!-- results:toy/t -->\n<!-- /results:toy/t -->\nmore\n")
+    (tmp_path / "README.md").write_text("no tables\n")
+    assert render_results.update(tmp_path, check=True) == ["examples/toy/README.md: results:toy/t"]
+    render_results.update(tmp_path, check=False)
+    assert render_results.update(tmp_path, check=True) == []
+    assert "10.50 ± 0.71 (10.00, 11.00)" in readme.read_text() and readme.read_text().endswith("more\n")
+    readme.write_text(readme.read_text().replace("10.50 ± 0.71", "10.60 ± 0.71"))
+    with pytest.raises(SystemExit, match="examples/toy/README.md: results:toy/t"):
+        render_results.main(["--check", "--root", str(tmp_path)])
+
+
+def toy_data(b_values=(13.0, 14.0), better="lower"):
+    runs = [
+        {"model": "a", "point": "updates", "seed": s, "value": v, "parameters": {"total": 1.0}}
+        for s, v in ((1, 10.0), (2, 11.0))
+    ]
+    runs += [
+        {"model": "b", "point": "updates", "seed": s, "value": v, "parameters": {"total": 1.5}}
+        for s, v in enumerate(b_values, 1)
+    ]
+    return {
+        "metric": "perplexity",
+        "better": better,
+        "points": [{"key": "updates", "label": "ppl"}],
+        "runs": runs,
+        "verdicts": [{"a": "a", "b": "b", "point": "updates", "claim": None, "differs": "nothing"}],
+    }
+
+
+@pytest.mark.parametrize(
+    "a, b, better, expected",
+    [
+        ([10.0, 11.0], [13.0, 14.0], "lower", "holds"),  # gap 3 > 0.71 + 0.71
+        ([10.0, 11.0], [13.0, 14.0], "higher", "reversed"),
+        ([10.0, 11.0], [11.0, 12.5], "lower", "level"),  # gap 1.25 <= 0.71 + 1.06
+        ([10.0], [13.0, 14.0], "lower", "not tested (one seed)"),
+    ],
+)
+def test_the_rule(a, b, better, expected):
+    assert render_results.verdict(a, b, better) == expected
+    gap = abs(statistics.fmean(a) - statistics.fmean(b))
+    if len(a) > 1:
+        assert (gap > statistics.stdev(a) + statistics.stdev(b)) == (expected in ("holds", "reversed"))
+
+
+def test_a_verdict_row_names_both_sides_and_labels_the_projects_own():
+    text = render_results.render(toy_data())
+    assert "the project's own comparison" in text and "`a` (1.00M, 2 seeds): 10.50 ± 0.71" in text
+    assert "`b` (1.50M, 2 seeds): 13.50 ± 0.71" in text and "| holds | nothing |" in text
+
+
+def test_a_data_file_without_its_metric_is_refused(tmp_path):
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"better": "lower", "points": [], "runs": []}))
+    with pytest.raises(SystemExit, match="r.json: no 'metric'"):
+        render_results.main(["--print", str(path)])
+
+
+def one_writer(out: str, model: str) -> None:
+    compare_main([out, "--metric", "BLEU", "--models", model, "--report", f"{out}/results.md"])
+
+
+def test_two_writers_keep_each_others_runs(tmp_path):
+    """Two processes filling one OUT, each with its own -m, both finishing at once: the report and the data hold
+    both models, whichever writes last."""
+    for seed in (1, 2):
+        write_run(tmp_path, "updates", "baseline", seed, 26.0 + seed, [(200, 8.0)], 100)
+        write_run(tmp_path, "updates", "define", seed, 27.0 + seed, [(200, 8.0)], 110)
+    context = multiprocessing.get_context("fork")
+    writers = [context.Process(target=one_writer, args=(str(tmp_path), m)) for m in ("baseline", "define")]
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join()
+        assert w.exitcode == 0
+    report = (tmp_path / "results.md").read_text()
+    assert "| `baseline` |" in report and "| `define` |" in report
+    data = render_results.load(tmp_path / "results.json")
+    assert sorted((r["model"], r["seed"]) for r in data["runs"]) == [
+        ("baseline", 1),
+        ("baseline", 2),
+        ("define", 1),
+        ("define", 2),
+    ]
+    assert not list(tmp_path.glob("*.tmp*"))
