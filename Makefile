@@ -170,7 +170,7 @@ install-env:
 # ---- `make gpu-check` on a GPU node (docs/development.md, "Checking a GPU node"): installs into $(PYTHON)'s
 # environment (install-env: WHEELHOUSE=dir when the node has no registry), runs the CUDA tests, then every
 # benchmark on the GPU, and writes benchmarks/results/gpu-<gpu>.md (the environment, the tests' summary, each figure
-# beside its target). Stops at the first step that fails and names it. About 10 minutes on one H100.
+# beside its target). Stops at the first step that fails and names it. Under 7 minutes on one H100 or H200.
 GPU_CHECK_LOG := benchmarks/results/.gpu-check-tests.log
 # pytest workers sharing the one GPU (each holds its own CUDA context, a few hundred MB)
 CUDA_TEST_WORKERS ?= 4
