@@ -61,7 +61,8 @@ def recipe_of(data_dir: str):
     return match.group(1)
 
 
-def train_script(recipe: str, config: str):
+def train_script(config: str):
+    """The script that trains ``config``: WikiText-103's Transformer-XL configs have their own."""
     return "train-transformer-xl.sh" if config.startswith("transformer_xl") else "train.sh"
 
 
@@ -71,7 +72,7 @@ def takes_gpus(script: str) -> bool:
 
 def recipe_command(recipe: str, config: str):
     """The fairseq-train arguments of ``train.sh -n [-g 1] CONFIG`` (one GPU where the script asks how many)."""
-    script = f"{recipe}/{train_script(recipe, config)}"
+    script = f"{recipe}/{train_script(config)}"
     gpus = ["-g", "1"] if takes_gpus(script) else []
     return training_arguments(ok(run_recipe(script, "-n", *gpus, config)).stdout)
 
