@@ -36,14 +36,14 @@ def config_namespace(cfg, config_cls, defaults: bool = True) -> Namespace:
     return Namespace(**values)
 
 
-PLUGIN_PREFIXES = ("define_", "c2s_", "decoder_input_layer")  # the fields the plugin adds to fairseq's Transformers
+PLUGIN_PREFIXES = ("define_", "c2s_", "decoder_input_layer", "torch_compile")  # the fields the plugin adds
 
 
 def plugin_defaults(args, config_cls, **values) -> None:
     """A Transformer arch function's defaults for the fields the plugin adds (``define_*``, ``c2s_*``,
-    ``decoder_input_layer``): each that ``args`` leaves unset (absent or None) takes ``values[name]`` (what the arch
-    changes) or else the dataclass default. (fairseq's Transformer parser has no defaults, so that its arch functions
-    can set them.)"""
+    ``decoder_input_layer``, ``torch_compile*``): each that ``args`` leaves unset (absent or None) takes
+    ``values[name]`` (what the arch changes) or else the dataclass default. (fairseq's Transformer parser has no
+    defaults, so that its arch functions can set them.)"""
     names = {f.name: f.default for f in fields(config_cls) if f.name.startswith(PLUGIN_PREFIXES)}
     unknown = set(values) - set(names)
     if unknown:

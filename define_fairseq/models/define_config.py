@@ -9,11 +9,12 @@ language models whose input layer is a choice.
 from dataclasses import dataclass, field
 from typing import Optional
 
-from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.dataclass import ChoiceEnum
 
+from define_fairseq.models.compile import CompileConfig
 from define_fairseq.models.config_helpers import flag_names
 from define_fairseq.modules.define import ACTIVATIONS, INITS, NORMS, VARIANTS
-from define_fairseq.modules.define_embedding import DeFINEEmbedding
+from define_fairseq.modules.define_embedding import TOKEN_PATHS, DeFINEEmbedding
 
 # DeFINEEmbedding's arguments (and its adaptive map's factor) -> the flags that set them
 DEFINE_FLAGS = dict(
@@ -69,7 +70,7 @@ def input_layer_field(default: str, width_flag: str, choices=INPUT_LAYERS):
 
 
 @dataclass
-class DeFINEConfig(FairseqDataclass):
+class DeFINEConfig(CompileConfig):
     define_k: int = field(default=1024, metadata={"help": "DeFINE largest expansion width k"})
     define_max_groups: int = field(
         default=4, metadata={"help": "groups g_max of the first DeFINE layer; layer l uses max(g_max/2^(l-1), 1)"}
@@ -107,6 +108,14 @@ class DeFINEConfig(FairseqDataclass):
             "throughout (not for --define-variant delight, which keeps the authors')"
         },
     )
+    define_token_path: Optional[ChoiceEnum(TOKEN_PATHS)] = field(
+        default=None,
+        metadata={
+            "help": "where the DeFINE unit runs while training: unique (once per distinct token of the batch; the "
+            "host waits for the count), table (on the whole V x n map: static shapes, no host synchronisation), "
+            "positions (on every position); default: unique, or table with --torch-compile"
+        },
+    )
     define_folded: bool = field(
         default=False,
         metadata={
@@ -135,6 +144,7 @@ def build_define_embedding(
             dropout=cfg.define_dropout,
             init=str(cfg.define_init),
             map_dropout=getattr(cfg, "define_map_dropout", 0.0),  # absent from the configs of older checkpoints
+            token_path=str(getattr(cfg, "define_token_path", None) or "unique"),
             padding_idx=padding_idx,
             **options,
         )

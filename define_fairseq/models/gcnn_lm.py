@@ -43,6 +43,7 @@ from fairseq.modules import AdaptiveSoftmax
 from fairseq.utils import safe_getattr
 from torch import Tensor
 
+from define_fairseq.models.compile import compile_static_parts
 from define_fairseq.models.config_helpers import (
     MAX_POSITIONS,
     check_rate,
@@ -273,7 +274,7 @@ class GatedConvLanguageModel(FairseqLanguageModel):
     def build_model(cls, cfg, task):
         reject_renamed(cfg, RENAMES, GatedConvLMConfig)
         args = config_namespace(cfg, GatedConvLMConfig)
-        return cls(build_gated_conv_decoder(args, task.target_dictionary))
+        return compile_static_parts(cls(build_gated_conv_decoder(args, task.target_dictionary)), args)
 
 
 @register_model_architecture("gcnn_lm", "gcnn_lm_8")

@@ -52,6 +52,7 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.models import FairseqLanguageModel, register_model, register_model_architecture
 from fairseq.utils import safe_getattr
 
+from define_fairseq.models.compile import compile_static_parts
 from define_fairseq.models.config_helpers import config_namespace, reject_renamed
 from define_fairseq.models.define_config import (
     DEPTH_ZERO_RENAME,
@@ -178,7 +179,7 @@ class MogrifierLSTMLMModel(FairseqLanguageModel):
     def build_model(cls, cfg, task):
         reject_renamed(cfg, DEPTH_ZERO_RENAME, MogrifierLSTMLMConfig)
         args = config_namespace(cfg, MogrifierLSTMLMConfig)
-        return cls(build_mogrifier_decoder(args, task.target_dictionary))
+        return compile_static_parts(cls(build_mogrifier_decoder(args, task.target_dictionary)), args)
 
 
 def lamb_base(args):

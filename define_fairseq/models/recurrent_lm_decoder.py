@@ -8,6 +8,7 @@ import torch.nn as nn
 from fairseq.modules import AdaptiveSoftmax
 from torch import Tensor
 
+from define_fairseq.models.compile import compile_static_parts
 from define_fairseq.models.config_helpers import (
     check_rate,
     check_tail_widths,
@@ -241,7 +242,7 @@ def build_recurrent_decoder(cfg: Namespace, dictionary, adaptive: bool, tie_full
     with flag_names(
         input_dropout=dropouts["input"][1], output_dropout=dropouts["output"][1], embed_dropout="--awd-embed-dropout"
     ):
-        return RecurrentLMDecoder(
+        decoder = RecurrentLMDecoder(
             dictionary,
             embed,
             lstm,
@@ -254,3 +255,4 @@ def build_recurrent_decoder(cfg: Namespace, dictionary, adaptive: bool, tie_full
             ar_alpha=cfg.awd_ar_alpha,
             tar_beta=cfg.awd_tar_beta,
         )
+    return compile_static_parts(decoder, cfg)

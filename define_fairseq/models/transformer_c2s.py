@@ -28,6 +28,7 @@ from fairseq.models.transformer.transformer_legacy import (
     transformer_iwslt_de_en,
 )
 
+from define_fairseq.models.compile import compile_static_parts
 from define_fairseq.models.config_helpers import config_namespace, flag_names, plugin_defaults, reject_renamed
 from define_fairseq.models.define_config import DeFINEConfig, define_depth_field, define_n_field
 from define_fairseq.models.input_layer import build_input_layer
@@ -202,7 +203,7 @@ class TransformerC2SModel(TransformerModel):
         if args.c2s_train_embedding_only:
             for name, parameter in model.named_parameters():
                 parameter.requires_grad_(name.startswith("encoder.embed_tokens."))
-        return model
+        return compile_static_parts(model, args)
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):

@@ -25,6 +25,7 @@ from fairseq.models.transformer.transformer_legacy import (
     transformer_vaswani_wmt_en_de_big,
 )
 
+from define_fairseq.models.compile import compile_static_parts
 from define_fairseq.models.config_helpers import config_namespace, plugin_defaults
 from define_fairseq.models.define_config import DeFINEConfig, define_depth_field, define_n_field
 from define_fairseq.models.input_layer import build_input_layer
@@ -120,8 +121,8 @@ class TransformerDefineModel(TransformerModel):
                 )
             args.decoder_output_dim = args.define_n
         if args.share_all_embeddings and (args.define_untie_output or args.define_separate_units):
-            return cls.build_shared_embeddings(args, task)
-        return super().build_model(args, task)
+            return compile_static_parts(cls.build_shared_embeddings(args, task), args)
+        return compile_static_parts(super().build_model(args, task), args)
 
     @classmethod
     def build_shared_embeddings(cls, args, task):

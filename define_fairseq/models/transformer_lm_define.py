@@ -28,6 +28,7 @@ from fairseq.models.transformer_lm import (
     transformer_lm_baevski_wiki103,
 )
 
+from define_fairseq.models.compile import compile_static_parts
 from define_fairseq.models.config_helpers import check_tied_bands, config_namespace, parse_cutoff, plugin_defaults
 from define_fairseq.models.define_config import DeFINEConfig, define_depth_field, define_n_field
 from define_fairseq.models.input_layer import build_input_layer
@@ -137,7 +138,7 @@ class TransformerLMDefine(TransformerLanguageModel):
             args.decoder_output_dim = n
         embed_tokens = build_input_layer(args, task.source_dictionary, args.decoder_input_dim, "--decoder-input-dim")
         embed_tokens = embed_tokens.embed
-        return cls(DeFINELMDecoder(args, task.target_dictionary, embed_tokens))
+        return compile_static_parts(cls(DeFINELMDecoder(args, task.target_dictionary, embed_tokens)), args)
 
 
 def transformer_lm_define(args):

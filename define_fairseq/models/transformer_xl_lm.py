@@ -44,6 +44,7 @@ from fairseq.utils import safe_getattr
 from torch import Tensor
 
 from define_fairseq.models.carried_state import CarriedState
+from define_fairseq.models.compile import compile_static_parts
 from define_fairseq.models.config_helpers import (
     MAX_POSITIONS,
     config_namespace,
@@ -272,7 +273,7 @@ class TransformerXLLanguageModel(FairseqLanguageModel):
     def build_model(cls, cfg, task):
         reject_renamed(cfg, RENAMES, TransformerXLConfig)
         args = config_namespace(cfg, TransformerXLConfig)
-        return cls(build_transformer_xl_decoder(args, task.target_dictionary))
+        return compile_static_parts(cls(build_transformer_xl_decoder(args, task.target_dictionary)), args)
 
 
 @register_model_architecture("transformer_xl_lm", "transformer_xl_wt103")

@@ -1,0 +1,75 @@
+"""``--torch-compile``: the parts of a model whose shapes are static, compiled with ``torch.compile``.
+
+Every model of the plugin takes the flags (:class:`CompileConfig`, a base of each family's config). With
+``--torch-compile`` the model's DeFINE embeddings run the unit on the whole ``V x n`` map (``token_path="table"``:
+static shapes, no ``torch.unique`` host synchronisation) and are compiled, and so is a Transformer-XL context
+network (its layers and memory); the rest of the model runs as before. Each compiled part has been compiled with
+``fullgraph=True`` in the tests (``tests/modules/test_compile.py``); here a graph break is allowed, because in
+eval mode without autograd a DeFINE embedding looks its rows up in a cached table, which is Python bookkeeping.
+The parameters and the checkpoint are those of the eager model (``nn.Module.compile`` compiles in place), so a
+compiled run resumes from an eager checkpoint and the other way round.
+"""
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch.nn as nn
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+
+from define_fairseq.modules.define_embedding import DeFINEEmbedding
+from define_fairseq.modules.transformer_xl import TransformerXLStack
+
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+@dataclass
+class CompileConfig(FairseqDataclass):
+    torch_compile: bool = field(
+        default=False,
+        metadata={
+            "help": "compile the model's static parts with torch.compile: its DeFINE embeddings (on the whole V x n "
+            "map) and a Transformer-XL context network; the first steps take longer while they compile"
+        },
+    )
+    torch_compile_mode: Optional[ChoiceEnum(COMPILE_MODES)] = field(
+        default=None,
+        metadata={"help": "torch.compile's mode (reduce-overhead: CUDA graphs); default: torch's"},
+    )
+    torch_compile_backend: str = field(
+        default="inductor", metadata={"help": "torch.compile's backend (aot_eager: no code generation)"}
+    )
+
+
+def compiled_parts(model: nn.Module) -> list:
+    """The parts of ``model`` that ``--torch-compile`` compiles: its DeFINE embeddings and Transformer-XL stacks,
+    each once (a shared embedding is one part)."""
+    parts, seen = [], set()
+    for module in model.modules():
+        if isinstance(module, (DeFINEEmbedding, TransformerXLStack)) and id(module) not in seen:
+            seen.add(id(module))
+            parts.append(module)
+    return parts
+
+
+def compile_static_parts(model: nn.Module, cfg) -> nn.Module:
+    """``model`` with its static parts compiled in place when ``cfg.torch_compile`` (else unchanged); returns it.
+
+    Raises ``ValueError`` naming the flag when ``--define-token-path`` asks for a path with data-dependent shapes.
+    """
+    if not getattr(cfg, "torch_compile", False):
+        return model
+    token_path = getattr(cfg, "define_token_path", None)
+    if token_path is not None and str(token_path) != "table":
+        raise ValueError(
+            f"--torch-compile runs DeFINE on the whole V x n map (--define-token-path table); drop "
+            f"--define-token-path {token_path} or --torch-compile"
+        )
+    mode = getattr(cfg, "torch_compile_mode", None)
+    options = dict(backend=getattr(cfg, "torch_compile_backend", None) or "inductor")
+    if mode is not None and str(mode) != "default":
+        options["mode"] = str(mode)
+    for part in compiled_parts(model):
+        if isinstance(part, DeFINEEmbedding):
+            part.token_path = "table"
+        part.compile(**options)
+    return model
