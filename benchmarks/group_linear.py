@@ -83,7 +83,7 @@ def main(argv=None):
                 Check(
                     f"GroupLinear vs dense at 1024 -> 2048, g=4, {tokens} tokens",
                     t.speedup("dense", "GroupLinear"),
-                    2.5,
+                    1.5,
                 )
             )
     notes = [

@@ -171,11 +171,14 @@ def main(argv=None):
         f"\nToken path {path} vs unique: {ratio(t.paired(DEFINE, variant(path)))} (median of per-round ratios).\n"
         for path in paths[1:]
     )
+    # On a GPU DeFINE's smaller output layer (V x n, not V x d) should pay where the step is compute-bound: at least
+    # level at a few thousand tokens a step, 1.1x at the 25k+ tokens users run; on a CPU 1.1x at any batch.
+    target = (1.1 if ntok >= 25000 else 1.0) if bench.cuda else 1.1
     checks = [
         Check(
-            "transformer_define vs transformer, training tokens/s",
+            f"transformer_define vs transformer, training tokens/s, {ntok} target tokens a step, {bench.args.dtype}",
             t.speedup(BASELINE, DEFINE),
-            1.2 if bench.cuda else 1.1,
+            target,
         )
     ]
     return bench.finish("Training speed: transformer_define vs transformer", notes, body, checks)

@@ -247,7 +247,7 @@ def test_a_benchmark_runs_end_to_end_and_returns_its_table_and_targets(capsys):
     result = group_linear.main(["--quick"])
     assert not result.failed
     assert "| 1024 -> 2048, 4 groups | 1024 -> 2048 | 4 |" in result.text
-    assert [c.target for c in result.checks] == [1.0] * 4 + [2.5]
+    assert [c.target for c in result.checks] == [1.0] * 4 + [1.5]
     assert "wrote" not in capsys.readouterr().out  # --quick writes no file
 
 
