@@ -4,10 +4,12 @@ no dropout. Variants: ``MogrifierLSTM`` (its fast path), its ``reference_forward
 fast path at full rank, ``nn.LSTM`` of the same size (cuDNN on a GPU), a straightforward module (per layer an
 ``nn.LSTMCell`` and full-rank ``nn.Linear`` rounds); ``--compile`` (default on a GPU): ``torch.compile`` of
 ``MogrifierLSTMLayer.reference_step`` called step by step; on a GPU: the fast path's whole forward and backward
-captured as CUDA graphs (``torch.cuda.make_graphed_callables``). Targets: ``MogrifierLSTM`` >= 0.5x the tokens/s of
+captured as CUDA graphs (``torch.cuda.make_graphed_callables``); ``--triton``: the layers stepped through
+``mogrifier_triton.triton_mogrifier_layer`` (Triton kernels for the element-wise work; on a CPU only under
+``TRITON_INTERPRET=1``, the interpreter, with ``--quick``). Targets: ``MogrifierLSTM`` >= 0.5x the tokens/s of
 ``nn.LSTM`` and >= 2x the straightforward module's.
 
-    .venv/bin/python -m benchmarks.mogrifier_speed [--device cuda] [--layers 2] [--rounds 3] [--compile]
+    .venv/bin/python -m benchmarks.mogrifier_speed [--device cuda] [--layers 2] [--rounds 3] [--compile] [--triton]
 """
 
 import argparse
@@ -86,6 +88,24 @@ class CompiledSteps(nn.Module):
         return y.transpose(0, 1)
 
 
+class TritonSteps(nn.Module):
+    """A ``MogrifierLSTM``'s layers run step by step through the Triton step (autograd through each step's
+    kernels and GEMMs). Shapes: ``x [B, T, C] -> [B, T, H]``."""
+
+    def __init__(self, model: MogrifierLSTM):
+        super().__init__()
+        from define_fairseq.modules import mogrifier_triton  # needs Triton: imported only for this variant
+
+        self.model, self.run_layer = model, mogrifier_triton.triton_mogrifier_layer
+
+    def forward(self, x):
+        y = x.transpose(0, 1).contiguous()
+        for layer in self.model.layers:
+            h = y.new_zeros(y.shape[1], layer.hidden_size)
+            y, _ = self.run_layer(layer, y, h, h)
+        return y.transpose(0, 1)
+
+
 def main(argv=None):
     parser = options(__doc__, rounds=3)
     parser.add_argument("--layers", type=int, default=2)
@@ -99,6 +119,7 @@ def main(argv=None):
         action=argparse.BooleanOptionalAction,
         help="also torch.compile of the reference step (default: on a GPU only)",
     )
+    parser.add_argument("--triton", action="store_true", help="also the Triton step (mogrifier_triton.py)")
     bench = Bench("benchmarks.mogrifier_speed", parser, argv)
     args = bench.args
     H, B, T, k = (32, 4, 5, 8) if args.quick else (args.hidden, args.batch, args.bptt, args.rank)
@@ -122,6 +143,7 @@ def main(argv=None):
         "naive": f"straightforward: `nn.Linear` rounds (full rank, r={r}) + `nn.LSTMCell`",
         "compile": "`torch.compile` of `MogrifierLSTMLayer.reference_step`, step by step",
         "graph": "`MogrifierLSTM` fast path as CUDA graphs (`make_graphed_callables`)",
+        "triton": "Triton step (`mogrifier_triton.triton_mogrifier_layer`), step by step",
     }
     makers = {
         "fast": lambda: Output(fast),
@@ -133,6 +155,8 @@ def main(argv=None):
     names["full"] = f"`MogrifierLSTM` r={r}, full rank"
     if args.compile if args.compile is not None else bench.cuda:
         makers["compile"] = lambda: CompiledSteps(fast)
+    if args.triton:
+        makers["triton"] = lambda: TritonSteps(fast)
     if bench.cuda:
         makers["graph"] = lambda: torch.cuda.make_graphed_callables(Output(copy.deepcopy(fast)), (x,))
     variants, errors, first_call = {}, {}, {}
@@ -142,7 +166,7 @@ def main(argv=None):
         try:
             start = time.perf_counter()
             variants[key] = module = make()
-            if key in ("reference", "compile", "graph"):  # the same function as the fast path
+            if key in ("reference", "compile", "graph", "triton"):  # the same function as the fast path
                 torch.testing.assert_close(module(x).detach().float(), reference, atol=tolerance, rtol=tolerance)
             first_call[key] = time.perf_counter() - start
         except Exception as error:  # reported in the table; the other variants are still measured
@@ -172,7 +196,7 @@ def main(argv=None):
     notes = [
         f"{L} layer(s), input {H}, hidden {H}, batch {B}, BPTT {T} ({B * T} tokens per call), rounds {r}, rank "
         f"{k}, capped input gate; no dropout; input requires grad; outputs of the reference path, the compiled "
-        f"steps and the CUDA graphs checked against the fast path's (within {tolerance:g})"
+        f"steps, the CUDA graphs and the Triton step checked against the fast path's (within {tolerance:g})"
     ]
     if "compile" in first_call:
         notes.append(
