@@ -220,8 +220,7 @@ def triton_mogrifier_step(
     x: torch.Tensor,
     h: torch.Tensor,
     c: torch.Tensor,
-    weight_ih: torch.Tensor,
-    weight_hh: torch.Tensor,
+    weight: torch.Tensor,
     bias: torch.Tensor,
     rounds: Sequence[Sequence[torch.Tensor]],
     cap_input_gate: bool = True,
@@ -230,7 +229,9 @@ def triton_mogrifier_step(
     """One step of a Mogrifier LSTM layer, the function of ``MogrifierLSTMLayer.reference_step``: GEMMs in torch,
     one Triton kernel per round and one for the cell (each way); autograd through it.
 
-    ``rounds``: each round's ``MogrifierRound.flat_parameters()``, ``(weight, bias)`` or ``(left, right, bias)``.
+    ``weight``: ``[weight_ih, weight_hh]`` concatenated, ``[4n, m + n]`` (one GEMM, so that low precision rounds
+    the gates' pre-activations once, as the other paths do); ``rounds``: each round's
+    ``MogrifierRound.flat_parameters()``, ``(weight, bias)`` or ``(left, right, bias)``.
     Shapes: ``x [B, m]`` (dropout applied), ``h, c [B, n]``, ``state_mask`` None or ``[B, n]`` -> ``(h_t, c_t)``,
     each ``[B, n]``.
     """
@@ -246,7 +247,7 @@ def triton_mogrifier_step(
             x = round_gate(p, params[-1], x)
         else:
             h = round_gate(p, params[-1], h)
-    g = torch.addmm(torch.mm(x, weight_ih.t()), h, weight_hh.t())  # [B, 4n]
+    g = torch.mm(torch.cat([x, h], 1), weight.t())  # [B, 4n]
     return lstm_cell(g, bias, c, cap_input_gate)
 
 
@@ -263,12 +264,11 @@ def triton_mogrifier_layer(
             f"T = {x.shape[0]}; got {list(state_mask.shape)}"
         )
     rounds = [mog.flat_parameters() for mog in layer.mogrifier]
+    weight = torch.cat([layer.weight_ih, layer.weight_hh], 1)  # once per sequence; autograd splits its gradient
     h, c = h0, c0
     outputs = []
     for t in range(x.shape[0]):
         mask = state_mask[t] if per_step else state_mask
-        h, c = triton_mogrifier_step(
-            x[t], h, c, layer.weight_ih, layer.weight_hh, layer.bias, rounds, layer.cap_input_gate, mask
-        )
+        h, c = triton_mogrifier_step(x[t], h, c, weight, layer.bias, rounds, layer.cap_input_gate, mask)
         outputs.append(h)
     return torch.stack(outputs), (h, c)

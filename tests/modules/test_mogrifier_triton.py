@@ -144,9 +144,8 @@ def test_step_matches_reference_step(rounds, rank, cap):
     x, h, c = randn(3, 6, seed=1), randn(3, 5, seed=2), randn(3, 5, seed=3)
     mask = (torch.rand(3, 5, generator=torch.Generator().manual_seed(4)) > 0.3).float() / 0.7
     rounds_params = [mog.flat_parameters() for mog in layer.mogrifier]
-    got = mt.triton_mogrifier_step(
-        x, h, c, layer.weight_ih, layer.weight_hh, layer.bias, rounds_params, cap, state_mask=mask
-    )
+    weight = torch.cat([layer.weight_ih, layer.weight_hh], 1)
+    got = mt.triton_mogrifier_step(x, h, c, weight, layer.bias, rounds_params, cap, state_mask=mask)
     expected = layer.reference_step(x, h, c, mask)
     for a, b in zip(got, expected):
         torch.testing.assert_close(a, b, rtol=RTOL, atol=ATOL)
