@@ -101,7 +101,9 @@ GPU_IMAGE_HAS := click cloudpickle colorama contourpy cycler cython execnet font
   matplotlib narwhals numpy packaging pillow pluggy portalocker pygments pyparsing pytest pytest-xdist \
   python-dateutil pyyaml regex sacrebleu scikit-learn scipy sentencepiece six tabulate threadpoolctl tqdm \
   typing-extensions wheel
-WHEELHOUSE_SKIP ?= torch $(if $(filter 3.12,$(PY)),$(GPU_IMAGE_HAS))
+# triton (requirements-dev.txt: its CPU interpreter runs the Triton kernels' tests) is left out too: a CUDA torch
+# brings its own, and without it those tests skip.
+WHEELHOUSE_SKIP ?= torch triton $(if $(filter 3.12,$(PY)),$(GPU_IMAGE_HAS))
 # What install-offline installs by name (a version already there is kept): build tools, then $(REQUIREMENTS).
 OFFLINE_BASE := "$(SETUPTOOLS)" numpy cython
 PLATFORMS := $(foreach p,manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 \

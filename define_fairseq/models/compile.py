@@ -1,8 +1,9 @@
 """``--torch-compile``: the parts of a model whose shapes are static, compiled with ``torch.compile``.
 
 Every model of the plugin takes the flags (:class:`CompileConfig`, a base of each family's config). With
-``--torch-compile`` the model's DeFINE embeddings run the unit on the whole ``V x n`` map (``token_path="table"``:
-static shapes, no ``torch.unique`` host synchronisation) and are compiled, and so is a Transformer-XL context
+``--torch-compile`` the model's DeFINE embeddings run the unit on the whole ``V x n`` map (``token_path="table"``,
+or on every position with ``--define-token-path positions``: static shapes, no ``torch.unique`` host
+synchronisation) and are compiled, and so is a Transformer-XL context
 network (its layers and memory); the rest of the model runs as before. Each compiled part has been compiled with
 ``fullgraph=True`` in the tests (``tests/modules/test_compile.py``); here a graph break is allowed, because in
 eval mode without autograd a DeFINE embedding looks its rows up in a cached table, which is Python bookkeeping.
@@ -19,6 +20,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from define_fairseq.modules.define_embedding import DeFINEEmbedding
 from define_fairseq.modules.transformer_xl import TransformerXLStack
 
+STATIC_TOKEN_PATHS = ("table", "positions")  # the DeFINE token paths whose shapes do not depend on the data
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
@@ -54,15 +56,16 @@ def compiled_parts(model: nn.Module) -> list:
 def compile_static_parts(model: nn.Module, cfg) -> nn.Module:
     """``model`` with its static parts compiled in place when ``cfg.torch_compile`` (else unchanged); returns it.
 
-    Raises ``ValueError`` naming the flag when ``--define-token-path`` asks for a path with data-dependent shapes.
+    Raises ``ValueError`` naming the flag when ``--define-token-path`` asks for the path with data-dependent shapes.
     """
     if not getattr(cfg, "torch_compile", False):
         return model
     token_path = getattr(cfg, "define_token_path", None)
-    if token_path is not None and str(token_path) != "table":
+    token_path = "table" if token_path is None else str(token_path)
+    if token_path not in STATIC_TOKEN_PATHS:
         raise ValueError(
-            f"--torch-compile runs DeFINE on the whole V x n map (--define-token-path table); drop "
-            f"--define-token-path {token_path} or --torch-compile"
+            f"--torch-compile needs a DeFINE token path with static shapes (--define-token-path table, the default "
+            f"under --torch-compile, or positions); drop --define-token-path {token_path} or --torch-compile"
         )
     mode = getattr(cfg, "torch_compile_mode", None)
     options = dict(backend=getattr(cfg, "torch_compile_backend", None) or "inductor")
@@ -70,6 +73,6 @@ def compile_static_parts(model: nn.Module, cfg) -> nn.Module:
         options["mode"] = str(mode)
     for part in compiled_parts(model):
         if isinstance(part, DeFINEEmbedding):
-            part.token_path = "table"
+            part.token_path = token_path
         part.compile(**options)
     return model

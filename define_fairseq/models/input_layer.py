@@ -61,14 +61,10 @@ def tied_width(cfg, width: int, kind: str) -> int:
 
 def adaptive_input_cutoff(cfg, vocab: int) -> Optional[list]:
     """The band boundaries of ``--adaptive-input`` (ending at ``vocab``), None without it; a ``ValueError`` naming
-    the flag for a missing or stray ``--adaptive-input-cutoff``. Families without an adaptive input have none."""
-    cutoff = getattr(cfg, "adaptive_input_cutoff", None)
+    the flag when the cutoff is missing."""
     if not getattr(cfg, "adaptive_input", False):
-        if cutoff:
-            raise ValueError(
-                "--adaptive-input-cutoff is given without --adaptive-input; add --adaptive-input or drop it"
-            )
         return None
+    cutoff = getattr(cfg, "adaptive_input_cutoff", None)
     if not cutoff:
         raise ValueError("--adaptive-input needs --adaptive-input-cutoff (e.g. 20000,40000,200000)")
     return check_cutoff(parse_cutoff(cutoff, "--adaptive-input-cutoff"), vocab, "--adaptive-input-cutoff")
@@ -84,7 +80,8 @@ def check_input_layer(cfg, width: int, width_flag: str, kind: str, kind_flag: st
         raise ValueError(f"--define-folded needs a DeFINE unit ({kind_flag} define), not {kind_flag} {kind}")
     if kind in ("projective", "define") and cfg.define_n < 1:
         raise ValueError(f"--define-n={cfg.define_n} must be at least 1")
-    if kind == "define" and cfg.define_depth < 1:
+    # --define-depth 0 once chose the table in the families with a choice; elsewhere the unit names its minimum
+    if kind == "define" and cfg.define_depth < 1 and getattr(cfg, kind_flag.lstrip("-").replace("-", "_"), None):
         raise ValueError(f"{kind_flag} define needs --define-depth >= 1 (got {cfg.define_depth})")
     if kind == "projective" and cfg.define_n == width:
         raise ValueError(
@@ -102,18 +99,21 @@ def build_input_layer(
     kind_flag: str = "--input-layer",
     table_init: TableInit = fairseq_table_init,
     scaled_table: bool = False,
+    adaptive_map: bool = False,
 ) -> InputLayer:
     """The input layer ``cfg`` describes, of output width ``width`` (set by ``width_flag``), over ``dictionary``.
 
     ``kind``: ``table``, ``projective`` or ``define`` (default: :func:`input_kind`). ``table_init``: the family's
     initialisation of a ``V x width`` table. ``scaled_table``: the table is Transformer-XL's (a
-    :class:`ProjectiveEmbedding` without projection, scaled by sqrt(d)) instead of a plain ``nn.Embedding``. Every
-    impossible combination raises ``ValueError`` naming the flags.
+    :class:`ProjectiveEmbedding` without projection, scaled by sqrt(d)) instead of a plain ``nn.Embedding``.
+    ``adaptive_map``: the family has ``--adaptive-input`` (the language models that map through an adaptive input;
+    fairseq's translation Transformers carry the flag but have no use for it). Every impossible combination raises
+    ``ValueError`` naming the flags.
     """
     kind = kind or input_kind(cfg, kind_flag)
     check_input_layer(cfg, width, width_flag, kind, kind_flag)
     vocab, pad = len(dictionary), dictionary.pad()
-    cutoff = adaptive_input_cutoff(cfg, vocab)
+    cutoff = adaptive_input_cutoff(cfg, vocab) if adaptive_map else None
     factor = getattr(cfg, "adaptive_input_factor", 4)
     n = tied_width(cfg, width, kind)
     if cutoff is not None and kind == "projective":

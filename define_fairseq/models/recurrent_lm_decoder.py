@@ -16,7 +16,7 @@ from define_fairseq.models.config_helpers import (
     flag_names,
     parse_cutoff,
 )
-from define_fairseq.models.input_layer import InputLayer, build_input_layer, check_input_layer, input_kind, tied_width
+from define_fairseq.models.input_layer import build_input_layer, input_kind, tied_width
 from define_fairseq.models.recurrent_decoder import RecurrentDecoder
 from define_fairseq.modules.checks import check_cutoff, check_probability
 from define_fairseq.modules.locked_dropout import locked_dropout
@@ -127,7 +127,8 @@ def check_recurrent_config(cfg: Namespace, adaptive: bool) -> None:
             raise ValueError(f"--{name.replace('_', '-')}={getattr(cfg, name)} must be at least 1")
     if cfg.decoder_output_dim is not None and cfg.decoder_output_dim < 1:
         raise ValueError(f"--decoder-output-dim={cfg.decoder_output_dim} must be at least 1")
-    check_input_layer(cfg, cfg.decoder_embed_dim, "--decoder-embed-dim", input_kind(cfg))
+    if adaptive and cfg.adaptive_input_cutoff and not cfg.adaptive_input:
+        raise ValueError("--adaptive-input-cutoff is given without --adaptive-input; add --adaptive-input or drop it")
     if adaptive:
         check_rate(cfg.adaptive_softmax_dropout, "--adaptive-softmax-dropout")  # fairseq's AdaptiveSoftmax: unchecked
         if cfg.tie_adaptive_proj and not cfg.tie_adaptive_weights:
@@ -142,11 +143,6 @@ def locked_dropouts(cfg: Namespace) -> Dict[str, Tuple[float, str]]:
         value = getattr(cfg, f"awd_{where}_dropout")
         dropouts[where] = (cfg.dropout, "--dropout") if value is None else (value, f"--awd-{where}-dropout")
     return dropouts
-
-
-def build_recurrent_input(cfg: Namespace, dictionary) -> InputLayer:
-    """The map (a V x n table or an adaptive input), with a DeFINE unit n -> m under ``--input-layer define``."""
-    return build_input_layer(cfg, dictionary, cfg.decoder_embed_dim, "--decoder-embed-dim", table_init=awd_table_init)
 
 
 def awd_table_init(weight: Tensor) -> None:
@@ -227,7 +223,10 @@ def build_recurrent_decoder(cfg: Namespace, dictionary, adaptive: bool, tie_full
     """
     check_recurrent_config(cfg, adaptive)
     dropouts = locked_dropouts(cfg)
-    embed, _, input_cutoff = build_recurrent_input(cfg, dictionary)
+    # the map (a V x n table or an adaptive input), with a DeFINE unit n -> m under --input-layer define
+    embed, _, input_cutoff = build_input_layer(
+        cfg, dictionary, cfg.decoder_embed_dim, "--decoder-embed-dim", table_init=awd_table_init, adaptive_map=adaptive
+    )
     last = cfg.decoder_output_dim if cfg.decoder_output_dim is not None else map_width(cfg)
     with flag_names(hidden_dropout=dropouts["hidden"][1], weight_drop="--awd-weight-drop"):
         lstm = LSTMStack(

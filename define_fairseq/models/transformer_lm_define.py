@@ -136,8 +136,9 @@ class TransformerLMDefine(TransformerLanguageModel):
                     f"--define-n={n} dimensions; drop the flag"
                 )
             args.decoder_output_dim = n
-        embed_tokens = build_input_layer(args, task.source_dictionary, args.decoder_input_dim, "--decoder-input-dim")
-        embed_tokens = embed_tokens.embed
+        embed_tokens = build_input_layer(
+            args, task.source_dictionary, args.decoder_input_dim, "--decoder-input-dim", adaptive_map=True
+        ).embed
         return compile_static_parts(cls(DeFINELMDecoder(args, task.target_dictionary, embed_tokens)), args)
 
 

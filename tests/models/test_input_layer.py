@@ -64,9 +64,9 @@ def test_the_family_initialises_its_table():
 def test_an_adaptive_map_under_a_table_or_a_define_unit_and_folded():
     d = dictionary(40)  # 44 symbols with fairseq's 4 specials
     adaptive = dict(adaptive_input=True, adaptive_input_cutoff="10,20", adaptive_input_factor=2)
-    embed, tied, cutoff = build_input_layer(config(**adaptive), d, 16, "--width")
+    embed, tied, cutoff = build_input_layer(config(**adaptive), d, 16, "--width", adaptive_map=True)
     assert isinstance(embed, AdaptiveInput) and tied == 16 and cutoff == [10, 20, len(d)]
-    unit, _, _ = build_input_layer(config(input_layer="define", **adaptive), d, 16, "--width")
+    unit, _, _ = build_input_layer(config(input_layer="define", **adaptive), d, 16, "--width", adaptive_map=True)
     assert isinstance(unit.adaptive, AdaptiveInput) and unit.table is None
     folded = unit.fold()
     assert folded.adaptive is unit.adaptive  # a tied adaptive softmax stays tied
@@ -76,7 +76,9 @@ def test_an_adaptive_map_under_a_table_or_a_define_unit_and_folded():
     with torch.enable_grad():  # the DeFINE unit itself, not the eval-mode table
         reference = unit(tokens).detach()
     torch.testing.assert_close(folded(tokens), reference, rtol=1e-6, atol=1e-6)
-    built, _, _ = build_input_layer(config(input_layer="define", define_folded=True, **adaptive), d, 16, "--width")
+    built, _, _ = build_input_layer(
+        config(input_layer="define", define_folded=True, **adaptive), d, 16, "--width", adaptive_map=True
+    )
     assert built.state_dict().keys() == folded.state_dict().keys()
 
 
@@ -92,7 +94,6 @@ def test_an_adaptive_map_under_a_table_or_a_define_unit_and_folded():
         (dict(input_layer="define", define_n=0), "--define-n=0 must be at least 1"),
         (dict(input_layer="projective", define_n=16), "--input-layer projective with --define-n 16 = --width"),
         (dict(adaptive_input=True), "--adaptive-input needs --adaptive-input-cutoff"),
-        (dict(adaptive_input_cutoff="10,20"), "--adaptive-input-cutoff is given without --adaptive-input"),
         (
             dict(input_layer="projective", adaptive_input=True, adaptive_input_cutoff="10,20"),
             "--adaptive-input needs --input-layer table or define, not projective",
@@ -101,7 +102,23 @@ def test_an_adaptive_map_under_a_table_or_a_define_unit_and_folded():
 )
 def test_impossible_settings_name_the_flags(overrides, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        build_input_layer(config(**overrides), dictionary(), 16, "--width")
+        build_input_layer(config(**overrides), dictionary(), 16, "--width", adaptive_map=True)
+
+
+def test_only_a_family_with_an_adaptive_map_reads_the_adaptive_flags():
+    # fairseq's translation Transformers carry --adaptive-input without a cutoff flag: nothing to build from it
+    embed = build_input_layer(config(adaptive_input=True), dictionary(), 16, "--width").embed
+    assert type(embed) is nn.Embedding
+    # a cutoff without --adaptive-input (what fairseq's wiki103 arch leaves under Hydra) builds the plain map
+    embed = build_input_layer(config(adaptive_input_cutoff="10,20"), dictionary(), 16, "--width", adaptive_map=True)
+    assert type(embed.embed) is nn.Embedding
+
+
+def test_a_family_without_an_input_choice_leaves_the_depth_to_the_unit():
+    cfg = config(input_layer=None, define_depth=0)
+    with pytest.raises(ValueError, match="--define-depth=0") as error:
+        build_input_layer(cfg, dictionary(), 16, "--width")
+    assert "--input-layer" not in str(error.value)
 
 
 def test_a_family_without_a_choice_names_its_own_flag():

@@ -1,12 +1,12 @@
 """``--torch-compile``: a model's static parts (DeFINE embeddings, a Transformer-XL context network) compiled in
-place; training with it computes what eager training computes and resumes exactly.
+place; their gradients are the eager ones, and training with them resumes exactly.
 
 The runs use torch.compile's ``aot_eager`` backend, which traces forward and backward as the compiler does and runs
 them with eager kernels (seconds on a CPU); ``inductor`` generates code (tens of seconds per graph on two cores)."""
 
 import pytest
 import torch
-from arch_cases import TXL_TINY, build_case, case_argv
+from arch_cases import build_case, case_argv
 from conftest import run_cli
 
 from define_fairseq.modules import DeFINEEmbedding, TransformerXLStack
@@ -35,6 +35,24 @@ def test_the_flag_compiles_the_static_parts_in_place(lm_data):
 def test_a_token_path_with_data_dependent_shapes_is_refused(lm_data):
     with pytest.raises(ValueError, match="drop --define-token-path unique or --torch-compile"):
         build_case(lm_data, "transformer_xl_lm", *TXL_DEFINE, *COMPILE, "--define-token-path", "unique")
+    _, _, model = build_case(lm_data, "transformer_xl_lm", *TXL_DEFINE, *COMPILE, "--define-token-path", "positions")
+    assert model.decoder.embed_tokens.token_path == "positions"
+
+
+def test_compiled_gradients_equal_eager_ones(lm_data):
+    _, _, eager = build_case(lm_data, "transformer_xl_lm", *TXL_DEFINE, "--define-token-path", "table")
+    _, _, model = build_case(lm_data, "transformer_xl_lm", *TXL_DEFINE, *COMPILE)
+    model.load_state_dict(eager.state_dict())
+    tokens = torch.randint(4, 40, (3, 16), generator=torch.Generator().manual_seed(0))
+    grads = []
+    for m in (eager, model):
+        m.eval()  # no dropout; autograd on, so DeFINE runs its table path rather than the eval-mode lookup
+        m(tokens)[0].float().pow(2).mean().backward()
+        grads.append({name: p.grad for name, p in m.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 10
+    for name, grad in grads[0].items():
+        # the traced graph may sum in another order: float32 rounding of sums over at most a few thousand terms
+        torch.testing.assert_close(grads[1][name], grad, rtol=1e-4, atol=1e-7, msg=name)
 
 
 def train(data, save_dir, max_update, *flags):
@@ -65,16 +83,13 @@ def train(data, save_dir, max_update, *flags):
     return torch.load(save_dir / "checkpoint_last.pt", map_location="cpu", weights_only=False)["model"]
 
 
-def test_compiled_training_matches_eager_and_resumes_exactly(lm_data, tmp_path):
-    assert "--decoder-embed-dim" in TXL_TINY
-    eager = train(lm_data, tmp_path / "eager", 6, "--define-token-path", "table")
+def test_compiled_training_resumes_exactly(lm_data, tmp_path):
     compiled = train(lm_data, tmp_path / "compiled", 6, *COMPILE)
     train(lm_data, tmp_path / "resumed", 3, *COMPILE)
     resumed = train(lm_data, tmp_path / "resumed", 6, *COMPILE)
+    start = train(lm_data, tmp_path / "start", 1, *COMPILE)
     for name, value in compiled.items():
         if torch.is_tensor(value):
-            # the same process, the same arithmetic in the same order: equal to the last bit
+            # the same compiled arithmetic on the same inputs in the same order: equal to the last bit
             torch.testing.assert_close(resumed[name], value, rtol=0, atol=0, msg=name)
-            # the compiled graph may order float operations differently from eager: equal to float32 rounding,
-            # grown over six Adam updates of step size 0.003
-            torch.testing.assert_close(value, eager[name], rtol=1e-4, atol=1e-5, msg=name)
+    assert any(not torch.equal(start[n], v) for n, v in compiled.items() if torch.is_tensor(v))  # it trained
