@@ -58,6 +58,12 @@ def load(path: Path) -> dict:
                 f"{path}: the run {run} lacks {missing or 'a point listed in points'}; give each run "
                 f"model, point (one of {sorted(points)}), seed and value"
             )
+    for v in data.get("verdicts", []):
+        if v.get("point") not in points:
+            raise DataError(f"{path}: the verdict {v} names a point that 'points' does not list ({sorted(points)})")
+        for model in (v.get("a"), v.get("b")):
+            if not any(run["model"] == model and run["point"] == v["point"] for run in data["runs"]):
+                raise DataError(f"{path}: the verdict {v} names {model!r} at {v['point']}, which has no runs")
     return data
 
 
@@ -225,6 +231,7 @@ def judge(data: dict, v: dict) -> dict:
     return {
         "claim": v.get("claim") or OWN,
         "where": ", ".join(x for x in (group, point["label"]) if x),
+        "pair": f"{v['a']} against {v['b']}",
         "a": a_text,
         "b": b_text,
         "gap": f"{gap:+.{digits}f}{relative}",
@@ -276,7 +283,7 @@ def render_claims(root: Path) -> str:
         for claim in data.get("claims", []):
             judged = [judge(data, data["verdicts"][i]) for i in claim["verdicts"]]
             measured = "; ".join(f"{j['where']}: {j['a']} against {j['b']}" for j in judged)
-            verdicts = "; ".join(f"{j['verdict']} ({j['where']})" for j in judged)
+            verdicts = "; ".join(f"{j['verdict']} ({j['pair']}, {j['where']})" for j in judged)
             differs = "; ".join(dict.fromkeys(j["differs"] for j in judged))
             rows.append(
                 (

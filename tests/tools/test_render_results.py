@@ -82,6 +82,20 @@ def test_a_data_file_without_its_metric_is_refused(tmp_path):
         render_results.main(["--print", str(path)])
 
 
+@pytest.mark.parametrize(
+    "verdict, message",
+    [
+        ({"a": "a", "b": "b", "point": "time"}, "names a point that 'points' does not list"),
+        ({"a": "a", "b": "c", "point": "updates"}, "names 'c' at updates, which has no runs"),
+    ],
+)
+def test_a_verdict_on_missing_data_names_the_file(tmp_path, verdict, message):
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(dict(toy_data(), verdicts=[verdict])))
+    with pytest.raises(SystemExit, match=f"r.json: the verdict .* {message}"):
+        render_results.main(["--print", str(path)])
+
+
 def one_writer(out: str, model: str) -> None:
     compare_main([out, "--metric", "BLEU", "--models", model, "--report", f"{out}/results.md"])
 
