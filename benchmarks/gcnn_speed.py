@@ -17,19 +17,8 @@
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import (
-    Bench,
-    Check,
-    build_model,
-    lm_sample,
-    millions,
-    ms,
-    options,
-    ratio,
-    run_main,
-    table,
-    zipf_tokens,
-)
+from benchmarks.common import Bench, Check, millions, ms, options, ratio, run_main, table
+from benchmarks.workloads import build_model, lm_sample, zipf_tokens
 
 PARTS = ("layers", "train", "generate", "responsiveness")
 OURS, FAIRSEQ = "gcnn_lm_14", "fconv_lm_dauphin_wikitext103"

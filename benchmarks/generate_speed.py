@@ -12,8 +12,9 @@ import copy
 
 import torch
 
-from benchmarks.common import Bench, Check, count_params, millions, options, ratio, run_main, table
+from benchmarks.common import Bench, Check, millions, options, ratio, run_main, table
 from benchmarks.train_speed import translation_batch, translation_models
+from benchmarks.workloads import count_params
 
 VARIANTS = (
     "transformer",

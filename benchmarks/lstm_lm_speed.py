@@ -17,19 +17,8 @@ import copy
 
 import torch
 
-from benchmarks.common import (
-    Bench,
-    Check,
-    build_model,
-    count_params,
-    lm_sample,
-    millions,
-    ms,
-    options,
-    ratio,
-    run_main,
-    table,
-)
+from benchmarks.common import Bench, Check, millions, ms, options, ratio, run_main, table
+from benchmarks.workloads import build_model, count_params, lm_sample
 
 FAIRSEQ, SAME = "fairseq `lstm_lm`", "`lstm_lm_define`, no DeFINE (same network)"
 ALONE = "*its 3 LSTM layers alone (fused nn.LSTM, on a fixed input)*"

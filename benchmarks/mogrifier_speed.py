@@ -19,7 +19,8 @@ import time
 import torch
 import torch.nn as nn
 
-from benchmarks.common import Bench, Check, count_params, millions, options, ratio, run_main, table
+from benchmarks.common import Bench, Check, millions, options, ratio, run_main, table
+from benchmarks.workloads import count_params
 from define_fairseq.modules import MogrifierLSTM, recurrence_threads
 from define_fairseq.modules.mogrifier_layer import MogrifierLSTMLayer
 

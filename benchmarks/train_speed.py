@@ -14,18 +14,8 @@ import copy
 
 import torch
 
-from benchmarks.common import (
-    Bench,
-    Check,
-    build_model,
-    count_params,
-    millions,
-    options,
-    ratio,
-    run_main,
-    table,
-    zipf_tokens,
-)
+from benchmarks.common import Bench, Check, millions, options, ratio, run_main, table
+from benchmarks.workloads import build_model, count_params, zipf_tokens
 from define_fairseq.modules.define_embedding import TOKEN_PATHS
 
 BASELINE, DEFINE = "transformer", "transformer_define"

@@ -20,19 +20,8 @@ import copy
 
 import torch
 
-from benchmarks.common import (
-    Bench,
-    Check,
-    build_model,
-    count_params,
-    lm_sample,
-    millions,
-    ms,
-    options,
-    ratio,
-    run_main,
-    table,
-)
+from benchmarks.common import Bench, Check, millions, ms, options, ratio, run_main, table
+from benchmarks.workloads import build_model, count_params, lm_sample
 
 STANDARD, DEFINE = "transformer_xl_wt103_d384", "transformer_xl_define_wt103_n128"
 ALONE = "context network alone (same in both)"

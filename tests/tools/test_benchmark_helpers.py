@@ -9,9 +9,10 @@ import torch
 from conftest import REPO
 
 from benchmarks import gpu_report, group_linear
-from benchmarks.common import KEEP_MARK, Bench, Check, Result, Timings, build_model, options, write_result
+from benchmarks.common import KEEP_MARK, Bench, Check, Result, Timings, options, write_result
 from benchmarks.lstm_lm_speed import step_flops
 from benchmarks.txl_speed import io_training_flops, txl_batch
+from benchmarks.workloads import build_model
 
 
 def make_bench(*argv):
