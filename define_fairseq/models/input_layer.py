@@ -70,10 +70,13 @@ def adaptive_input_cutoff(cfg, vocab: int) -> Optional[list]:
     return check_cutoff(parse_cutoff(cutoff, "--adaptive-input-cutoff"), vocab, "--adaptive-input-cutoff")
 
 
-def check_input_layer(cfg, width: int, width_flag: str, kind: str, kind_flag: str = "--input-layer") -> None:
-    """The checks of the input-layer flags (``ValueError`` naming them): sizes, and what each kind needs."""
-    if kind not in INPUT_LAYERS:
-        raise ValueError(f"{kind_flag} {kind}: choose one of {', '.join(INPUT_LAYERS)}")
+def check_input_layer(
+    cfg, width: int, width_flag: str, kind: str, kind_flag: str = "--input-layer", kinds=INPUT_LAYERS
+) -> None:
+    """The checks of the input-layer flags (``ValueError`` naming them): sizes, and what each kind needs. ``kinds``:
+    the family's choices (a family may have a kind of its own, built elsewhere)."""
+    if kind not in kinds:
+        raise ValueError(f"{kind_flag} {kind}: choose one of {', '.join(kinds)}")
     if width < 1:
         raise ValueError(f"{width_flag}={width} must be at least 1")
     if getattr(cfg, "define_folded", False) and kind != "define":

@@ -31,7 +31,7 @@ from fairseq.models.transformer.transformer_legacy import (
 from define_fairseq.models.compile import compile_static_parts
 from define_fairseq.models.config_helpers import config_namespace, flag_names, plugin_defaults, reject_renamed
 from define_fairseq.models.define_config import DeFINEConfig, define_depth_field, define_n_field
-from define_fairseq.models.input_layer import build_input_layer
+from define_fairseq.models.input_layer import build_input_layer, check_input_layer
 from define_fairseq.models.transformer_define import _flat_fields
 from define_fairseq.modules.char2subword import Char2SubwordEmbedding
 
@@ -168,13 +168,12 @@ class TransformerC2SModel(TransformerModel):
         if getattr(args, "max_target_positions", None) is None:
             args.max_target_positions = DEFAULT_MAX_TARGET_POSITIONS
         src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
-        if args.define_folded and str(args.decoder_input_layer) != "define":
-            raise ValueError(
-                f"--define-folded needs a DeFINE unit (--decoder-input-layer define), not "
-                f"--decoder-input-layer {args.decoder_input_layer}"
-            )
+        kind = str(args.decoder_input_layer)
+        check_input_layer(
+            args, args.decoder_embed_dim, "--decoder-embed-dim", kind, "--decoder-input-layer", DECODER_INPUT_LAYERS
+        )
 
-        if str(args.decoder_input_layer) == "define":
+        if kind == "define":
             # DeFINE's output has unit scale like Char2Subword's: no sqrt(d) multiplier on either side
             args.no_scale_embedding = True
             args.share_decoder_input_output_embed = True
@@ -182,7 +181,7 @@ class TransformerC2SModel(TransformerModel):
             decoder_embed = build_input_layer(
                 args, tgt_dict, args.decoder_embed_dim, "--decoder-embed-dim", kind_flag="--decoder-input-layer"
             ).embed
-        elif str(args.decoder_input_layer) == "char2subword":
+        elif kind == "char2subword":
             if args.share_decoder_input_output_embed:
                 raise ValueError(
                     "--share-decoder-input-output-embed needs a decoder table; with --decoder-input-layer "
