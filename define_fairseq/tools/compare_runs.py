@@ -216,8 +216,9 @@ def records(runs: Dict[str, List[Run]], group: str, command: str, device: str) -
     return found
 
 
-def save_data(path: Path, metric: str, better: str, new: List[dict]) -> dict:
-    """Merge ``new`` into the data file at ``path`` (created when missing); call under ``locked(path)``."""
+def save_data(path: Path, metric: str, better: str, new: List[dict], points: Optional[List[dict]] = None) -> dict:
+    """Merge ``new`` into the data file at ``path`` (created when missing, with ``points``, by default the compare
+    scripts' regimes); call under ``locked(path)``."""
     data = (
         load_data(path)
         if path.is_file()
@@ -226,7 +227,7 @@ def save_data(path: Path, metric: str, better: str, new: List[dict]) -> dict:
             "better": better,
             "digits": 2,
             "runs": [],
-            "points": [{"key": key, "label": f"{metric}, {label}"} for key, label in REGIMES.items()],
+            "points": points or [{"key": key, "label": f"{metric}, {label}"} for key, label in REGIMES.items()],
         }
     )
     data["runs"] = merge(data["runs"], new)

@@ -184,10 +184,10 @@ PY
 }
 {
     python - "$OUT" "$UPDATES" "$MORE_UPDATES" "${NAMES[*]}" "${TESTS[*]}" "${COMMAND% }" <<'PY'
-import json, statistics, sys
+import statistics, sys
 from pathlib import Path
-from define_fairseq.tools.compare_runs import machine, revision
-from define_fairseq.tools.render_results import load, locked, merge, write_atomic
+from define_fairseq.tools.compare_runs import machine, revision, save_data
+from define_fairseq.tools.render_results import locked
 
 out, updates, more, names, tests = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4].split(), sys.argv[5].split()
 seeds = sorted(int(d.name[4:]) for d in out.glob("seed*") if d.name[4:].isdigit()
@@ -217,16 +217,12 @@ def cells(name, score, change, time):
 bleu = {(s, n, t): float((out / f"seed{s}" / n / f"{t}.bleu").read_text()) for s in seeds for n in names for t in tests}
 data_path = out / "results.json"  # every scored seed, as data, merged with what the file holds (other seeds)
 with locked(data_path):
-    data = load(data_path) if data_path.is_file() else {
-        "metric": "BLEU", "better": "higher", "digits": 2, "runs": [],
-        "points": [{"key": t, "label": f"BLEU, {t}"} for t in tests]}
     where = {"command": sys.argv[6], "revision": revision(), "machine": machine("cpu, fp32")}
     new = [{"group": "", "model": n, "point": t, "seed": s, "value": bleu[s, n, t],
             "parameters": {"total": float(params(n)[0].rstrip("M")), "input/output": float(params(n)[1].rstrip("M"))},
             "updates": int(updates) + (0 if n == "transformer" else int(more)), "seconds": sum(seconds(s, n)), **where}
            for s in seeds for n in names for t in tests]
-    data["runs"] = merge(data["runs"], new)
-    write_atomic(data_path, json.dumps(data, indent=1) + "\n")
+    save_data(data_path, "BLEU", "higher", new, points=[{"key": t, "label": f"BLEU, {t}"} for t in tests])
 for s in seeds:
     print(f"Seed {s}:\n\n{header}")
     for n in names:

@@ -1,7 +1,7 @@
 """What the language-model tests share: random token batches, full log-probabilities, loading a checkpoint as
 fairseq's programs do, a recurrent LM saved and loaded with its carried state, a binarized split as one stream,
-fairseq-eval-lm's loss and perplexity, and the checks of incremental decoding, beam search and fairseq-generate
-against the full pass."""
+fairseq-eval-lm's loss and perplexity, fairseq-generate's hypotheses, and the checks of incremental decoding, beam
+search and fairseq-generate against the full pass."""
 
 import math
 import re
@@ -178,3 +178,32 @@ def check_generate_continues_a_prefix(data, checkpoint, *flags, cpu: bool = True
     for index, score, text in hypotheses:
         assert text.split()[:2] == targets[index].split()[:2]
         assert math.isfinite(float(score))
+
+
+def hypotheses(output: str):
+    """H and P lines of fairseq-generate, in sentence order."""
+    lines = [l for l in output.splitlines() if re.match(r"^[HP]-\d+\t", l)]
+    return sorted(lines, key=lambda l: (int(l.split("\t")[0][2:]), l[0]))
+
+
+def generate(data, checkpoint, *extra, full_output=False):
+    # --required-batch-size-multiple 1: with the default 8, fairseq-generate drops a last partial batch
+    out = run_cli(
+        "fairseq-generate",
+        data,
+        "--user-dir",
+        USER_DIR,
+        "--path",
+        checkpoint,
+        "--beam",
+        "3",
+        "--cpu",
+        "--max-tokens",
+        "400",
+        "--gen-subset",
+        "test",
+        "--required-batch-size-multiple",
+        "1",
+        *extra,
+    ).stdout
+    return out if full_output else hypotheses(out)

@@ -6,13 +6,11 @@ In eval mode without autograd a DeFINE embedding already looks its rows up in th
 stores, so the two checkpoints do the same arithmetic and their printed scores agree exactly.
 """
 
-import re
-
 import pytest
 import torch
 from arch_cases import CASES, LM, case_argv, family
-from conftest import USER_DIR, run_cli, run_module
-from lm_helpers import eval_lm
+from conftest import run_cli, run_module
+from lm_helpers import eval_lm, generate
 
 import define_fairseq  # noqa: F401  (registers the models)
 
@@ -58,27 +56,8 @@ def scores(data, checkpoint, task: str):
     hypotheses with their scores."""
     if task == LM:
         return eval_lm(data, checkpoint, "--tokens-per-sample", "32", "--max-tokens", "256")
-    out = run_cli(
-        "fairseq-generate",
-        data,
-        "--user-dir",
-        USER_DIR,
-        "--task",
-        task,
-        "--path",
-        checkpoint,
-        "--beam",
-        "2",
-        "--cpu",
-        "--max-tokens",
-        "400",
-        "--gen-subset",
-        "test",
-        "--required-batch-size-multiple",
-        "1",
-    ).stdout
-    lines = sorted(line for line in out.splitlines() if re.match(r"^[HP]-\d+\t", line))
-    assert len(lines) == 40, out[-2000:]  # an H and a P line for each of the 20 test sentences
+    lines = generate(data, checkpoint, "--task", task)
+    assert len(lines) == 40, lines  # an H and a P line for each of the 20 test sentences
     return lines
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn as nn
 from fairseq.data import Dictionary
+from test_define_config import DEFAULTS
 
 from define_fairseq.models.input_layer import build_input_layer
 from define_fairseq.modules import AdaptiveInput, DeFINEEmbedding, FoldedDeFINEEmbedding, ProjectiveEmbedding
@@ -19,18 +20,12 @@ def dictionary(words: int = 40) -> Dictionary:
 
 
 def config(**overrides) -> Namespace:
+    """The DeFINE flags of test_define_config's unit (n = 16 there: 8 here), and the input-layer flags."""
     values = dict(
-        input_layer="table",
+        DEFAULTS,
         define_n=8,
         define_k=32,
-        define_depth=3,
-        define_max_groups=4,
-        define_variant="define",
-        define_activation=None,
-        define_norm=None,
-        define_dropout=0.0,
-        define_map_dropout=0.0,
-        define_init="unit",
+        input_layer="table",
         define_folded=False,
         adaptive_input=False,
         adaptive_input_cutoff=None,

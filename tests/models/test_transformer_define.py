@@ -6,16 +6,11 @@ import pytest
 import torch
 from arch_cases import TRANSLATION as TINY_MODEL
 from conftest import TRAIN_FLAGS, USER_DIR, run_cli, run_module
+from lm_helpers import generate, hypotheses
 
 import define_fairseq  # noqa: F401  (registers the models)
 from define_fairseq.modules import DeFINE, DeFINEEmbedding, FoldedDeFINEEmbedding
 from define_fairseq.tools.params import parameter_breakdown, setup_from_train_args
-
-
-def hypotheses(output: str):
-    """H and P lines of fairseq-generate, in sentence order."""
-    lines = [l for l in output.splitlines() if re.match(r"^[HP]-\d+\t", l)]
-    return sorted(lines, key=lambda l: (int(l.split("\t")[0][2:]), l[0]))
 
 
 def train(data, save_dir, *extra, arch="transformer_define_iwslt_de_en", updates=20):
@@ -36,29 +31,6 @@ def train(data, save_dir, *extra, arch="transformer_define_iwslt_de_en", updates
         *extra,
     )
     return save_dir / "checkpoint_last.pt"
-
-
-def generate(data, checkpoint, *extra, full_output=False):
-    # --required-batch-size-multiple 1: with the default 8, fairseq-generate drops a last partial batch
-    out = run_cli(
-        "fairseq-generate",
-        data,
-        "--user-dir",
-        USER_DIR,
-        "--path",
-        checkpoint,
-        "--beam",
-        "3",
-        "--cpu",
-        "--max-tokens",
-        "400",
-        "--gen-subset",
-        "test",
-        "--required-batch-size-multiple",
-        "1",
-        *extra,
-    ).stdout
-    return out if full_output else hypotheses(out)
 
 
 @pytest.fixture(scope="module")
