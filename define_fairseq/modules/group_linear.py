@@ -6,6 +6,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+# devices where the custom function measured faster than the plain formulation (benchmarks/results/group_linear.md)
+FUSED_DEVICES = ("cpu",)
+
 
 class GroupLinear(nn.Module):
     """Split the last dimension into ``groups`` contiguous chunks and map each with its own matrix.
@@ -13,6 +16,13 @@ class GroupLinear(nn.Module):
     Group ``j`` maps input features ``[j*i, (j+1)*i)`` to output features ``[j*o, (j+1)*o)`` where
     ``i = in_features / groups`` and ``o = out_features / groups``; the groups are computed together
     with one batched matrix multiply. With ``groups=1`` this is ``nn.Linear`` (same numbers, same init).
+
+    Two formulations compute the same numbers, and the layer takes the one that measured faster on the input's
+    device: on a CPU, a custom autograd function whose ``bmm`` writes each group straight into its strided block of
+    the output (no transposing copy, forward or backward); on a GPU (and any other device), the plain batched
+    multiply ``[g, N, i] @ [g, i, o]`` followed by a transposing copy, which measured faster than the function at
+    the grouped shapes on an H100 and an H200 (``benchmarks/results/gpu-*.md``). ``torch.compile`` traces the plain
+    one. Either way the parameters, and so the state dict, are the same.
 
     Args:
         in_features: size of the last input dimension, divisible by ``groups``.
@@ -49,20 +59,9 @@ class GroupLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.groups == 1:
             return F.linear(x, self.weight[0].t(), self.bias)
-        weight, bias = self.weight, self.bias
-        cast = _autocast_dtype(x)
-        if cast is not None:
-            # autocast runs bmm and baddbmm in its dtype: the same casts here keep the result autocast's (and float32
-            # parameters get float32 gradients through the casts' backward)
-            x, weight = x.to(cast), weight.to(cast)
-            bias = None if bias is None else bias.to(cast)
-        if x.dtype != weight.dtype or _compiling():
-            # torch.compile cannot trace the Function's out= writes (a graph break), and fuses the copies they save
-            return _group_linear_reference(x, weight, bias)
-        if cast is None:
-            return _GroupLinearFunction.apply(x, weight, bias)
-        with torch.autocast(x.device.type, enabled=False):
-            return _GroupLinearFunction.apply(x, weight, bias)
+        if x.device.type in FUSED_DEVICES:
+            return _group_linear_fused(x, self.weight, self.bias)
+        return _group_linear_reference(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return (
@@ -74,19 +73,24 @@ class GroupLinear(nn.Module):
 def _autocast_dtype(x: torch.Tensor):
     """The dtype autocast runs matrix products in on ``x``'s device, or ``None`` when autocast is off there."""
     device = x.device.type
-    try:
-        if not torch.is_autocast_enabled(device):
-            return None
-        return torch.get_autocast_dtype(device)
-    except TypeError:  # torch < 2.4
-        if x.is_cuda:
-            return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() else None
-        return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
 
 
-def _compiling() -> bool:
-    compiler = getattr(torch, "compiler", None)  # torch >= 2.1
-    return compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling()
+def _group_linear_fused(x, weight, bias):
+    """The custom-function formulation with autocast's casts, or the plain one where the function cannot run."""
+    cast = _autocast_dtype(x)
+    if cast is not None:
+        # autocast runs bmm and baddbmm in its dtype: the same casts here keep the result autocast's (and float32
+        # parameters get float32 gradients through the casts' backward)
+        x, weight = x.to(cast), weight.to(cast)
+        bias = None if bias is None else bias.to(cast)
+    if x.dtype != weight.dtype or torch.compiler.is_compiling():
+        # torch.compile cannot trace the Function's out= writes (a graph break), and fuses the copies they save
+        return _group_linear_reference(x, weight, bias)
+    if cast is None:
+        return _GroupLinearFunction.apply(x, weight, bias)
+    with torch.autocast(x.device.type, enabled=False):
+        return _GroupLinearFunction.apply(x, weight, bias)
 
 
 def _group_linear_reference(x, weight, bias):
@@ -103,7 +107,7 @@ class _GroupLinearFunction(torch.autograd.Function):
     The plain formulation computes ``[g, N, o]`` and then copies it to ``[N, g, o]`` (and likewise for the input
     gradient in backward). Here ``bmm``'s ``out=`` receives the ``[g, N, o]`` *view* of the ``[N, g * o]`` result:
     each group's matrix is a strided block the GEMM writes in place, so no transposing copy is made (about 20%
-    faster forward + backward at 8192 tokens). Double backward goes through the plain formulation.
+    faster forward + backward at 8192 tokens on a CPU). Double backward goes through the plain formulation.
     """
 
     @staticmethod

@@ -1,6 +1,7 @@
 import pytest
 import torch
 import torch.nn as nn
+from cuda_device import CUDA_TESTS, DEVICE, ON_CPU, assert_close_at_scale, fp32_arithmetic
 
 from define_fairseq.modules import GroupLinear, group_linear
 
@@ -126,3 +127,105 @@ def test_half_precision_weights_take_the_fast_path(monkeypatch):
         torch.autograd.grad(y, [x, layer.weight], g), torch.autograd.grad(expected, [x, layer.weight], g)
     ):
         torch.testing.assert_close(got, want)
+
+
+FORMULATIONS = {
+    "fused": group_linear._group_linear_fused,
+    "plain": group_linear._group_linear_reference,
+}
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(7, 24), (3, 5, 24), (1, 24)])
+def test_both_formulations_equal_the_per_group_loop_in_float64(shape, bias):
+    """The custom function and the plain batched multiply are one computation: in float64 both agree with the
+    literal per-group definition, forward and every gradient, to float64 rounding."""
+    torch.manual_seed(0)
+    layer = GroupLinear(24, 36, 3, bias=bias).double()
+    x = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+    params = [x, *layer.parameters()]
+    expected = reference_group_linear(x, layer.weight, layer.bias, 3)
+    g = torch.randn_like(expected)
+    expected_grads = torch.autograd.grad(expected, params, g)
+    results = {}
+    for name, formulation in FORMULATIONS.items():
+        y = formulation(x, layer.weight, layer.bias)
+        results[name] = (y, torch.autograd.grad(y, params, g))
+        assert y.shape == expected.shape, name
+        torch.testing.assert_close(y, expected, rtol=1e-12, atol=1e-12)
+        for got, want in zip(results[name][1], expected_grads):
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    for a, b in zip(results["fused"][1], results["plain"][1]):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_the_cpu_takes_the_custom_function_and_the_module_equals_it(monkeypatch):
+    """On a CPU, where the custom function measured faster (benchmarks/results/group_linear.md), the layer calls it."""
+    calls = count_fast_path_calls(monkeypatch)
+    torch.manual_seed(0)
+    layer = GroupLinear(24, 36, 3).double()
+    x = torch.randn(4, 24, dtype=torch.float64)
+    y = layer(x)
+    assert calls == [1]
+    torch.testing.assert_close(y, group_linear._group_linear_reference(x, layer.weight, layer.bias), rtol=0, atol=0)
+
+
+def test_the_state_dict_holds_the_weight_and_bias_alone_whatever_the_formulation():
+    torch.manual_seed(0)
+    layer = GroupLinear(24, 36, 3)
+    state = layer.state_dict()
+    assert {k: tuple(v.shape) for k, v in state.items()} == {"weight": (3, 8, 12), "bias": (36,)}
+    x = torch.randn(5, 24)
+    y = layer(x)
+    other = GroupLinear(24, 36, 3)
+    other.load_state_dict(state, strict=True)
+    torch.testing.assert_close(other(x), y, rtol=0, atol=0)
+    torch.testing.assert_close(group_linear._group_linear_reference(x, other.weight, other.bias), y)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_under_torch_compile_the_layer_equals_eager(bias):
+    """``torch.compile`` (fullgraph: no graph break) traces the plain formulation; forward and gradients equal
+    eager's to float32 rounding (another summation order in the products)."""
+    torch.manual_seed(0)
+    layer = GroupLinear(32, 48, 4, bias=bias)
+    x = torch.randn(6, 32, requires_grad=True)
+    params = [x, *layer.parameters()]
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    y, expected = compiled(x), layer(x)
+    torch.testing.assert_close(y, expected)
+    g = torch.randn_like(y)
+    for got, want in zip(torch.autograd.grad(y, params, g), torch.autograd.grad(expected, params, g)):
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize(
+    "autocast", [pytest.param(None, marks=CUDA_TESTS), pytest.param(torch.bfloat16, marks=CUDA_TESTS)]
+)
+def test_a_cuda_device_takes_the_plain_formulation(autocast, monkeypatch):
+    """On a GPU the layer runs the plain batched multiply (faster there), never the custom function, and agrees with
+    the float64 definition: in true float32, to float32 rounding; under bfloat16 autocast, to bfloat16's rounding of
+    the operands and the result (2**-8 relative), measured against the largest magnitude of each tensor.
+    ``DEFINE_FAIRSEQ_CUDA_TESTS=cpu`` checks the comparison on the CPU, where the custom function runs instead."""
+    calls = count_fast_path_calls(monkeypatch)
+    torch.manual_seed(0)
+    layer = GroupLinear(64, 128, 4)
+    x = torch.randn(33, 64, requires_grad=True)
+    params = [x, *layer.parameters()]
+    expected = reference_group_linear(x.double(), layer.weight.double(), layer.bias.double(), 4)
+    g = torch.randn_like(expected)
+    expected_grads = torch.autograd.grad(expected, params, g)
+    on_device = GroupLinear(64, 128, 4).to(DEVICE)
+    on_device.load_state_dict(layer.state_dict())
+    x_device = x.detach().to(DEVICE).requires_grad_()
+    with fp32_arithmetic(), torch.autocast(DEVICE.type, dtype=autocast or torch.bfloat16, enabled=bool(autocast)):
+        y = on_device(x_device)
+    assert calls == ([1] if ON_CPU else [])
+    assert y.dtype == (autocast or torch.float32)
+    rel = 2**-6 if autocast else 1e-5
+    assert_close_at_scale(y, expected, "output", rel)
+    with fp32_arithmetic():
+        grads = torch.autograd.grad(y, [x_device, *on_device.parameters()], g.to(DEVICE, y.dtype))
+    for name, got, want in zip(("input", "weight", "bias"), grads, expected_grads):
+        assert got.dtype == torch.float32
+        assert_close_at_scale(got, want, f"{name} gradient", rel)
