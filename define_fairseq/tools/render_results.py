@@ -182,7 +182,8 @@ def cells_all(data: dict, point: str) -> List[dict]:
 
 
 def best_means(data: dict, rows: List[Tuple[str, str]]) -> Dict[Tuple[str, str], str]:
-    """The model with the best mean of each group and point (bold), where at least two models have one."""
+    """The model to bold in each group and point: the best mean, only where the rule's verdict of it against every
+    other model there is 'holds' (so never with one seed, nor where the spreads overlap)."""
     if data.get("bold", True) is False:
         return {}
     best = {}
@@ -190,16 +191,19 @@ def best_means(data: dict, rows: List[Tuple[str, str]]) -> Dict[Tuple[str, str],
         if not point.get("scored", True):
             continue
         for group in dict.fromkeys(g for g, _ in rows):
-            means = {
-                m: statistics.fmean(r["value"] for r in runs)
+            values = {
+                m: [r["value"] for r in runs]
                 for g, m in rows
                 if g == group
                 for runs in [cells(data, g, m, point["key"])]
                 if runs
             }
-            if len(means) > 1:
-                pick = min if data["better"] == "lower" else max
-                best[group, point["key"]] = pick(means, key=means.get)
+            if len(values) < 2:
+                continue
+            pick = min if data["better"] == "lower" else max
+            top = pick(values, key=lambda m: statistics.fmean(values[m]))
+            if all(verdict(values[top], v, data["better"]) == "holds" for m, v in values.items() if m != top):
+                best[group, point["key"]] = top
     return best
 
 

@@ -75,6 +75,27 @@ def test_a_verdict_row_names_both_sides_and_labels_the_projects_own():
     assert "`b` (1.50M, 2 seeds): 13.50 ± 0.71" in text and "| holds | nothing |" in text
 
 
+@pytest.mark.parametrize(
+    "b_values, bold",
+    [
+        ((13.0, 14.0), True),  # holds: gap 3 > 0.71 + 0.71
+        ((11.0, 12.5), False),  # level: gap 1.25 <= 0.71 + 1.06
+        ((13.0,), False),  # one seed on b's side: not tested
+    ],
+)
+def test_bold_marks_the_best_mean_only_where_its_verdict_holds(b_values, bold):
+    text = render_results.table(toy_data(b_values))
+    assert ("**10.50 ± 0.71 (10.00, 11.00)**" in text) == bold
+    assert text.count("**") == (2 if bold else 0)
+
+
+def test_bold_needs_the_verdict_against_every_other_row():
+    """a holds against b but is level with c, so no row of the column is bold."""
+    data = toy_data()
+    data["runs"] += [{"model": "c", "point": "updates", "seed": s, "value": v} for s, v in ((1, 10.5), (2, 11.5))]
+    assert "**" not in render_results.table(data)
+
+
 def test_a_data_file_without_its_metric_is_refused(tmp_path):
     path = tmp_path / "r.json"
     path.write_text(json.dumps({"better": "lower", "points": [], "runs": []}))
