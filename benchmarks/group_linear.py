@@ -1,19 +1,29 @@
 """GroupLinear forward + backward against a per-group loop of nn.Linear and a dense nn.Linear.
 
 Shapes: the three layers of the base ``transformer_define``'s DeFINE unit (n=128, k=1024, m=512, depth 3, 4 groups
-at most) and 1024 -> 2048 with 4 groups. The input requires grad, as inside DeFINE. Targets: GroupLinear no slower
-than the loop at every shape; at least 2.5x faster than dense at 1024 -> 2048, 4 groups, 8192 tokens.
+at most) and 1024 -> 2048 with 4 groups. The input requires grad, as inside DeFINE. Both formulations of
+GroupLinear are timed (``fused``: its custom autograd function; ``plain``: the batched multiply and a transposing
+copy); "GroupLinear" is the one the layer takes on the device. On a GPU each variant is also timed by CUDA-graph
+replay (forward, and forward + backward, each captured once and replayed between two CUDA events), the GPU's time
+without the host's launches. Targets: GroupLinear no slower than the loop at every shape (wall time); at least 1.5x
+faster than dense at 1024 -> 2048, 4 groups, 8192 tokens, in device time: GPU time by CUDA-graph replay on a GPU
+(the wall time there is the host's), the wall time on a CPU (which runs the kernels itself).
 
-    .venv/bin/python -m benchmarks.group_linear [--device cuda] [--tokens 8192] [--rounds 15]
+    .venv/bin/python -m benchmarks.group_linear [--device cuda] [--tokens 8192] [--rounds 15] [--replays 50]
 """
+
+import statistics
 
 import torch
 import torch.nn as nn
 
-from benchmarks.common import Bench, Check, options, ratio, run_main, table
+from benchmarks.common import Bench, Check, Timings, ms, options, ratio, run_main, table
 from define_fairseq.modules import GroupLinear
 from define_fairseq.modules.define import define_layer_sizes
-from define_fairseq.modules.group_linear import _group_linear_reference
+from define_fairseq.modules.group_linear import FUSED_DEVICES, _group_linear_fused, _group_linear_reference
+
+FORMULATIONS = ("fused", "plain")
+GOAL_SHAPE = (1024, 2048, 4)
 
 
 class LoopGroupLinear(nn.Module):
@@ -28,28 +38,68 @@ class LoopGroupLinear(nn.Module):
         return torch.cat([lin(c) for lin, c in zip(self.linears, x.chunk(self.groups, dim=-1))], dim=-1)
 
 
-class PlainGroupLinear(GroupLinear):
-    """GroupLinear's plain autograd formulation (``baddbmm`` on the transposed input, then a transposing copy)."""
+class FormulationGroupLinear(GroupLinear):
+    """GroupLinear held to one of its formulations (``fused`` or ``plain``) whatever the device."""
+
+    def __init__(self, in_features: int, out_features: int, groups: int, formulation: str):
+        super().__init__(in_features, out_features, groups)
+        self.formulation = formulation
 
     def forward(self, x):
-        return super().forward(x) if self.groups == 1 else _group_linear_reference(x, self.weight, self.bias)
+        if self.groups == 1:
+            return super().forward(x)
+        apply = _group_linear_fused if self.formulation == "fused" else _group_linear_reference
+        return apply(x, self.weight, self.bias)
+
+
+def graph_timings(bench: Bench, calls, replays: int) -> Timings:
+    """GPU seconds per call of each of ``calls`` (name -> callable): each captured once as a CUDA graph (after
+    three warm-up calls on a side stream, gradients set to None so that the graph writes rather than accumulates
+    them), then per round ``replays`` replays between two CUDA events, rounds interleaved and rotated as
+    ``Bench.time`` does; the median over rounds."""
+    graphs = {}
+    for name, (call, zero) in calls.items():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                zero()
+                call()
+        torch.cuda.current_stream().wait_stream(side)
+        zero()
+        graphs[name] = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graphs[name]):
+            call()
+    t = Timings(list(graphs))
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    names = list(graphs)
+    for r in range(bench.args.warmup + bench.args.rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            torch.cuda.synchronize()
+            start.record()
+            for _ in range(replays):
+                graphs[name].replay()
+            end.record()
+            end.synchronize()
+            if r >= bench.args.warmup:
+                t.times[name].append(start.elapsed_time(end) / 1e3 / replays)
+    return t
 
 
 def main(argv=None):
     parser = options(__doc__, rounds=15, warmup=2, fp16=True)
     parser.add_argument("--tokens", type=int, default=8192, help="rows of the input")
+    parser.add_argument("--replays", type=int, default=50, help="CUDA-graph replays per timing (GPU)")
     bench = Bench("benchmarks.group_linear", parser, argv)
     tokens = 64 if bench.args.quick else bench.args.tokens
+    chosen = "fused" if bench.device.type in FUSED_DEVICES else "plain"
+    other = FORMULATIONS[1 - FORMULATIONS.index(chosen)]
     shapes = [(*s, f"transformer_define layer {i + 1}") for i, s in enumerate(define_layer_sizes(128, 1024, 512, 3, 4))]
-    rows, checks = [], []
-    for in_f, out_f, groups, label in shapes + [(1024, 2048, 4, "1024 -> 2048, 4 groups")]:
+    rows, gpu_rows, checks, goal = [], [], [], float("nan")
+    for in_f, out_f, groups, label in shapes + [(*GOAL_SHAPE, "1024 -> 2048, 4 groups")]:
         torch.manual_seed(0)
-        modules = {
-            "GroupLinear": GroupLinear(in_f, out_f, groups),
-            "plain": PlainGroupLinear(in_f, out_f, groups),
-            "loop": LoopGroupLinear(in_f, out_f, groups),
-            "dense": nn.Linear(in_f, out_f),
-        }
+        modules = {f: FormulationGroupLinear(in_f, out_f, groups, f) for f in FORMULATIONS}
+        modules.update(loop=LoopGroupLinear(in_f, out_f, groups), dense=nn.Linear(in_f, out_f))
         for m in modules.values():
             m.to(bench.device, bench.dtype)
         x = torch.randn(tokens, in_f, device=bench.device, dtype=bench.dtype, requires_grad=True)
@@ -73,38 +123,63 @@ def main(argv=None):
         rows.append(
             [label, f"{in_f} -> {out_f}", groups]
             + [t.ms(n) for n in modules]
-            + [ratio(t.speedup(n, "GroupLinear")) for n in ("plain", "loop", "dense")]
+            + [ratio(t.speedup(n, chosen)) for n in (other, "loop", "dense")]
         )
         checks.append(
-            Check(f"GroupLinear vs the loop at {in_f} -> {out_f}, g={groups}", t.speedup("loop", "GroupLinear"), 1.0)
+            Check(f"GroupLinear vs the loop at {in_f} -> {out_f}, g={groups}", t.speedup("loop", chosen), 1.0)
         )
-        if (in_f, out_f, groups) == (1024, 2048, 4):
-            checks.append(
-                Check(
-                    f"GroupLinear vs dense at 1024 -> 2048, g=4, {tokens} tokens",
-                    t.speedup("dense", "GroupLinear"),
-                    1.5,
+        if (in_f, out_f, groups) == GOAL_SHAPE and not bench.cuda:
+            goal = t.speedup("dense", chosen)  # a CPU runs the kernels itself: its wall time is its device time
+        if bench.cuda:
+            for part, backward in (("forward", False), ("forward + backward", True)):
+                calls = {
+                    n: ((lambda m=m: m(x).backward(grad)) if backward else (lambda m=m: m(x)), lambda n=n: zero(n))
+                    for n, m in modules.items()
+                }
+                try:
+                    g = graph_timings(bench, calls, bench.args.replays)
+                except Exception as error:  # the wall times and the other shapes still count
+                    gpu_rows.append([label, part, bench.error(error)] + [""] * 7)
+                    continue
+                gpu_rows.append(
+                    [label, part]
+                    + [ms(g.median(n)) for n in modules]
+                    + [ratio(g.speedup(n, chosen)) for n in (other, "loop", "dense")]
+                    + [ratio(statistics.median(a / b for a, b in zip(g.times["dense"], g.times[chosen])))]
                 )
-            )
+                if backward and (in_f, out_f, groups) == GOAL_SHAPE:
+                    goal = g.speedup("dense", chosen)
+    clock = "GPU time (CUDA-graph replay)" if bench.cuda else "CPU time"
+    checks.append(
+        Check(f"GroupLinear g=4 vs dense at 1024 -> 2048, {tokens} tokens, forward + backward, {clock}", goal, 1.5)
+    )
     notes = [
-        f"{tokens} tokens, input requires grad; on a GPU each timing is 20 calls in a row; plain = GroupLinear's "
-        f"autograd formulation, loop = one nn.Linear per group, dense = nn.Linear (benchmarks/README.md)"
+        f"{tokens} tokens, input requires grad; GroupLinear = its {chosen} formulation, the one it takes on "
+        f"{bench.device.type}; fused = its custom autograd function, plain = the batched multiply and a transposing "
+        f"copy, loop = one nn.Linear per group, dense = nn.Linear (benchmarks/README.md)",
+        "wall time: "
+        + (
+            "torch.cuda.synchronize() around 20 calls in a row, the host's launches included"
+            if bench.cuda
+            else "one call per timing"
+        ),
     ]
-    body = table(
-        [
-            "shape",
-            "in -> out",
-            "groups",
-            "GroupLinear ms",
-            "plain ms",
-            "loop ms",
-            "dense ms",
-            "plain / GroupLinear",
-            "loop / GroupLinear",
-            "dense / GroupLinear",
-        ],
+    if bench.cuda:
+        notes.append(
+            f"GPU time: each variant captured as a CUDA graph (forward, and forward + backward), {bench.args.replays} "
+            f"replays between two CUDA events per round, the median over rounds"
+        )
+    names = ["fused", "plain", "loop", "dense"]
+    ratios = [f"{other} / GroupLinear", "loop / GroupLinear", "dense / GroupLinear"]
+    body = "## Wall time\n\n" + table(
+        ["shape", "in -> out", "groups"] + [f"{n} ms" for n in names] + ratios,
         rows,
     )
+    if gpu_rows:
+        body += "\n## GPU time (CUDA-graph replay)\n\n" + table(
+            ["shape", "pass"] + [f"{n} ms" for n in names] + ratios + ["dense / GroupLinear (median of rounds)"],
+            gpu_rows,
+        )
     body += "\nRatios above 1 mean GroupLinear is faster.\n"
     return bench.finish("GroupLinear forward + backward", notes, body, checks)
 

@@ -229,3 +229,20 @@ def test_a_cuda_device_takes_the_plain_formulation(autocast, monkeypatch):
     for name, got, want in zip(("input", "weight", "bias"), grads, expected_grads):
         assert got.dtype == torch.float32
         assert_close_at_scale(got, want, f"{name} gradient", rel)
+
+
+@pytest.mark.parametrize("dtype", [pytest.param(d, marks=CUDA_TESTS) for d in ("bf16", "fp16")])
+def test_the_benchmark_times_every_variant_by_cuda_graph_replay(dtype):
+    """``benchmarks.group_linear`` on a GPU: each variant captured as a CUDA graph, forward and forward + backward,
+    and the goal line (GroupLinear g=4 against dense in GPU time) carries a figure, PASS or FAIL."""
+    if ON_CPU:
+        pytest.skip("CUDA graphs need a CUDA device")
+    from benchmarks import group_linear as benchmark
+
+    result = benchmark.main(["--device", "cuda", "--dtype", dtype, "--quick", "--replays", "3"])
+    assert not result.failed
+    assert "## GPU time (CUDA-graph replay)" in result.text
+    assert "| 1024 -> 2048, 4 groups | forward + backward |" in result.text
+    goal = result.checks[-1]
+    assert "GPU time" in goal.what and goal.target == 1.5 and goal.value > 0
+    assert goal.line().startswith(("- PASS: ", "- FAIL: "))
