@@ -24,9 +24,9 @@ OUT=demo_output
 mkdir -p "$OUT"
 
 # The model and training arguments, shared by fairseq-train and the parameter breakdown: the demo's Transformer
-# (examples/lib.sh: d_model 128, 3+3 pre-norm layers, which learns fastest in the ~5 minutes of two CPU cores)
-# with DeFINE n=96, k=256 on the shared V x 96 table (fewer parameters than the baseline's V x 128 table at the
-# same BLEU: examples/translation/README.md). --max-update fixes the amount of training, so runs are reproducible.
+# (examples/lib.sh: d_model 128, 3+3 pre-norm layers; about 11 minutes of training on two CPU cores, README.md)
+# with DeFINE n=96, k=256 on the shared V x 96 table (fewer parameters than the baseline's V x 128 table, level
+# with it in BLEU: examples/translation/README.md). --max-update fixes the amount of training.
 TRAIN_ARGS=("$OUT/data-bin" --user-dir define_fairseq --arch transformer_define_iwslt_de_en --define-n 96 --define-k 256
             "${DEMO_TRANSFORMER[@]}" --cpu --max-update 2000 --seed 1)
 
