@@ -23,12 +23,13 @@ at two of those) for the LSTM weights per input tile (fan_in m for the x part, n
 (a vector of n: fan_in n; the forget gate's centred on ``forget_bias``) and full-rank Q/R (fan_in their input
 size); low-rank factors truncated normal with std ``(1 / (fan_in * k)) ** 0.25``; round biases zero.
 
-A layer runs a hand-written recurrence and backward (``mogrifier_recurrence.py``), or ``nn.LSTM``'s fused
+A layer runs a hand-written recurrence and backward (``mogrifier_recurrence.py``; on CUDA with rounds, its rounds
+and cell as Triton kernels, ``mogrifier_fused.py``: :attr:`MogrifierLSTMLayer.kernels`), or ``nn.LSTM``'s fused
 kernel when it is an uncapped LSTM without state mask. :meth:`MogrifierLSTMLayer.reference_step` is a literal,
 readable per-step implementation (plain autograd) kept for the tests.
 """
 
-from typing import List, NamedTuple, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple, Type
 
 import torch
 import torch.nn as nn
@@ -38,7 +39,10 @@ from .mogrifier_recurrence import LayerRecurrence, MogrifierLayerFunction
 from .recurrence_threads import Workspace
 from .variance_scaling import variance_scaling_
 
+FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what the Triton kernels take
+
 LSTMState = Tuple[torch.Tensor, torch.Tensor]
+KERNELS = ("auto", "triton", "torch")  # MogrifierLSTMLayer.kernels
 
 
 class MogrifierRound(nn.Module):
@@ -111,7 +115,13 @@ class MogrifierLSTMLayer(nn.Module):
     Parameters: ``weight_ih [4n, m]``, ``weight_hh [4n, n]``, ``bias [4n]`` (gate order i, f, j, o, as
     ``nn.LSTM``; one bias vector, as the official code), and ``mogrifier[i]`` (:class:`MogrifierRound`) for
     round ``i + 1``: ``n -> m`` for odd rounds (they gate x), ``m -> n`` for even rounds (they gate h).
+
+    ``kernels`` (an attribute, not saved): ``"auto"`` runs the fast path's per-step work as Triton kernels on CUDA
+    tensors of float32, bfloat16 or float16 when the layer has rounds, in torch otherwise; ``"triton"`` always
+    (on a CPU only under Triton's interpreter, for tests); ``"torch"`` never.
     """
+
+    kernels: str = "auto"
 
     def __init__(
         self,
@@ -222,6 +232,7 @@ class MogrifierLSTMLayer(nn.Module):
             )
             return y, (h.squeeze(0), c.squeeze(0))
         params = self.round_parameters()
+        kind = self.recurrence_kind(x)
         tensors = [x, h0, c0, self.weight_ih, self.weight_hh, self.bias] + params
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             y, c = MogrifierLayerFunction.apply(
@@ -235,10 +246,11 @@ class MogrifierLSTMLayer(nn.Module):
                 self.cap_input_gate,
                 self.rank,
                 self.workspace,
+                kind,
                 *params,
             )
         else:
-            y, c = LayerRecurrence(
+            y, c = kind(
                 x,
                 h0,
                 c0,
@@ -253,6 +265,19 @@ class MogrifierLSTMLayer(nn.Module):
                 workspace=self.workspace,
             ).forward()
         return y, (y[-1], c)
+
+    def recurrence_kind(self, x: torch.Tensor) -> Type[LayerRecurrence]:
+        """The recurrence that runs ``x`` (see ``kernels``): :class:`LayerRecurrence` or the Triton kernels'."""
+        if self.kernels not in KERNELS:
+            raise ValueError(f"MogrifierLSTMLayer.kernels={self.kernels!r}: give one of {', '.join(KERNELS)}")
+        fused = self.kernels == "triton" or (
+            self.kernels == "auto" and x.is_cuda and self.rounds > 0 and x.dtype in FUSED_DTYPES
+        )
+        if not fused:
+            return LayerRecurrence
+        from .mogrifier_fused import FusedRecurrence  # imports Triton: only where its kernels run
+
+        return FusedRecurrence
 
     def lstm_weights(self) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(weight_ih, weight_hh, bias_ih, bias_hh)`` in ``nn.LSTM`` layout (``bias_hh`` zero: one bias here)."""

@@ -43,6 +43,8 @@ class LayerRecurrence:
     ``h_{t-1}`` themselves. The last x and h of the chains are the two halves of ``z = [x_up; h_up; 1]``.
     """
 
+    saves_activations = True  # keeps tanh(c_t) and the capped input gate for the backward
+
     def __init__(
         self,
         x,
@@ -73,8 +75,8 @@ class LayerRecurrence:
         new = self.new
         self.y = x.new_empty(T, B, n)  # the output: never a workspace buffer
         self.cells = new(steps, B, n)
-        self.tanh_c = new(steps, B, n)
-        self.capped = new(steps, B, n) if cap else None  # min(i, 1 - f)
+        self.tanh_c = new(steps, B, n) if self.saves_activations else None
+        self.capped = new(steps, B, n) if cap and self.saves_activations else None  # min(i, 1 - f)
         self.tanhs = [new(steps, B, p[-1].shape[0]) for p in rounds]  # tanh(a_i / 2) of every round
         # low rank: u = right @ cond is stored as [u; 1], and a / 2 = (left | bias) / 2 @ [u; 1] is one GEMM
         self.lowrank = [new(steps, B, rank + 1) for _ in rounds] if rank > 0 else []
@@ -306,13 +308,14 @@ class MogrifierLayerFunction(torch.autograd.Function):
 
     Inputs: ``x [T, B, m]``, ``h0, c0 [B, n]``, ``state_mask`` None, ``[B, n]`` or ``[T, B, n]``,
     ``weight_ih [4n, m]``, ``weight_hh [4n, n]``, ``bias [4n]``, ``cap``, ``rank``, a :class:`Workspace` or None,
-    then every round's ``MogrifierRound.flat_parameters()``.
+    the recurrence class (:class:`LayerRecurrence` or the Triton kernels' ``FusedRecurrence``), then every round's
+    ``MogrifierRound.flat_parameters()``.
     Outputs: ``y [T, B, n]`` (the ``h_t`` of every step) and ``c_T [B, n]``.
     """
 
     @staticmethod
-    def forward(ctx, x, h0, c0, state_mask, weight_ih, weight_hh, bias, cap, rank, workspace, *round_params):
-        run = LayerRecurrence(
+    def forward(ctx, x, h0, c0, state_mask, weight_ih, weight_hh, bias, cap, rank, workspace, kind, *round_params):
+        run = kind(
             x, h0, c0, state_mask, weight_ih, weight_hh, bias, cap, rank, round_params, save=True, workspace=workspace
         )
         y, c_last = run.forward()
@@ -332,4 +335,4 @@ class MogrifierLayerFunction(torch.autograd.Function):
             dx, dh0, dc0, *grads = run.backward(dy, dc_last, ctx.needs_input_grad)
         finally:
             run.y = None
-        return (dx, dh0, dc0, None, grads[0], grads[1], grads[2], None, None, None, *grads[3:])
+        return (dx, dh0, dc0, None, grads[0], grads[1], grads[2], None, None, None, None, *grads[3:])

@@ -3,12 +3,9 @@ formulas, one step against ``MogrifierLSTMLayer.reference_step`` and a sequence 
 (outputs, state and every gradient, float32), with kernel outputs filled with NaN before the kernels write them
 and sizes that leave the last program of a kernel partly masked."""
 
-import contextlib
-import importlib
-import os
-
 import pytest
 import torch
+from triton_interpreter import import_interpreted, interpreted, interpreted_kernels
 
 from define_fairseq.modules.mogrifier_layer import MogrifierLSTMLayer
 
@@ -22,29 +19,19 @@ import triton.language as tl  # noqa: E402
 RTOL, ATOL = 1e-5, 1e-6
 
 
-@contextlib.contextmanager
-def interpreted():
-    """TRITON_INTERPRET=1 while Triton decorates kernels (it decides at definition), unset again after."""
-    before = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = before
-
-
+mt, _ = import_interpreted()
 with interpreted():
-    mt = importlib.import_module("define_fairseq.modules.mogrifier_triton")
-    if not mt.INTERPRETED:  # imported earlier without the interpreter: define the kernels again
-        mt = importlib.reload(mt)
 
     @triton.jit
     def tanh_kernel(x_ptr, y_ptr, numel, BLOCK: tl.constexpr):
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         tl.store(y_ptr + offs, mt._tanh(tl.load(x_ptr + offs, mask=offs < numel)), mask=offs < numel)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def kernels_interpreted():
+    with interpreted_kernels():
+        yield
 
 
 @pytest.fixture(autouse=True)

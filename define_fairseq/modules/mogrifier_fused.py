@@ -1,0 +1,290 @@
+"""The fast path of a Mogrifier LSTM layer (``mogrifier_recurrence.py``) with every round and the cell fused into
+Triton kernels: :class:`FusedRecurrence`, the recurrence over a BPTT window inside the fast path's one autograd
+Function (:class:`~define_fairseq.modules.mogrifier_recurrence.MogrifierLayerFunction`), its weight gradients one
+GEMM each over the window, as the fast path computes them.
+
+Per time step and layer:
+
+* forward: one kernel per round (its map ``Q cond``, low rank or full, then ``2 sigmoid(a) * v``, computed as
+  ``v + v tanh(a / 2)``; every program recomputes the thin ``u = right cond`` of its rows instead of reading it
+  back), the gates' GEMM over ``[x_up; h_up; 1]`` in torch, and one cell kernel; with a state mask one product;
+* backward: one cell kernel (it adds the gradient from the next step, masked, to ``dy_t``), the GEMM of ``dz``,
+  and two kernels per round (the element-wise gradient, then its product back to the conditioning value).
+
+Kernels load bfloat16 and float16 as float32 and compute in float32 (their products too, in IEEE float32), and
+store in the buffers' dtype; float64 runs the fast path in torch. Triton decides at import whether the kernels are
+compiled (CUDA tensors) or interpreted (``TRITON_INTERPRET=1`` set before the import: CPU tensors, for tests).
+"""
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError as error:  # a CUDA build of torch brings Triton; the layers import this module on CUDA only
+    raise ImportError(
+        "define_fairseq.modules.mogrifier_fused needs Triton for the Mogrifier's CUDA kernels: pip install "
+        "triton, or run the layers' fast path in torch (MogrifierLSTMLayer.kernels = 'torch')"
+    ) from error
+
+from . import mogrifier_triton as mt
+from .mogrifier_layer import FUSED_DTYPES
+from .mogrifier_recurrence import LayerRecurrence
+from .recurrence_threads import Threads
+
+BLOCK_ROWS = 16  # rows (batch) per program; tl.dot needs at least 16 in every dimension
+BLOCK_COLS = 64  # output columns per program, and the width of every inner-dimension chunk
+
+
+@triton.jit
+def _round_forward_kernel(
+    cond_ptr, cond_stride, right_ptr, left_ptr, bias_ptr, v_ptr, v_stride, out_ptr, out_stride, th_ptr, u_ptr,
+    u_stride, B, IN, OUT, K, LOW_RANK: tl.constexpr, BB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+):  # fmt: skip
+    rows = tl.program_id(0) * BB + tl.arange(0, BB)
+    cols = tl.program_id(1) * BN + tl.arange(0, BN)
+    row_ok, col_ok = rows < B, cols < OUT
+    inner = tl.arange(0, BN)
+    if LOW_RANK:  # u = cond @ right^T [BB, K], then a = u @ left^T
+        ks = tl.arange(0, BK)
+        u = tl.full((BB, BK), 0.0, tl.float32)
+        for start in range(0, IN, BN):
+            i = start + inner
+            c = tl.load(cond_ptr + rows[:, None] * cond_stride + i[None, :], (row_ok[:, None]) & (i[None, :] < IN), 0.0)
+            r = tl.load(right_ptr + ks[None, :] * IN + i[:, None], (i[:, None] < IN) & (ks[None, :] < K), 0.0)
+            u += tl.dot(c.to(tl.float32), r.to(tl.float32), input_precision="ieee")
+        u = u.to(u_ptr.dtype.element_ty).to(tl.float32)  # rounded as the buffer that the weight gradient reads
+        if tl.program_id(1) == 0:
+            tl.store(u_ptr + rows[:, None] * u_stride + ks[None, :], u, row_ok[:, None] & (ks[None, :] < K))
+        left = tl.load(left_ptr + cols[None, :] * K + ks[:, None], (ks[:, None] < K) & col_ok[None, :], 0.0)
+        a = tl.dot(u, left.to(tl.float32), input_precision="ieee")
+    else:  # a = cond @ weight^T, weight [OUT, IN] at left_ptr
+        a = tl.full((BB, BN), 0.0, tl.float32)
+        for start in range(0, IN, BN):
+            i = start + inner
+            c = tl.load(cond_ptr + rows[:, None] * cond_stride + i[None, :], (row_ok[:, None]) & (i[None, :] < IN), 0.0)
+            w = tl.load(left_ptr + cols[None, :] * IN + i[:, None], (i[:, None] < IN) & col_ok[None, :], 0.0)
+            a += tl.dot(c.to(tl.float32), w.to(tl.float32), input_precision="ieee")
+    ok = row_ok[:, None] & col_ok[None, :]
+    a += tl.load(bias_ptr + cols, col_ok, 0.0).to(tl.float32)[None, :]
+    th = mt._tanh(0.5 * a)
+    v = tl.load(v_ptr + rows[:, None] * v_stride + cols[None, :], ok, 0.0).to(tl.float32)
+    tl.store(th_ptr + rows[:, None] * OUT + cols[None, :], th, ok)
+    tl.store(out_ptr + rows[:, None] * out_stride + cols[None, :], v + v * th, ok)
+
+
+@triton.jit
+def _round_gradient_kernel(
+    d_ptr, d_stride, th_ptr, v_ptr, v_stride, dhalf_ptr, d_old_ptr, d_old_stride, B, OUT,
+    BB: tl.constexpr, BN: tl.constexpr,
+):  # fmt: skip
+    # d(a / 2) = d_out v (1 - th^2) and d_v = d_out (1 + th); d_old may be d itself (each element read, then written)
+    rows = tl.program_id(0) * BB + tl.arange(0, BB)
+    cols = tl.program_id(1) * BN + tl.arange(0, BN)
+    ok = (rows < B)[:, None] & (cols < OUT)[None, :]
+    d = tl.load(d_ptr + rows[:, None] * d_stride + cols[None, :], ok, 0.0).to(tl.float32)
+    th = tl.load(th_ptr + rows[:, None] * OUT + cols[None, :], ok, 0.0).to(tl.float32)
+    v = tl.load(v_ptr + rows[:, None] * v_stride + cols[None, :], ok, 0.0).to(tl.float32)
+    tl.store(dhalf_ptr + rows[:, None] * OUT + cols[None, :], d * v * (1.0 - th * th), ok)
+    tl.store(d_old_ptr + rows[:, None] * d_old_stride + cols[None, :], d + d * th, ok)
+
+
+@triton.jit
+def _round_condition_kernel(
+    dhalf_ptr, left_ptr, right_ptr, low_ptr, low_stride, dcond_ptr, dcond_stride, B, IN, OUT, K,
+    LOW_RANK: tl.constexpr, BB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+):  # fmt: skip
+    # d_cond += d(a / 2) @ Q / 2, Q = left @ right (low: d(a / 2) @ left, stored for right's gradient) or weight
+    rows = tl.program_id(0) * BB + tl.arange(0, BB)
+    cols = tl.program_id(1) * BN + tl.arange(0, BN)  # columns of cond
+    row_ok, col_ok = rows < B, cols < IN
+    inner = tl.arange(0, BN)
+    if LOW_RANK:
+        ks = tl.arange(0, BK)
+        low = tl.full((BB, BK), 0.0, tl.float32)
+        for start in range(0, OUT, BN):
+            o = start + inner
+            dh = tl.load(dhalf_ptr + rows[:, None] * OUT + o[None, :], row_ok[:, None] & (o[None, :] < OUT), 0.0)
+            left = tl.load(left_ptr + o[:, None] * K + ks[None, :], (o[:, None] < OUT) & (ks[None, :] < K), 0.0)
+            low += tl.dot(dh.to(tl.float32), left.to(tl.float32), input_precision="ieee")
+        low = low.to(low_ptr.dtype.element_ty).to(tl.float32)
+        if tl.program_id(1) == 0:
+            tl.store(low_ptr + rows[:, None] * low_stride + ks[None, :], low, row_ok[:, None] & (ks[None, :] < K))
+        right = tl.load(right_ptr + ks[:, None] * IN + cols[None, :], (ks[:, None] < K) & col_ok[None, :], 0.0)
+        acc = tl.dot(low, right.to(tl.float32), input_precision="ieee")
+    else:
+        acc = tl.full((BB, BN), 0.0, tl.float32)
+        for start in range(0, OUT, BN):
+            o = start + inner
+            dh = tl.load(dhalf_ptr + rows[:, None] * OUT + o[None, :], row_ok[:, None] & (o[None, :] < OUT), 0.0)
+            w = tl.load(left_ptr + o[:, None] * IN + cols[None, :], (o[:, None] < OUT) & col_ok[None, :], 0.0)
+            acc += tl.dot(dh.to(tl.float32), w.to(tl.float32), input_precision="ieee")
+    ok = row_ok[:, None] & col_ok[None, :]
+    target = dcond_ptr + rows[:, None] * dcond_stride + cols[None, :]
+    tl.store(target, tl.load(target, ok, 0.0).to(tl.float32) + 0.5 * acc, ok)
+
+
+@triton.jit
+def _gates(g_ptr, offs, mask, n):
+    # the activated gates i, f, j, o of the elements offs of [B, n] (gate k at column k n + col of g [B, 4n])
+    row = offs // n
+    col = offs - row * n
+    g = g_ptr + row * 4 * n + col
+    i = mt._sigmoid(tl.load(g, mask=mask).to(tl.float32))
+    f = mt._sigmoid(tl.load(g + n, mask=mask).to(tl.float32))
+    j = mt._tanh(tl.load(g + 2 * n, mask=mask).to(tl.float32))
+    o = mt._sigmoid(tl.load(g + 3 * n, mask=mask).to(tl.float32))
+    return i, f, j, o, row * 4 * n + col
+
+
+@triton.jit
+def _cell_forward_kernel(g_ptr, c_prev_ptr, c_ptr, h_ptr, numel, n, CAP: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    i, f, j, o, _ = _gates(g_ptr, offs, mask, n)
+    if CAP:
+        i = tl.minimum(i, 1.0 - f)
+    c = f * tl.load(c_prev_ptr + offs, mask=mask).to(tl.float32) + i * j
+    c = c.to(c_ptr.dtype.element_ty)  # h from the cell as stored, as the torch fast path computes it
+    tl.store(c_ptr + offs, c, mask=mask)
+    tl.store(h_ptr + offs, o * mt._tanh(c.to(tl.float32)), mask=mask)
+
+
+@triton.jit
+def _cell_backward_kernel(
+    dy_ptr, next_ptr, next_stride, mask_ptr, dc_ptr, g_ptr, c_prev_ptr, c_ptr, dg_ptr, numel, n,
+    NEXT: tl.constexpr, MASK: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    # dh = dy_t + (the next step's gradient of its h^0) * (its state mask); dc is updated in place to dc_{t-1}
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    i, f, j, o, gate = _gates(g_ptr, offs, mask, n)
+    dh = tl.load(dy_ptr + offs, mask=mask).to(tl.float32)
+    if NEXT:
+        row = offs // n
+        d_next = tl.load(next_ptr + row * next_stride + offs - row * n, mask=mask).to(tl.float32)
+        if MASK:
+            d_next = d_next * tl.load(mask_ptr + offs, mask=mask).to(tl.float32)
+        dh += d_next
+    c_prev = tl.load(c_prev_ptr + offs, mask=mask).to(tl.float32)
+    tanh_c = mt._tanh(tl.load(c_ptr + offs, mask=mask).to(tl.float32))
+    i_used = i
+    if CAP:
+        i_used = tl.minimum(i, 1.0 - f)
+    dc = tl.load(dc_ptr + offs, mask=mask).to(tl.float32) + dh * o * (1.0 - tanh_c * tanh_c)
+    d_i = dc * j
+    d_f = dc * c_prev
+    if CAP:  # min(i, 1 - f): the gradient goes to i where i < 1 - f, else to 1 - f
+        below = i < 1.0 - f
+        d_f = tl.where(below, d_f, d_f - d_i)
+        d_i = tl.where(below, d_i, 0.0)
+    tl.store(dg_ptr + gate, d_i * i * (1.0 - i), mask=mask)
+    tl.store(dg_ptr + gate + n, d_f * f * (1.0 - f), mask=mask)
+    tl.store(dg_ptr + gate + 2 * n, dc * i_used * (1.0 - j * j), mask=mask)
+    tl.store(dg_ptr + gate + 3 * n, dh * tanh_c * o * (1.0 - o), mask=mask)
+    tl.store(dc_ptr + offs, dc * f, mask=mask)
+
+
+def check_inputs(x: torch.Tensor) -> None:
+    """Raises unless the kernels can take ``x``'s dtype and device."""
+    if x.dtype not in FUSED_DTYPES:
+        raise ValueError(
+            f"mogrifier_fused: the kernels take float32, bfloat16 or float16; got {x.dtype} (float64 runs the "
+            f"fast path in torch: MogrifierLSTMLayer.kernels = 'torch')"
+        )
+    if x.device.type != "cuda" and not mt.INTERPRETED:
+        raise ValueError(
+            f"mogrifier_fused: the compiled kernels take CUDA tensors; got one on {x.device}. On a CPU, set "
+            f"TRITON_INTERPRET=1 before importing define_fairseq.modules.mogrifier_fused (the interpreter)"
+        )
+
+
+class FusedRecurrence(LayerRecurrence):
+    """:class:`LayerRecurrence` (its buffers, its window-wide weight gradients) with the per-step work in the
+    kernels above; the same arguments, for ``rounds >= 1``. Shapes: as :class:`LayerRecurrence`."""
+
+    saves_activations = False  # the kernels keep pre-activations and recompute the gates from them
+
+    def __init__(self, x, h0, c0, state_mask, *args, **kwargs):
+        check_inputs(x)
+        mask = None if state_mask is None else state_mask.contiguous()
+        super().__init__(x.contiguous(), h0.contiguous(), c0.contiguous(), mask, *args, **kwargs)
+        if self.r == 0:
+            raise ValueError("FusedRecurrence runs layers with rounds >= 1 (rounds = 0 is an LSTM: the fast path)")
+        self.params = [tuple(p.contiguous() for p in params) for params in self.rounds]
+        self.block_k = max(16, triton.next_power_of_2(max(self.rank, 1)))
+
+    def _grid(self, width: int):
+        return (triton.cdiv(self.B, BLOCK_ROWS), triton.cdiv(width, BLOCK_COLS))
+
+    def _forward_step(self, t: int, s: int, h, c, threads: Threads):
+        n, rank = self.n, self.rank
+        hv = h if self.state_mask is None else torch.mul(h, self.mask(t), out=self.masked_h[s])
+        if self.r == 1 and self.state_mask is None:
+            self.z_h[s].copy_(h)
+        xv = self.x[t]
+        for i, params in enumerate(self.params):
+            gated, cond = (xv, hv) if i % 2 == 0 else (hv, xv)
+            out, th = self.plan[i][2][s], self.tanhs[i][s]
+            u = self.lowrank[i][s] if rank else th  # th: an unused pointer at full rank
+            left, right = (params[0], params[1]) if rank else (params[0], params[0])
+            width, inner = gated.shape[1], cond.shape[1]
+            _round_forward_kernel[self._grid(width)](
+                cond, cond.stride(0), right, left, params[-1], gated, gated.stride(0), out, out.stride(0), th, u,
+                u.stride(0), self.B, inner, width, rank, LOW_RANK=rank > 0, BB=BLOCK_ROWS, BN=BLOCK_COLS,
+                BK=self.block_k,
+            )  # fmt: skip
+            if i % 2 == 0:
+                xv = out
+            else:
+                hv = out
+        g = torch.mm(self.z[s], self.weight_t, out=self.gates[s])
+        c_new, h_new = self.cells[s], self.y[t]
+        numel = self.B * n
+        grid = (triton.cdiv(numel, mt.BLOCK_SIZE),)
+        _cell_forward_kernel[grid](g, c, c_new, h_new, numel, n, CAP=self.cap, BLOCK=mt.BLOCK_SIZE)
+        return h_new, c_new
+
+    def backward(self, dy, dc_last, need):
+        self.dz = self.new(self.T, self.B, self.m + self.n)
+        dc_last = None if dc_last is None else dc_last.contiguous()
+        result = super().backward(dy.contiguous(), dc_last, need)
+        dh0 = self.dz[0][:, self.m :]
+        if self.state_mask is not None:
+            dh0 = dh0 * self.mask(0)
+        return (result[0], dh0.clone(), *result[2:])
+
+    def _backward_step(self, t: int, dy_t, dh_next, dc, threads: Threads):
+        m, n, rank, B = self.m, self.n, self.rank, self.B
+        c_prev = self.cells[t - 1] if t > 0 else self.c0
+        following = self.dz[t + 1][:, m:] if t + 1 < self.T else dy_t
+        mask = self.mask(t + 1) if self.state_mask is not None and t + 1 < self.T else dy_t
+        dg = self.dgates[t]
+        numel = B * n
+        _cell_backward_kernel[(triton.cdiv(numel, mt.BLOCK_SIZE),)](
+            dy_t, following, following.stride(0), mask, dc, self.gates[t], c_prev, self.cells[t], dg, numel, n,
+            NEXT=t + 1 < self.T, MASK=self.state_mask is not None, CAP=self.cap, BLOCK=mt.BLOCK_SIZE,
+        )  # fmt: skip
+        dz = torch.mm(dg, self.d_weight, out=self.dz[t])
+        dxv, dhv = dz[:, :m], dz[:, m:]
+        for i in range(self.r - 1, -1, -1):
+            is_x = i % 2 == 0
+            params = self.params[i]
+            gated = self._value(self.plan[i][0], is_x, t)
+            d_new, d_cond = (dxv, dhv) if is_x else (dhv, dxv)
+            d_old = self.dx[t] if i == 0 else d_new
+            width, inner = d_new.shape[1], d_cond.shape[1]
+            dhalf, th = self.dhalf[i][t], self.tanhs[i][t]
+            _round_gradient_kernel[self._grid(width)](
+                d_new, d_new.stride(0), th, gated, gated.stride(0), dhalf, d_old, d_old.stride(0), B, width,
+                BB=BLOCK_ROWS, BN=BLOCK_COLS,
+            )  # fmt: skip
+            low = self.dlow[i][t] if rank else dhalf
+            left, right = (params[0], params[1]) if rank else (params[0], params[0])
+            _round_condition_kernel[self._grid(inner)](
+                dhalf, left, right, low, low.stride(0), d_cond, d_cond.stride(0), B, inner, width, rank,
+                LOW_RANK=rank > 0, BB=BLOCK_ROWS, BN=BLOCK_COLS, BK=self.block_k,
+            )  # fmt: skip
+            if is_x:
+                dxv = d_old
+        return None, dc
