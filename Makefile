@@ -27,7 +27,8 @@ TESTS ?= tests
 # it stays under 8 minutes on 2 cores); `make test-all` runs them too.
 MARKS ?= not slow
 
-.PHONY: install lint format test test-all test-stack test-matrix wheelhouse install-offline install-env gpu-check demo bench results clean
+.PHONY: install lint format test test-all test-stack test-matrix wheelhouse install-offline install-env gpu-check gpu-round \
+  demo bench results clean
 
 install: $(STAMP)
 
@@ -190,6 +191,19 @@ gpu-check:
 	@$(PYTHON) -m benchmarks.gpu_report --tests-log $(GPU_CHECK_LOG) || { echo "gpu-check: a benchmark raised \
 	(its row in the report above says which)" >&2; exit 1; }
 	@rm -f $(GPU_CHECK_LOG)
+
+# ---- `make gpu-round` on a GPU node (docs/development.md, "Checking a GPU node"): every speed goal of
+# benchmarks/targets.py in one command of at most 8 minutes, for a short loan. It installs compiling nothing (the
+# wheels of $(WHEELHOUSE) with --no-deps, fairseq's sdist unpacked onto PYTHONPATH unbuilt; WHEELHOUSE= where
+# fairseq is installed), then runs each item in its own process under its own limit and rewrites
+# benchmarks/results/gpu-round-<gpu>.md and .json after each (benchmarks/gpu_round.py). GPU_ROUND_ARGS: more
+# options, e.g. --only train_4k,txl_base or --device cpu --quick (the harness on a CPU).
+GPU_ROUND_BUDGET ?= 470
+GPU_ROUND_ARGS ?=
+
+gpu-round:
+	$(PYTHON) -m benchmarks.gpu_round $(if $(WHEELHOUSE),--wheelhouse $(WHEELHOUSE)) --budget $(GPU_ROUND_BUDGET) \
+	  $(GPU_ROUND_ARGS)
 
 # Every results table of README.md and examples/*/README.md, rendered from the data beside each example
 # (examples/*/results/*.json; docs/results.md); tests/tools/test_render_results.py fails when one differs.

@@ -22,6 +22,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence
 import torch
 
 from benchmarks.precision import LOSS_SCALE, MasterWeights
+from benchmarks.targets import Check, figure_line, revision
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 KEEP_MARK = "<!-- written by hand below this line: kept when the benchmark is run again -->"
@@ -56,25 +57,6 @@ def options(doc: str, rounds: int, warmup: int = 1, fp16: bool = False) -> argpa
     )
     p.add_argument("--out", help="results file ('-': none; default benchmarks/results/<name>[-tcmalloc|-<gpu>].md)")
     return p
-
-
-class Check(NamedTuple):
-    """A target: ``value`` (a ratio) against ``target``, at least (or, ``at_most``, at most)."""
-
-    what: str
-    value: float
-    target: float
-    at_most: bool = False
-
-    @property
-    def met(self) -> bool:
-        return self.value <= self.target if self.at_most else self.value >= self.target
-
-    def line(self) -> str:
-        verdict = "n/a" if self.value != self.value else "PASS" if self.met else "FAIL"
-        return (
-            f"- {verdict}: {self.what}: {ratio(self.value)} (target {'<=' if self.at_most else '>='} {self.target:g}x)"
-        )
 
 
 class Result(NamedTuple):
@@ -256,9 +238,14 @@ class Bench:
             samples.append(time.perf_counter() - start)
         return 2 * size**3 / min(samples[1:])
 
+    def command(self) -> str:
+        return " ".join(["python", "-m", self.module] + [shlex.quote(a) for a in self.argv])
+
+    def device_name(self) -> str:
+        return torch.cuda.get_device_name(self.device) if self.cuda else cpu_name()
+
     def header(self, title: str, notes: Sequence[str] = ()) -> str:
         """The results file's heading: command, versions, precision, device, load, notes."""
-        argv = " ".join(shlex.quote(a) for a in self.argv)
         try:
             import fairseq
 
@@ -295,7 +282,7 @@ class Bench:
         lines = [
             f"# {title}",
             "",
-            f"- Command: `python -m {self.module}{' ' + argv if argv else ''}`",
+            f"- Command: `{self.command()}`; revision {revision(os.path.dirname(os.path.dirname(RESULTS_DIR)))}",
             f"- torch {torch.__version__}, fairseq {fairseq_version}, Python {platform.python_version()}, {precision}",
             device,
             f"- Load average (1/5/15 min) at the start of the run: {self.start[1]}, at the end: {_loadavg()}; "
@@ -313,6 +300,8 @@ class Bench:
         if checks:
             text += "\n## Targets\n\n" + "\n".join(c.line() for c in checks) + "\n"
         print(text)
+        context = dict(command=self.command(), precision=self.args.dtype, device=self.device_name())
+        print("\n".join(figure_line(c, **context) for c in checks), flush=True)
         path = self.result_path()
         if path:
             write_result(path, text)

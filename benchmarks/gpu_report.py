@@ -22,7 +22,8 @@ import traceback
 import numpy
 import torch
 
-from benchmarks.common import RESULTS_DIR, error_text, ratio, slug, table, write_result
+from benchmarks.common import RESULTS_DIR, error_text, slug, table, write_result
+from benchmarks.targets import revision, show, show_target
 
 # (benchmark, its options): each a few tens of seconds on one H100 (the Mogrifier's torch.compile about a minute)
 RUNS = (
@@ -54,6 +55,7 @@ def main(argv=None) -> int:
     if not only or set(only) - {n for n, _ in RUNS}:
         parser.error(f"--only {args.only}: choose from {', '.join(n for n, _ in RUNS)}")
     device = torch.cuda.get_device_name() if cuda else "CPU"
+    rev = revision(os.path.dirname(RESULTS_DIR))
     start, rows, sections, failed = time.perf_counter(), [], [], False
     for name, extra in RUNS:
         if name not in only:
@@ -69,8 +71,8 @@ def main(argv=None) -> int:
                 [
                     f"`{label}`",
                     c.what,
-                    ratio(c.value),
-                    f"{'<=' if c.at_most else '>='} {c.target:g}x",
+                    show(c.value, c.unit),
+                    show_target(c.target, c.unit, c.at_most),
                     "n/a" if c.value != c.value else "yes" if c.met else "**no**",
                 ]
                 for c in result.checks
@@ -97,7 +99,7 @@ def main(argv=None) -> int:
         tests = f"\n- `pytest -m cuda`: {summaries[-1] if summaries else 'no summary line in ' + args.tests_log}"
     text = (
         f"# Benchmarks on {device}: figures and targets\n\n"
-        f"- Command: `python -m benchmarks.gpu_report {command}`"
+        f"- Command: `python -m benchmarks.gpu_report {command}`; revision {rev}"
         f"\n- {environment(cuda)}; {time.strftime('%Y-%m-%d %H:%M')}, {time.perf_counter() - start:.0f} s in all"
         + tests
         + ("\n- **--quick: tiny sizes, measures nothing**" if args.quick else "")

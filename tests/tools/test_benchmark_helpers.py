@@ -1,6 +1,7 @@
 """The benchmarks' harness (interleaved timing, targets, results files, allocator report) and their FLOP counts."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -11,6 +12,8 @@ from conftest import REPO
 from benchmarks import gpu_report, group_linear
 from benchmarks.common import KEEP_MARK, Bench, Check, Result, Timings, options, write_result
 from benchmarks.lstm_lm_speed import step_flops
+from benchmarks.targets import GOALS, figure_line, goal_of, parse_figures, revision, target
+from benchmarks.train_speed import goal_key
 from benchmarks.txl_speed import io_training_flops, txl_batch
 from benchmarks.workloads import build_model
 
@@ -67,6 +70,51 @@ def test_checks_at_least_at_most_and_not_measured():
     assert Check("x", 1.234, 1.1).line() == "- PASS: x: 1.23x (target >= 1.1x)"
     assert Check("r", 1.2, 1.1, at_most=True).line() == "- FAIL: r: 1.20x (target <= 1.1x)"
     assert Check("x", float("nan"), 1.0).line().startswith("- n/a: x: n/a")
+    rate = Check("t", 98500.4, 120000.0, unit="tokens/s")
+    assert rate.line() == "- FAIL: t: 98,500 tokens/s (target >= 120,000 tokens/s)"
+
+
+def test_figure_lines_carry_the_check_and_its_context_and_parse_back():
+    checks = [
+        Check("ours vs theirs", 1.25, 1.0, goal="define_train_26k", batch="960 sentences"),
+        Check("n", float("nan"), 1),
+    ]
+    text = "noise\n" + "\n".join(figure_line(c, command="python -m benchmarks.x", precision="bf16") for c in checks)
+    first, second = parse_figures(text + "\n- PASS: not a figure line\n")
+    assert first["what"] == "ours vs theirs" and first["value"] == 1.25 and first["met"] == "PASS"
+    assert (first["goal"], first["batch"], first["precision"]) == ("define_train_26k", "960 sentences", "bf16")
+    assert first["method"] == "ratio of medians" and first["command"] == "python -m benchmarks.x"
+    assert second["value"] != second["value"] and second["met"] == "n/a"  # nan goes through JSON as null
+
+
+def test_goals_targets_and_patterns():
+    assert target("txl_define_train", cuda=True, default=9) == 1.15 and target("txl_define_train", False, 9) == 1.3
+    assert target("txl_nvidia_base", cuda=False, default=7) == 7  # a GPU goal alone
+    assert target("", cuda=True, default=2.5) == 2.5
+    assert goal_of("GroupLinear g=4 vs dense at 1024 -> 2048, 8192 tokens, GPU time") == "group_linear_dense"
+    assert goal_of("`MogrifierLSTM` r=5, k=84 vs `nn.LSTM`, tokens/s") == "mogrifier_lstm"
+    assert goal_of("`MogrifierLSTM` vs the straightforward module, tokens/s") == ""
+    with pytest.raises(KeyError, match="not in benchmarks/targets.py GOALS"):
+        goal_of("x", "no_such_goal")
+    assert [goal_key(t) for t in (None, 112, 4000, 26000, 60000)] == ["", "", "define_train_4k", "define_train_26k", ""]
+    assert all(g.unit in ("x", "tokens/s") for g in GOALS.values())
+
+
+def test_revision_names_the_commit_and_a_tree_that_differs(tmp_path):
+    assert revision(str(tmp_path)) == "unknown (no git checkout)"
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)  # fmt: skip
+
+    git("init", "-q")
+    (tmp_path / "a").write_text("1")
+    git("add", "a")
+    git("commit", "-q", "-m", "one")
+    head = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=tmp_path, capture_output=True, text=True)
+    assert revision(str(tmp_path)) == head.stdout.strip()
+    (tmp_path / "b").write_text("new")  # a file git does not ignore
+    assert revision(str(tmp_path)) == head.stdout.strip() + "+dirty"
 
 
 def test_quick_and_out_options(tmp_path):
@@ -273,4 +321,5 @@ def test_gpu_report_tables_figures_and_survives_a_failing_benchmark(monkeypatch,
     assert "| `group_linear` | ours vs theirs | 1.50x | >= 1.2x | yes |" in text
     assert "| `group_linear` | r | 1.30x | <= 1.1x | **no** |" in text
     assert "| `train_speed` | **failed: RuntimeError: out of memory** |" in text
+    assert re.search(r"^- Command: `python -m benchmarks.gpu_report .*`; revision \S+", text, re.M)
     assert "## Fake\n\n### Part" in text  # each benchmark's own text follows, its headings one level down

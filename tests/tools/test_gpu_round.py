@@ -1,0 +1,115 @@
+"""``benchmarks/gpu_round.py`` (``make gpu-round``) on a CPU: each item in its own process under its own limit, a
+failing or hanging item losing only itself, the report rewritten after each item with the revision, the command and
+the figure beside the goal's target (or a failure row) in every row, the same rows as JSON records; and the real
+benchmarks in quick mode in a process that cannot load fairseq's compiled extensions, as on a GPU node where
+fairseq's sources are on PYTHONPATH unbuilt."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+from conftest import REPO
+
+from benchmarks import gpu_round
+from benchmarks.targets import GOALS
+
+PY = sys.executable
+FIGURE = (
+    "from benchmarks.targets import Check, figure_line; print(figure_line(Check({what!r}, {value}, 1.0, goal={goal!r}, "
+    "batch='8 x 4 tokens'), command='python -m benchmarks.fake', precision='fp32', device='CPU'))"
+)
+REVISION = re.compile(r"^([0-9a-f]{7,}(\+dirty)?|unknown \(.*\))$")
+
+
+def figure_item(key, what, value, goal=""):
+    return gpu_round.Item(key, 30, [PY, "-c", FIGURE.format(what=what, value=value, goal=goal)])
+
+
+def test_a_raising_and_a_hanging_item_lose_only_themselves(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_round, "KILL_GRACE", 1)
+    report = gpu_round.Round(str(tmp_path / "gpu-round-cpu.md"), dict(revision="abc1234+dirty", machine="CPU",
+                                                                       device="cpu"), ["a header line"])  # fmt: skip
+    # ignores SIGTERM and leaves a child behind: the whole process group is killed
+    hang = "import signal, subprocess, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    hang += "subprocess.Popen(['sleep', '300']); print('started', flush=True); time.sleep(300)"
+    plan = [
+        figure_item("first", "ours vs theirs", 1.2, goal="define_train_4k"),
+        gpu_round.Item("raises", 30, [PY, "-c", "raise RuntimeError('deliberately broken')"]),
+        gpu_round.Item("hangs", 2, [PY, "-c", hang]),
+        gpu_round.Item("after", 30, [PY, "-c", f"print(open({report.md!r}).read())"]),
+        figure_item("last", "GroupLinear g=4 vs dense at 1024 -> 2048, 8 tokens", 0.5),
+    ]
+    env = dict(os.environ, PYTHONPATH=REPO)
+    start = time.monotonic()
+    gpu_round.run_items(plan, report, env, str(tmp_path), start + 600, results=False)
+    assert time.monotonic() - start < 20  # the hang cost its limit and the grace, not its 300 s
+    rows = {r["item"]: r for r in json.loads((tmp_path / "gpu-round-cpu.json").read_text())["figures"]}
+    assert list(rows) == ["first", "raises", "hangs", "after", "last"]
+    assert all(r["revision"] == "abc1234+dirty" and r["machine"] == "CPU" for r in rows.values())
+    # the goal's CPU target from benchmarks/targets.py, not the 1.0 the line carried
+    first = rows["first"]
+    assert (first["value"], first["target"], first["met"]) == (1.2, GOALS["define_train_4k"].cpu, "PASS")
+    assert first["method"] == "ratio of medians" and first["precision"] == "fp32" and first["batch"] == "8 x 4 tokens"
+    assert rows["raises"]["what"] == "failed (exit status 1): RuntimeError: deliberately broken"
+    assert rows["raises"]["status"] == "failed" and rows["raises"]["command"].startswith("python -c ")
+    assert rows["hangs"]["rc"] == 124 and rows["hangs"]["what"].startswith("timed out after 2 s")
+    # the item after the hang ran, and read a report that already had the two failures
+    after = (tmp_path / "after.log").read_text()
+    assert "deliberately broken" in after and "timed out after 2 s" in after
+    assert rows["after"]["status"] == "failed" and rows["after"]["rc"] == 0  # it printed no figure
+    # a benchmark that does not tag its check is matched by the goal's pattern
+    assert rows["last"]["goal"] == "group_linear_dense" and rows["last"]["met"] == "FAIL"
+    text = report.md and open(report.md).read()
+    assert "| hangs | timed out after 2 s" in text and "`python -c " in text
+    assert "| transformer_define vs transformer, training, 4k target tokens a step | >= 1.1x | 1.20x | PASS |" in text
+    assert subprocess.run(["pgrep", "-f", "sleep 300"], capture_output=True).returncode == 1  # nothing left running
+
+
+def test_an_item_is_skipped_when_the_budget_is_spent(tmp_path):
+    report = gpu_round.Round(str(tmp_path / "r.md"), dict(revision="r", machine="CPU", device="cpu"), [])
+    gpu_round.run_items([figure_item("late", "x", 1.0)], report, dict(os.environ), str(tmp_path), time.monotonic())
+    (row,) = report.rows
+    assert row["status"] == "skipped" and "budget" in row["what"] and not (tmp_path / "late.log").exists()
+
+
+BLOCK_EXTENSIONS = """
+import importlib.abc, importlib.machinery, sys
+
+class NoFairseqExtensions(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.startswith("fairseq"):
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+            if spec is not None and (spec.origin or "").endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)):
+                raise ImportError(f"{name}: a compiled extension (refused by the test)")
+        return None
+
+sys.meta_path.insert(0, NoFairseqExtensions())
+"""
+
+
+def test_the_round_in_quick_mode_without_fairseqs_compiled_extensions(tmp_path):
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text(BLOCK_EXTENSIONS)
+    proc = subprocess.run(
+        [PY, "-m", "benchmarks.gpu_round", "--device", "cpu", "--quick", "--only", "group_linear,train_4k",
+         "--logs", str(tmp_path / "logs"), "--budget", "200"],
+        cwd=REPO, env=dict(os.environ, PYTHONPATH=str(blocker)), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = (tmp_path / "logs" / "gpu-round-cpu.md").read_text()
+    assert "compiled extensions found: none" in text and "--quick" in text
+    records = json.loads((tmp_path / "logs" / "gpu-round-cpu.json").read_text())["figures"]
+    assert {r["item"] for r in records} == {"group_linear", "train_4k"}
+    for r in records:
+        assert REVISION.match(r["revision"]) and r["machine"] == "CPU" and r["status"] == "measured"
+        assert r["command"].startswith(
+            f"python -m benchmarks.{'group_linear' if r['item'] == 'group_linear' else 'train_speed'} --device cpu"
+        )
+        assert r["value"] > 0 and r["met"] in ("PASS", "FAIL") and r["method"] == "ratio of medians"
+    goals = {r["goal"] for r in records}
+    assert {"group_linear_dense", "define_train_4k"} <= goals
+    assert f"| {GOALS['define_train_4k'].what} | >= 1.1x |" in text
