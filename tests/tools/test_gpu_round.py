@@ -113,3 +113,14 @@ def test_the_round_in_quick_mode_without_fairseqs_compiled_extensions(tmp_path):
     goals = {r["goal"] for r in records}
     assert {"group_linear_dense", "define_train_4k"} <= goals
     assert f"| {GOALS['define_train_4k'].what} | >= 1.1x |" in text
+
+
+def test_the_cuda_tests_row_is_pytests_summary(tmp_path):
+    report = gpu_round.Round(str(tmp_path / "r.md"), dict(revision="r", machine="GPU", device="cuda"), [])
+    (tests,) = [i for i in gpu_round.items("cuda", quick=False) if i.key == "cuda_tests"]
+    report.add_item(tests, 1, 40.0, 120, "..F.\n=== 1 failed, 6 passed, 2 skipped in 39.1s ===\n", None)
+    report.add_item(tests, 124, 120.0, 120, "..\n", None)
+    (ran, hung) = report.rows
+    assert (ran["status"], ran["met"]) == ("1 failed, 6 passed, 2 skipped in 39.1s", "FAIL")
+    assert ran["command"].startswith("DEFINE_FAIRSEQ_CUDA_TESTS=gpu python -m pytest")
+    assert hung["status"] == "failed" and hung["what"].startswith("timed out after 120 s")
