@@ -20,11 +20,26 @@
 
 The counts do not depend on the machine or on the thread count: they are what the dispatcher was asked to do.
 
-    .venv/bin/python -m benchmarks.launch_count [--quick] [--out FILE]
+The benchmark counts one training step (forward, fairseq's criterion, backward, ``torch.optim.Adam(foreach=True)``;
+no clipping) of ``transformer`` and ``transformer_define`` (train_speed's models, 6 + 6 layers, V = 32k),
+Transformer-XL with the standard and the DeFINE input (txl_speed's archs at 4 layers, V = 32k, memory carried), and
+``lstm_lm_define`` (lstm_lm_speed's DeFINE model; also scoring), eager and with ``--torch-compile`` (backend
+``aot_eager``: graph calls, as Inductor's would be, without a C compiler); and the Mogrifier LSTM per time step and
+layer (forward and backward of two layers at several lengths, the difference over the extra steps), on its CPU path
+and through ``--mogrifier-cuda-path`` (its Triton step, interpreted on a CPU). Counts do not depend on the batch
+size (checked at two sizes and said in the notes). Results: ``benchmarks/results/launch_count.md`` and ``.json``.
+
+    .venv/bin/python -m benchmarks.launch_count [--quick] [--only transformer,txl,mogrifier,lstm] [--out FILE]
+        [--mogrifier-cuda-path MODULE:FUNCTION]
 """
 
 import contextlib
 import functools
+import json
+import os
+import platform
+import shlex
+import subprocess
 import sys
 from collections import Counter
 from typing import Callable, Dict, Iterator, NamedTuple
@@ -32,11 +47,14 @@ from typing import Callable, Dict, Iterator, NamedTuple
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from benchmarks.common import Bench, cpu_name, options, run_main, table
+
 TRITON_EVENT = "triton::"  # prefix of the profiler range around each Triton launch
 COMPILED_REGION = "Torch-Compiled Region"
 FORWARD_GRAPH, BACKWARD_GRAPH = "CompiledFunction", "CompiledFunctionBackward"
 INFERENCE_GRAPH = "AOTDispatcher Runtime Wrapper Prologue"  # recorded before each AOT graph call
 OPTIMIZER_STEP = "Optimizer.step#"
+GROUPS = ("transformer", "txl", "mogrifier", "lstm")  # the benchmark's rows (benchmarks/launch_count_models.py)
 # aten operations that launch nothing on a GPU: allocations, metadata, autograd bookkeeping, the host copy of .item()
 NOT_LAUNCHES = frozenset(
     "aten::" + name
@@ -186,3 +204,80 @@ def count_step(fn: Callable[[], object], warmup: int = 1) -> Counts:
             _walk(event, launches)
             _syncs(event, syncs, False)
     return Counts(sum(launches.values()), sum(syncs.values()), dict(launches), dict(syncs))
+
+
+def git_state() -> Dict[str, object]:
+    """The revision measured and whether the code under it had uncommitted changes."""
+
+    def git(*args):
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=os.path.dirname(__file__)).stdout
+
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", "../define_fairseq", ".").split("\n")
+    changed = [line[3:] for line in changed if line.strip() and not line.rstrip().endswith((".md", ".json"))]
+    return {"revision": git("rev-parse", "--short", "HEAD").strip() or "unknown", "uncommitted": changed}
+
+
+def write_records(path: str, bench: Bench, rows, state: Dict[str, object]) -> str:
+    """One JSON record per figure of ``rows`` (launches and syncs each) with what was measured where; returns
+    ``path``."""
+    context = dict(state, machine=f"{platform.machine()}, {cpu_name()}", torch=torch.__version__)
+    context["command"] = " ".join(["python", "-m", bench.module] + [shlex.quote(a) for a in bench.argv])
+    records = [
+        dict(context, model=r.model, mode=r.mode, unit=unit, value=value, goal=r.goal)
+        for r in rows
+        for unit, value in ((r.unit, r.value), (r.unit.replace("launches", "syncs"), r.syncs))
+    ]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(json.dumps(records, indent=1) + "\n")
+    return path
+
+
+def main(argv=None):
+    from benchmarks import launch_count_models as models
+
+    parser = options(__doc__, rounds=1, warmup=2)
+    parser.add_argument("--only", default=",".join(GROUPS), help=f"comma-separated, of {', '.join(GROUPS)}")
+    parser.add_argument(
+        "--mogrifier-cuda-path",
+        default=models.MOGRIFIER_CUDA_PATH,
+        help="MODULE:FUNCTION running one MogrifierLSTMLayer over a sequence as triton_mogrifier_layer(layer, x [T, B, "
+        "m], h0, c0) -> (y, (h, c)) does: the Mogrifier's CUDA path to count (default %(default)s)",
+    )
+    bench = Bench("benchmarks.launch_count", parser, argv)
+    args = bench.args
+    groups = [g.strip() for g in args.only.split(",") if g.strip()]
+    if not groups or set(groups) - set(GROUPS):
+        parser.error(f"--only {args.only}: choose from {', '.join(GROUPS)}")
+    if ":" not in args.mogrifier_cuda_path:
+        parser.error(f"--mogrifier-cuda-path {args.mogrifier_cuda_path}: give MODULE:FUNCTION")
+    rows, notes = [], []
+    for group in groups:
+        extra = (args.mogrifier_cuda_path,) if group == "mogrifier" else ()
+        try:
+            found = getattr(models, f"{group}_rows")(bench, args.quick, args.warmup, *extra)
+        except Exception as error:  # reported in the table; the other groups are still counted
+            found = [models.Row(group, bench.error(error), "", float("nan"), float("nan"))], []
+        rows += found[0]
+        notes += found[1]
+    state = git_state()
+    uncommitted = f", with uncommitted changes to {', '.join(state['uncommitted'])}" if state["uncommitted"] else ""
+    notes.append(
+        f"Counted by count_step (benchmarks/launch_count.py says what counts): one call after {args.warmup} "
+        f"uncounted ones; deterministic, the same on any machine and thread count. Revision {state['revision']}"
+        + uncommitted
+    )
+    body = table(
+        ["model", "mode", "operations", "syncs", "unit", "goal (issue 43, on a CPU)", "commonest launches", "syncs"],
+        [[f"`{r.model}`", r.mode, f"{r.value:g}", f"{r.syncs:g}", r.unit, r.goal, r.launches, r.sync_names]
+         for r in rows],
+    )  # fmt: skip
+    result = bench.finish("Kernel launches per step, counted on a CPU", notes, body, [])
+    path = bench.result_path()
+    if path:
+        json_path = write_records(os.path.splitext(path)[0] + ".json", bench, rows, state)
+        print(f"wrote {os.path.relpath(json_path)}")
+    return result
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -172,3 +172,92 @@ def test_counts_do_not_depend_on_the_thread_count():
     finally:
         torch.set_num_threads(threads)
     assert counts[0] == counts[1] and counts[0].launches > 20
+
+
+def test_quick_lstm_rows_count_the_model_above_its_layers_and_write_no_file(capsys):
+    from benchmarks import launch_count
+
+    result = launch_count.main(["--quick", "--only", "lstm"])
+    out = capsys.readouterr().out
+    assert not result.failed and "wrote" not in out
+    counts = {}
+    for line in result.text.splitlines():
+        cells = [c.strip() for c in line.split("|")]
+        if len(cells) > 3 and cells[3].isdigit():
+            counts[(cells[1], cells[2])] = int(cells[3])
+    scoring = "eager, scoring (eval, no grad)"
+    assert set(counts) == {
+        ("`lstm_lm_define`", "eager, training"),
+        ("`lstm_lm_define`", scoring),
+        ("`its 3 LSTM layers alone`", scoring),
+    }
+    # the model scores through the same three fused LSTM layers, plus its embedding, output layer and loss
+    assert counts[("`lstm_lm_define`", scoring)] > counts[("`its 3 LSTM layers alone`", scoring)] >= 3
+    assert counts[("`lstm_lm_define`", "eager, training")] > counts[("`lstm_lm_define`", scoring)]
+
+
+def test_bad_options_name_the_flag(capsys):
+    from benchmarks import launch_count
+
+    for argv, flag in ((["--only", "gcnn"], "--only gcnn"), (["--mogrifier-cuda-path", "mod.func"], "MODULE:FUNCTION")):
+        with pytest.raises(SystemExit):
+            launch_count.main(["--quick", *argv])
+        assert flag in capsys.readouterr().err
+
+
+def test_a_missing_mogrifier_entry_point_names_the_flag(monkeypatch):
+    from benchmarks.common import Bench, options
+    from benchmarks.launch_count_models import mogrifier_entry
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # mogrifier_entry sets it on a CPU; restored after the test
+    bench = Bench("benchmarks.launch_count", options("doc", rounds=1), [])
+    with pytest.raises(ValueError, match="--mogrifier-cuda-path define_fairseq.modules:no_such_function"):
+        mogrifier_entry(bench, "define_fairseq.modules:no_such_function")
+    with pytest.raises(ImportError, match="--mogrifier-cuda-path no_such_module:f"):
+        mogrifier_entry(bench, "no_such_module:f")
+
+
+def test_json_records_one_per_figure(tmp_path):
+    import json
+
+    from benchmarks.common import Bench, options
+    from benchmarks.launch_count import write_records
+    from benchmarks.launch_count_models import Row
+
+    bench = Bench("benchmarks.launch_count", options("doc", rounds=1), ["--threads", "1"])
+    rows = [Row("m", "eager", "launches per training step", 120, 3, "goal <= 1x: met")]
+    state = {"revision": "abc1234", "uncommitted": []}
+    records = json.loads(open(write_records(str(tmp_path / "x.json"), bench, rows, state)).read())
+    assert [(r["unit"], r["value"]) for r in records] == [
+        ("launches per training step", 120),
+        ("syncs per training step", 3),
+    ]
+    assert records[0]["command"] == "python -m benchmarks.launch_count --threads 1"
+    assert {"model", "mode", "revision", "machine", "torch", "goal"} <= set(records[0])
+    assert records[0]["torch"] == torch.__version__ and records[0]["revision"] == "abc1234"
+
+
+@pytest.mark.slow
+def test_quick_runs_every_group_end_to_end_and_writes_no_file():
+    """In a process of its own: the Mogrifier rows import the Triton step under TRITON_INTERPRET=1. About a
+    minute on two cores (compilation with aot_eager, the interpreter)."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    results = [os.path.join(REPO, "benchmarks", "results", "launch_count" + ext) for ext in (".md", ".json")]
+    before = [os.stat(p).st_mtime_ns if os.path.exists(p) else None for p in results]
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.launch_count", "--quick"], cwd=REPO, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    expected = [
+        "`transformer_define` | --torch-compile",
+        "`transformer_xl_define_wt103_n128` | --torch-compile",
+        "CUDA path (define_fairseq.modules.mogrifier_triton",
+        "`lstm_lm_define` | eager, training",
+    ]
+    assert all(row in run.stdout for row in expected), run.stdout[-3000:]
+    assert "wrote" not in run.stdout
+    assert [os.stat(p).st_mtime_ns if os.path.exists(p) else None for p in results] == before
