@@ -1,14 +1,21 @@
 """``--torch-compile``: the parts of a model whose shapes are static, compiled with ``torch.compile``.
 
 Every model of the plugin takes the flags (:class:`CompileConfig`, a base of each family's config). With
-``--torch-compile`` the model's DeFINE embeddings run the unit on the whole ``V x n`` map (``token_path="table"``,
-or on every position with ``--define-token-path positions``: static shapes, no ``torch.unique`` host
-synchronisation) and are compiled, and so is a Transformer-XL context
-network (its layers and memory); the rest of the model runs as before. Each compiled part has been compiled with
+``--torch-compile`` the model's DeFINE embeddings take the token path with static shapes and the fewest rows
+(``token_path="auto"``: the unit on the whole ``V x n`` map when ``V`` is smaller than the tokens of a call, else on
+every position; ``--define-token-path table`` or ``positions`` fixes one; no ``torch.unique`` host synchronisation)
+and are compiled, and so is each layer of a Transformer-XL context network, one layer at a time (regional
+compilation: the layers share their code, so one compilation serves all of them; the memory bookkeeping between
+them runs eagerly). The rest of the model runs as before. Each compiled part has been compiled with
 ``fullgraph=True`` in the tests (``tests/modules/test_compile.py``); here a graph break is allowed, because in
 eval mode without autograd a DeFINE embedding looks its rows up in a cached table, which is Python bookkeeping.
 The parameters and the checkpoint are those of the eager model (``nn.Module.compile`` compiles in place), so a
 compiled run resumes from an eager checkpoint and the other way round.
+
+With ``--torch-compile-mode reduce-overhead`` (CUDA graphs) a compiled region's outputs live in buffers that its
+next replay overwrites, so the Transformer-XL memory carried to the next batch is cloned out of them
+(``TransformerXLStack.clone_memory``) and each forward of the stack starts a new CUDA-graph step
+(``torch.compiler.cudagraph_mark_step_begin``).
 """
 
 from dataclasses import dataclass, field
@@ -18,9 +25,9 @@ import torch.nn as nn
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from define_fairseq.modules.define_embedding import DeFINEEmbedding
-from define_fairseq.modules.transformer_xl import TransformerXLStack
+from define_fairseq.modules.transformer_xl import TransformerXLLayer, TransformerXLStack
 
-STATIC_TOKEN_PATHS = ("table", "positions")  # the DeFINE token paths whose shapes do not depend on the data
+STATIC_TOKEN_PATHS = ("auto", "table", "positions")  # the DeFINE token paths whose shapes do not depend on the data
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
@@ -30,7 +37,8 @@ class CompileConfig(FairseqDataclass):
         default=False,
         metadata={
             "help": "compile the model's static parts with torch.compile: its DeFINE embeddings (on the whole V x n "
-            "map) and a Transformer-XL context network; the first steps take longer while they compile"
+            "map or on every position, whichever has fewer rows) and each Transformer-XL layer; the first steps "
+            "take longer while they compile"
         },
     )
     torch_compile_mode: Optional[ChoiceEnum(COMPILE_MODES)] = field(
@@ -43,11 +51,11 @@ class CompileConfig(FairseqDataclass):
 
 
 def compiled_parts(model: nn.Module) -> list:
-    """The parts of ``model`` that ``--torch-compile`` compiles: its DeFINE embeddings and Transformer-XL stacks,
+    """The parts of ``model`` that ``--torch-compile`` compiles: its DeFINE embeddings and Transformer-XL layers,
     each once (a shared embedding is one part)."""
     parts, seen = [], set()
     for module in model.modules():
-        if isinstance(module, (DeFINEEmbedding, TransformerXLStack)) and id(module) not in seen:
+        if isinstance(module, (DeFINEEmbedding, TransformerXLLayer)) and id(module) not in seen:
             seen.add(id(module))
             parts.append(module)
     return parts
@@ -61,11 +69,11 @@ def compile_static_parts(model: nn.Module, cfg) -> nn.Module:
     if not getattr(cfg, "torch_compile", False):
         return model
     token_path = getattr(cfg, "define_token_path", None)
-    token_path = "table" if token_path is None else str(token_path)
+    token_path = "auto" if token_path is None else str(token_path)
     if token_path not in STATIC_TOKEN_PATHS:
         raise ValueError(
-            f"--torch-compile needs a DeFINE token path with static shapes (--define-token-path table, the default "
-            f"under --torch-compile, or positions); drop --define-token-path {token_path} or --torch-compile"
+            f"--torch-compile needs a DeFINE token path with static shapes (--define-token-path auto, the default "
+            f"under --torch-compile, table or positions); drop --define-token-path {token_path} or --torch-compile"
         )
     mode = getattr(cfg, "torch_compile_mode", None)
     options = dict(backend=getattr(cfg, "torch_compile_backend", None) or "inductor")
@@ -75,4 +83,8 @@ def compile_static_parts(model: nn.Module, cfg) -> nn.Module:
         if isinstance(part, DeFINEEmbedding):
             part.token_path = token_path
         part.compile(**options)
+    graphs = options.get("mode") == "reduce-overhead"
+    for module in model.modules():
+        if isinstance(module, TransformerXLStack):
+            module.clone_memory = module.mark_cudagraph_steps = graphs
     return model

@@ -12,12 +12,15 @@ from .define import DeFINE
 from .define_delight import DelightDeFINE
 from .parameter_cache import ParameterCache
 
-TOKEN_PATHS = ("unique", "table", "positions")
+TOKEN_PATHS = ("unique", "table", "positions", "auto")
 """Where the unit runs in a forward with autograd. ``unique``: once per distinct token of the batch, the results
 indexed back to the positions (``torch.unique``: fewest rows, but the host waits for the device to count them).
 ``table``: on all ``V`` rows of the map, then rows gathered per position: static shapes, no host synchronisation,
 so it suits CUDA graphs and ``torch.compile(fullgraph=True)``; more rows than a batch has tokens when ``V`` is
-large. ``positions``: on every position (what dropout in the unit or the map needs anyway)."""
+large. ``positions``: on every position (what dropout in the unit or the map needs anyway). ``auto``: of the two
+paths with static shapes, the one with fewer rows for this call: ``table`` when ``V`` is smaller than the number of
+token positions, else ``positions`` (ties go to ``positions``, which has no gather); the choice depends on shapes
+alone, so a compiled graph guards on it and recompiles only when a batch crosses ``V``."""
 
 
 class MappedEmbedding(nn.Module):
@@ -152,10 +155,18 @@ class DeFINEEmbedding(MappedEmbedding):
         """Whether a forward with autograd runs the unit once per distinct token of the batch."""
         return self.active_token_path == "unique"
 
+    def path_for(self, tokens: torch.Tensor) -> str:
+        """The path a forward with autograd takes for ``tokens``: :attr:`active_token_path`, with ``"auto"``
+        resolved by the shape of ``tokens`` (see :data:`TOKEN_PATHS`)."""
+        path = self.active_token_path
+        if path == "auto":
+            return "table" if self.num_embeddings < tokens.numel() else "positions"
+        return path
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         if not self.training and not torch.is_grad_enabled():
-            return F.embedding(tokens, self._eval_table.get(self.parameters(), self.folded_table))
-        path = self.active_token_path
+            return self.looked_up(tokens)
+        path = self.path_for(tokens)
         if path == "table":
             return F.embedding(tokens, self.define(self.map_all_rows() * self.embed_scale))
         if path == "unique":
@@ -166,6 +177,14 @@ class DeFINEEmbedding(MappedEmbedding):
             shape = tokens.shape[:1] + (1,) * (tokens.dim() - 1) + mapped.shape[-1:]
             mapped = mapped * mapped.new_empty(shape).bernoulli_(1 - self.map_dropout).div_(1 - self.map_dropout)
         return self.define(mapped)
+
+    @torch.compiler.disable
+    def looked_up(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``tokens``' rows of the cached ``V x m`` table (eval mode without autograd). Never compiled: the cache is
+        Python bookkeeping, whose state a compiled graph would guard on and recompile for.
+
+        Shapes: ``tokens [...]`` (long) -> ``[..., m]``."""
+        return F.embedding(tokens, self._eval_table.get(self.parameters(), self.folded_table))
 
     def map_all_rows(self) -> torch.Tensor:
         """``[V, n]``: the map of every token id, through the map module (so the padding row gets no gradient)."""

@@ -101,6 +101,10 @@ class TransformerXLStack(nn.Module):
       (and ``0``, as in the original, which clamps only when ``clamp_len > 0``) means no clamping. Values
       below -1 are refused.
     - ``same_length``: every query sees the same number of keys (``mem_len``) instead of all earlier ones.
+    - ``clone_memory``: return the new memory (and keys and values) as copies of their own rather than views of the
+      layers' outputs, for layers compiled as CUDA graphs, whose next replay overwrites its outputs' buffers.
+    - ``mark_cudagraph_steps``: start each :meth:`forward` with ``torch.compiler.cudagraph_mark_step_begin()``, so
+      that CUDA-graph trees take every call for a new step rather than waiting for the previous one's backward.
 
     Args:
         num_layers, d_model, num_heads, head_dim, d_inner: sizes; ``d_model`` must be even (sinusoids).
@@ -149,6 +153,8 @@ class TransformerXLStack(nn.Module):
         self.mem_len = mem_len
         self.clamp_len = clamp_len
         self.same_length = same_length
+        self.clone_memory = False
+        self.mark_cudagraph_steps = False
         self.layers = nn.ModuleList(
             TransformerXLLayer(d_model, num_heads, head_dim, d_inner, dropout, attention_dropout, pre_norm)
             for _ in range(num_layers)
@@ -242,21 +248,29 @@ class TransformerXLStack(nn.Module):
                     )
         if memory_kv is not None and (memory is None or len(memory_kv) != self.num_layers):
             raise ValueError("memory_kv needs the memory it was computed from, and one (keys, values) pair per layer")
+        if self.mark_cudagraph_steps:
+            torch.compiler.cudagraph_mark_step_begin()
+        carry = torch.Tensor.clone if self.clone_memory else torch.Tensor.detach
         klen = mlen + qlen
         mask = self.attention_mask(qlen, mlen, device=x.device)
         pos = self.dropout(self.relative_positions(klen, device=x.device, dtype=x.dtype))
-        h = self.dropout(x.transpose(0, 1))
+        # time-first and contiguous, so that every layer (and the memory carried) sees one memory layout: a compiled
+        # layer guards on its inputs' strides
+        h = self.dropout(x.transpose(0, 1).contiguous())
         new_memory, new_memory_kv = [], []
         for i, layer in enumerate(self.layers):
             mem = memory[i] if memory is not None else None
             start = max(mlen, 0) + qlen - min(keep, max(mlen, 0) + qlen)  # the first of the positions kept
             with torch.no_grad():
                 full = h if mem is None or mlen == 0 else torch.cat([mem, h], dim=0)
-                new_memory.append(full[start:].detach())
+                new_memory.append(carry(full[start:].detach()))
             kv = memory_kv[i] if memory_kv is not None else None
             if return_kv:
                 h, (keys, values) = layer(h, pos, self.r_w_bias, self.r_r_bias, mask, mem, kv, return_kv=True)
-                new_memory_kv.append((keys[start:].detach(), values[start:].detach()))
+                # contiguous: keys without a memory are a view into the layer's joint projection, whose strides a
+                # compiled layer would otherwise see change from the first segment to the next
+                keys, values = keys[start:].detach().contiguous(), values[start:].detach().contiguous()
+                new_memory_kv.append((carry(keys), carry(values)))
             else:
                 h = layer(h, pos, self.r_w_bias, self.r_r_bias, mask, mem, kv)
         if self.final_norm is not None:

@@ -1,5 +1,5 @@
-"""``--torch-compile``: a model's static parts (DeFINE embeddings, a Transformer-XL context network) compiled in
-place; their gradients are the eager ones, and training with them resumes exactly.
+"""``--torch-compile``: a model's static parts (DeFINE embeddings, each Transformer-XL layer) compiled in place; their
+gradients are the eager ones, nothing compiles again after the first steps, and training with them resumes exactly.
 
 The runs use torch.compile's ``aot_eager`` backend, which traces forward and backward as the compiler does and runs
 them with eager kernels (seconds on a CPU); ``inductor`` generates code (tens of seconds per graph on two cores)."""
@@ -9,7 +9,7 @@ import torch
 from arch_cases import build_case, case_argv
 from conftest import run_cli
 
-from define_fairseq.modules import DeFINEEmbedding, TransformerXLStack
+from define_fairseq.modules.transformer_xl import TransformerXLLayer, TransformerXLStack
 
 COMPILE = ["--torch-compile", "--torch-compile-backend", "aot_eager"]
 # Transformer-XL with a DeFINE input and a memory carried between batches (--task stateful_lm), dropout on
@@ -19,9 +19,12 @@ TXL_DEFINE = ["--input-layer", "define", "--txl-mem-len", "8", "--criterion", "l
 def test_the_flag_compiles_the_static_parts_in_place(lm_data):
     _, _, eager = build_case(lm_data, "transformer_xl_lm", *TXL_DEFINE)
     _, _, model = build_case(lm_data, "transformer_xl_lm", *TXL_DEFINE, *COMPILE)
-    parts = [m for m in model.modules() if isinstance(m, (DeFINEEmbedding, TransformerXLStack))]
-    assert len(parts) == 2 and all(part._compiled_call_impl is not None for part in parts)
-    assert model.decoder.embed_tokens.token_path == "table"  # static shapes: the unit runs on the whole map
+    layers = [m for m in model.modules() if isinstance(m, TransformerXLLayer)]
+    parts = [model.decoder.embed_tokens, *layers]
+    assert len(layers) == 2 and all(part._compiled_call_impl is not None for part in parts)
+    assert model.decoder.stack._compiled_call_impl is None  # regional: each layer, not the stack as one graph
+    assert not model.decoder.stack.clone_memory  # no CUDA graphs: the memory stays a view, as in eager mode
+    assert model.decoder.embed_tokens.token_path == "auto"  # static shapes, the fewer rows
     assert eager.decoder.embed_tokens.token_path == "unique"
     assert model.state_dict().keys() == eager.state_dict().keys()  # checkpoints are the eager model's
     torch._dynamo.reset()
@@ -32,6 +35,15 @@ def test_the_flag_compiles_the_static_parts_in_place(lm_data):
     assert counters["stats"]["unique_graphs"] >= 2 and not counters["graph_break"], dict(counters)
 
 
+def test_cuda_graphs_carry_the_memory_out_of_their_buffers(lm_data):
+    """``reduce-overhead`` (CUDA graphs): the stack clones the memory it carries and marks each step's start (what
+    that does: ``tests/modules/test_compile.py``; on a GPU: ``tests/modules/test_cuda_static_paths.py``)."""
+    mode = ["--torch-compile-mode", "reduce-overhead", "--torch-compile-backend", "inductor"]
+    _, _, model = build_case(lm_data, "transformer_xl_lm", *TXL_DEFINE, "--torch-compile", *mode)
+    stacks = [m for m in model.modules() if isinstance(m, TransformerXLStack)]
+    assert len(stacks) == 1 and stacks[0].clone_memory and stacks[0].mark_cudagraph_steps
+
+
 def test_a_token_path_with_data_dependent_shapes_is_refused(lm_data):
     with pytest.raises(ValueError, match="drop --define-token-path unique or --torch-compile"):
         build_case(lm_data, "transformer_xl_lm", *TXL_DEFINE, *COMPILE, "--define-token-path", "unique")
@@ -39,20 +51,58 @@ def test_a_token_path_with_data_dependent_shapes_is_refused(lm_data):
     assert model.decoder.embed_tokens.token_path == "positions"
 
 
-def test_compiled_gradients_equal_eager_ones(lm_data):
-    _, _, eager = build_case(lm_data, "transformer_xl_lm", *TXL_DEFINE, "--define-token-path", "table")
+@pytest.mark.parametrize("batch", [3, 5])  # 48 and 80 tokens against the case's 64 words: positions, then table
+def test_compiled_gradients_equal_eager_ones(lm_data, batch):
+    _, _, eager = build_case(lm_data, "transformer_xl_lm", *TXL_DEFINE)
     _, _, model = build_case(lm_data, "transformer_xl_lm", *TXL_DEFINE, *COMPILE)
     model.load_state_dict(eager.state_dict())
-    tokens = torch.randint(4, 40, (3, 16), generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(4, 40, (batch, 16), generator=torch.Generator().manual_seed(0))
+    embedding = model.decoder.embed_tokens
+    assert embedding.path_for(tokens) == ("table" if tokens.numel() > embedding.num_embeddings else "positions")
     grads = []
-    for m in (eager, model):
-        m.eval()  # no dropout; autograd on, so DeFINE runs its table path rather than the eval-mode lookup
-        m(tokens)[0].float().pow(2).mean().backward()
+    for m in (eager.double(), model.double()):
+        m.eval()  # no dropout; autograd on, so DeFINE runs a token path rather than the eval-mode lookup
+        m(tokens)[0].pow(2).mean().backward()
         grads.append({name: p.grad for name, p in m.named_parameters() if p.grad is not None})
     assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 10
     for name, grad in grads[0].items():
-        # the traced graph may sum in another order: float32 rounding of sums over at most a few thousand terms
-        torch.testing.assert_close(grads[1][name], grad, rtol=1e-4, atol=1e-7, msg=name)
+        # the compiled token path and the eager unique path sum a gradient over other rows (positions or every
+        # word against distinct tokens) and the traced graph may sum in another order: float64 rounding of sums
+        # over at most a few thousand terms
+        torch.testing.assert_close(grads[1][name], grad, rtol=1e-9, atol=1e-12, msg=name)
+
+
+def compiled_frames() -> int:
+    return torch._dynamo.utils.counters["frames"]["total"]
+
+
+@pytest.mark.parametrize("mem_len", ["8", "0"])
+def test_nothing_compiles_again_after_the_first_steps(lm_data, mem_len):
+    """Training and evaluation steps with the memory carried (or none, ``--txl-mem-len 0``): the first steps of each
+    mode compile (no memory yet, then with one); the same steps again compile nothing. One compilation serves every
+    layer (they share their code): at most four frames for the layers (training and evaluation, each without and
+    with a memory) and two for the embedding (training; evaluation, whose cached table is looked up eagerly), where
+    compiling each of the three layers on its own would take twelve."""
+    flags = [*TXL_DEFINE[:2], "--txl-mem-len", mem_len, *TXL_DEFINE[4:], "--decoder-layers", "3", *COMPILE]
+    _, _, model = build_case(lm_data, "transformer_xl_lm", *flags)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    tokens = torch.randint(4, 40, (2, 16), generator=torch.Generator().manual_seed(0))
+
+    def steps():
+        model.train()
+        for reset in (True, False, False):
+            model(tokens, reset_state=reset)[0].sum().backward()
+        model.eval()
+        with torch.no_grad():
+            for reset in (True, False, False):
+                model(tokens, reset_state=reset)
+
+    steps()
+    first = compiled_frames()
+    assert 0 < first <= 4 + 2
+    steps()
+    assert compiled_frames() == first
 
 
 def train(data, save_dir, max_update, *flags):

@@ -22,6 +22,7 @@ BACKENDS = ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)]
 @pytest.fixture(autouse=True)
 def fresh_compiler():
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     yield
     torch._dynamo.reset()
 
@@ -96,3 +97,94 @@ def test_projected_adaptive_softmax_static_shapes(backend):
     log_prob = torch.compile(softmax.get_log_prob, backend=backend, fullgraph=True)
     torch.testing.assert_close(log_prob(h), softmax.get_log_prob(h))
     assert math.isfinite(float(loss_c))
+
+
+def graph_ops(record):
+    """A torch.compile backend that runs the traced graph as it is and adds its operations' names to ``record``."""
+
+    def backend(gm, example_inputs):
+        record.extend(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
+        return gm.forward
+
+    return backend
+
+
+@pytest.mark.parametrize("vocab, path", [(50, "table"), (300, "positions")])  # against the 3 x 20 = 60 tokens
+def test_define_embedding_auto_path_takes_the_fewer_rows(vocab, path):
+    """``auto`` runs the unit on the V rows of the map when V is below the call's tokens, else on every position;
+    compiled (the choice is static given the shapes), in float64 equal to the eager ``unique`` path, gradients too."""
+    torch.manual_seed(0)
+    emb = DeFINEEmbedding(vocab, n=16, k=64, m=24, padding_idx=1, token_path="auto").double().train()
+    tokens = torch.randint(0, vocab, (3, 20), generator=torch.Generator().manual_seed(1))
+    assert emb.path_for(tokens) == path
+    params = list(emb.parameters())
+    ops = []
+    out = torch.compile(emb, backend=graph_ops(ops), fullgraph=True)(tokens)
+    # the table path maps every word id (an arange over V); the positions path maps the tokens themselves
+    assert any("arange" in op for op in ops) == (path == "table"), ops
+    emb.token_path = "unique"
+    expected = emb(tokens)
+    # float64: the paths sum the unit's gradients over other rows (V words, positions, distinct tokens)
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+    grads = torch.autograd.grad(out.square().sum(), params)
+    for a, b in zip(grads, torch.autograd.grad(expected.square().sum(), params)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_transformer_xl_layers_compiled_one_by_one():
+    """Regional compilation: every layer compiled in place (the stack runs its memory bookkeeping eagerly); three
+    training segments carrying the memory, then evaluation with the keys and values carried, equal to eager ones."""
+    torch.manual_seed(0)
+    stack = TransformerXLStack(3, 16, 2, 8, 32, dropout=0.0, mem_len=4)
+    regional = TransformerXLStack(3, 16, 2, 8, 32, dropout=0.0, mem_len=4)
+    regional.load_state_dict(stack.state_dict())
+    for layer in regional.layers:
+        layer.compile(backend="aot_eager", fullgraph=True)
+    assert regional.state_dict().keys() == stack.state_dict().keys()
+    segments = torch.randn(3, 2, 4, 16, requires_grad=True)  # as an embedding's output: one graph for every layer
+    memory = memory_r = None
+    for x in segments:
+        out, memory = stack(x, memory)
+        out_r, memory_r = regional(x, memory_r)
+        torch.testing.assert_close(out_r, out)
+        for a, b in zip(memory_r, memory):
+            torch.testing.assert_close(a, b)
+        grads = [
+            torch.autograd.grad(o.square().sum(), list(s.parameters())) for o, s in ((out, stack), (out_r, regional))
+        ]
+        assert_same_gradients(*grads)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2  # without a memory, then with one
+    with torch.no_grad():
+        memory = memory_r = kv = kv_r = None
+        for x in segments:
+            out, memory, kv = stack.eval()(x, memory, memory_kv=kv, return_kv=True)
+            out_r, memory_r, kv_r = regional.eval()(x, memory_r, memory_kv=kv_r, return_kv=True)
+            torch.testing.assert_close(out_r, out)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 4
+
+
+def storages(tensors):
+    return {t.untyped_storage().data_ptr() for t in tensors}
+
+
+@pytest.mark.parametrize("clone", [False, True])
+def test_transformer_xl_memory_under_cuda_graphs_owns_its_storage(clone, monkeypatch):
+    """With ``clone_memory`` (set by ``--torch-compile-mode reduce-overhead``) the memory and keys and values carried
+    to the next segment share no storage with what a layer returned (a CUDA graph's output buffers, which its next
+    replay overwrites); without it the first segment's memory is the layers' outputs themselves. With
+    ``mark_cudagraph_steps`` every forward starts a CUDA-graph step."""
+    marks = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    torch.manual_seed(0)
+    stack = TransformerXLStack(3, 16, 2, 8, 32, dropout=0.0, mem_len=8).eval()
+    stack.clone_memory = stack.mark_cudagraph_steps = clone
+    returned = []
+    for layer in stack.layers:  # a layer returns (output, (keys, values)) with return_kv
+        layer.register_forward_hook(lambda module, args, output: returned.extend([output[0], *output[1]]))
+    with torch.no_grad():
+        out, memory, kv = stack(torch.randn(2, 4, 16), return_kv=True)
+    carried = storages(memory[1:]) | storages(t for pair in kv for t in pair)
+    assert bool(carried & storages(returned)) != clone
+    assert len(marks) == int(clone)
+    out2, _, _ = stack(torch.randn(2, 4, 16), memory, memory_kv=kv, return_kv=True)
+    assert len(marks) == 2 * int(clone) and out2.shape == (2, 4, 16)

@@ -1,7 +1,7 @@
 """The static paths on a CUDA device: the DeFINE embedding's ``table`` path makes no synchronising call in a training
 forward and backward (the ``unique`` path makes one, ``torch.unique``), the projected adaptive softmax's
-``static_shapes`` forward neither, and ``GroupLinear`` under bf16 autocast takes its fused path and agrees with the
-reference formulation under autocast.
+``static_shapes`` forward neither, ``GroupLinear`` under bf16 autocast takes its fused path and agrees with the
+reference formulation under autocast, and Transformer-XL layers compiled as CUDA graphs carry their memory safely.
 
 Marked ``cuda``; skipped without a CUDA device; ``DEFINE_FAIRSEQ_CUDA_TESTS=cpu`` runs them on the CPU (see
 ``cuda_device``), where no synchronising call can be counted.
@@ -12,9 +12,15 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from cuda_device import CUDA_TESTS, DEVICE, ON_CPU, counted_syncs
+from cuda_device import CUDA_TESTS, DEVICE, ON_CPU, counted_syncs, fp32_arithmetic
 
-from define_fairseq.modules import DeFINEEmbedding, GroupLinear, ProjectedAdaptiveSoftmax, group_linear
+from define_fairseq.modules import (
+    DeFINEEmbedding,
+    GroupLinear,
+    ProjectedAdaptiveSoftmax,
+    TransformerXLStack,
+    group_linear,
+)
 from define_fairseq.modules.define_embedding import TOKEN_PATHS
 
 pytestmark = CUDA_TESTS
@@ -91,3 +97,39 @@ def test_group_linear_under_autocast_takes_the_fused_path(dtype, monkeypatch):
     for a, b in zip(torch.autograd.grad(y, params, g), torch.autograd.grad(expected, params, g)):
         assert a.dtype == torch.float32
         torch.testing.assert_close(a, b, rtol=1.6e-2, atol=1e-2)
+
+
+def test_transformer_xl_layers_as_cuda_graphs_carry_their_memory_safely():
+    """Each layer compiled as CUDA graphs (``reduce-overhead``, as ``--torch-compile-mode reduce-overhead`` builds
+    it), the memory carried over four training segments, then evaluation with the keys and values carried: equal to
+    the eager stack. A memory left in a graph's output buffer would be overwritten by the next replay and differ.
+    On the CPU: ``aot_eager``, no CUDA graphs (what is checked there is the harness)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    stack = TransformerXLStack(3, 32, 4, 8, 64, dropout=0.0, mem_len=6).to(DEVICE)
+    graphs = TransformerXLStack(3, 32, 4, 8, 64, dropout=0.0, mem_len=6).to(DEVICE)
+    graphs.load_state_dict(stack.state_dict())
+    options = dict(backend="aot_eager") if ON_CPU else dict(mode="reduce-overhead")
+    for layer in graphs.layers:
+        layer.compile(**options)
+    graphs.clone_memory = graphs.mark_cudagraph_steps = True
+    segments = torch.randn(6, 2, 6, 32, device=DEVICE).requires_grad_()
+    with fp32_arithmetic():
+        memory = memory_g = None
+        for x in segments[:4]:
+            out, memory = stack(x, memory)
+            out_g, memory_g = graphs(x, memory_g)
+            # float32 on one device; inductor's kernels may sum in another order than eager ones
+            torch.testing.assert_close(out_g, out, rtol=1e-4, atol=1e-5)
+            grads = [
+                torch.autograd.grad(o.square().sum(), list(s.parameters())) for o, s in ((out, stack), (out_g, graphs))
+            ]
+            for a, b in zip(*grads):
+                torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+        with torch.no_grad():
+            kv = kv_g = None
+            for x in segments[4:]:
+                out, memory, kv = stack.eval()(x, memory, memory_kv=kv, return_kv=True)
+                out_g, memory_g, kv_g = graphs.eval()(x, memory_g, memory_kv=kv_g, return_kv=True)
+                torch.testing.assert_close(out_g, out, rtol=1e-4, atol=1e-5)
+    torch._dynamo.reset()
