@@ -159,6 +159,7 @@ def build_mogrifier_decoder(cfg, dictionary) -> MogrifierLMDecoder:
             shared_mask_dropout=cfg.mogrifier_shared_mask_dropout,
             state_dropout_per_step=str(cfg.mogrifier_state_dropout_mask) == "step",
         )
+    lstm.cuda_graphs = not cfg.mogrifier_no_cuda_graphs  # on a GPU only (MogrifierLSTM.cuda_graphs)
     with flag_names(
         dropout="--mogrifier-output-dropout"
         if cfg.mogrifier_projection_dropout is None

@@ -29,6 +29,8 @@ Everything follows the official code (DeepMind's lamb, whose tuned configs the a
 * ``--mogrifier-drop-state-probability p``: in training, each stream's carried state is reset to zeros with
   probability p before a batch (lamb's ``drop_state_probability``: a Bernoulli mask over the batch rows). The draws
   use torch's random generator, which fairseq seeds with ``--seed`` plus the update number;
+* on a GPU each BPTT window of the stack replays as CUDA graphs (see
+  :mod:`define_fairseq.modules.mogrifier_graphs`), unless ``--mogrifier-no-cuda-graphs``;
 * ``--mogrifier-l2-penalty l``: lamb's ``l2_penalty``, the term ``l / 2 * sum(theta^2)`` over all parameters added
   to the loss (not fairseq's ``--weight-decay``, which in fairseq's Adam is decoupled weight decay). It reaches the
   loss through ``extra["regularization"]``: train with ``--criterion lm_regularized_loss``, and with
@@ -155,6 +157,14 @@ class MogrifierLSTMLMConfig(DeFINEConfig):
         metadata={
             "help": "training only: reset each stream's carried state to zeros with this "
             "probability before a batch (--task stateful_lm)"
+        },
+    )
+    mogrifier_no_cuda_graphs: bool = field(
+        default=False,
+        metadata={
+            "help": "on a GPU, run each BPTT window of the Mogrifier LSTM eagerly (thousands of small kernel "
+            "launches) instead of replaying it as CUDA graphs, one per window shape (forward and backward in "
+            "training, the forward in evaluation); the computed function is the same"
         },
     )
     mogrifier_l2_penalty: float = field(

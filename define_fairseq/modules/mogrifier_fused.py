@@ -249,10 +249,9 @@ class FusedRecurrence(LayerRecurrence):
         self.dz = self.new(self.T, self.B, self.m + self.n)
         dc_last = None if dc_last is None else dc_last.contiguous()
         result = super().backward(dy.contiguous(), dc_last, need)
-        dh0 = self.dz[0][:, self.m :]
-        if self.state_mask is not None:
-            dh0 = dh0 * self.mask(0)
-        return (result[0], dh0.clone(), *result[2:])
+        dh0 = self.dz[0][:, self.m :]  # a workspace buffer: returned as a copy
+        dh0 = dh0.contiguous() if self.state_mask is None else dh0 * self.mask(0)
+        return (result[0], dh0, *result[2:])
 
     def _backward_step(self, t: int, dy_t, dh_next, dc, threads: Threads):
         m, n, rank, B = self.m, self.n, self.rank, self.B
@@ -288,3 +287,15 @@ class FusedRecurrence(LayerRecurrence):
             if is_x:
                 dxv = d_old
         return None, dc
+
+
+def fused_mogrifier_layer(layer, x: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor, state_mask=None):
+    """``layer.forward(x, h0, c0, state_mask)`` (a :class:`MogrifierLSTMLayer` with rounds) through these kernels
+    whatever the device, as ``mogrifier_triton.triton_mogrifier_layer`` is called. Shapes: ``x [T, B, m]``,
+    ``h0, c0 [B, n]``, ``state_mask`` None, ``[B, n]`` or ``[T, B, n]`` -> ``(y [T, B, n], (h_T, c_T))``."""
+    kernels = layer.kernels
+    layer.kernels = "triton"
+    try:
+        return layer(x, h0, c0, state_mask)
+    finally:
+        layer.kernels = kernels

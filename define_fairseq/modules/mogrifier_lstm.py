@@ -11,7 +11,8 @@ configs). ``shared_mask_dropout=True`` shares the other masks over the steps too
 ``sum_layer_outputs`` returns the sum of all layers' outputs (the official code's skip connection).
 
 :meth:`MogrifierLSTM.reference_forward` is a literal, readable per-step implementation (plain autograd) kept for
-the tests.
+the tests. ``MogrifierLSTM.cuda_graphs`` (off by default; ``mogrifier_lstm_lm`` turns it on) runs each BPTT window
+on CUDA as CUDA graphs (``mogrifier_graphs.py``).
 """
 
 from typing import List, Optional
@@ -20,6 +21,7 @@ import torch
 import torch.nn as nn
 
 from .checks import ParameterError, check_probability
+from .mogrifier_graphs import WindowGraphs
 from .mogrifier_layer import LSTMState, MogrifierDropoutMasks, MogrifierLSTMLayer
 
 
@@ -45,7 +47,12 @@ class MogrifierLSTM(nn.Module):
     per layer -> ``(output [B, T, H], new_state)`` with ``new_state`` in the same per-layer form.
 
     :meth:`load_lstm_weights` / :meth:`to_lstm` copy the LSTM weights from / to an ``nn.LSTM``.
+
+    ``cuda_graphs`` (an attribute, not saved; default off): a CUDA input with the masks drawn inside runs as CUDA
+    graphs, one per call signature (:class:`~define_fairseq.modules.mogrifier_graphs.WindowGraphs`).
     """
+
+    cuda_graphs: bool = False
 
     def __init__(
         self,
@@ -96,6 +103,7 @@ class MogrifierLSTM(nn.Module):
         self.sum_layer_outputs = bool(sum_layer_outputs)
         self.shared_mask_dropout = bool(shared_mask_dropout)
         self.state_dropout_per_step = bool(state_dropout_per_step)
+        self.graphs = WindowGraphs()
         self.layers = nn.ModuleList(
             MogrifierLSTMLayer(
                 input_size if i == 0 else hidden_size, hidden_size, rounds, rank, self.cap_input_gate, self.forget_bias
@@ -140,6 +148,12 @@ class MogrifierLSTM(nn.Module):
     ):
         """``x [B, T, input_size]`` -> ``(output [B, T, H], new_state)``. ``masks`` (optional) overrides the
         dropout masks, in any mode; by default they are drawn in training mode and absent in eval mode."""
+        if self.cuda_graphs and self.graphs.usable(x, masks):
+            self._check(x, state)
+            if x.shape[1] > 0:
+                result = self.graphs.run(self, x, self.zero_state(x.shape[0], x) if state is None else state)
+                if result is not None:
+                    return result
         return self._run(x, state, masks, reference=False)
 
     def reference_forward(
@@ -148,11 +162,14 @@ class MogrifierLSTM(nn.Module):
         """Same as :meth:`forward`, computed step by step and round by round with plain autograd operations."""
         return self._run(x, state, masks, reference=True)
 
-    def _run(self, x, state, masks, reference: bool):
+    def _check(self, x, state) -> None:
         if x.dim() != 3 or x.shape[-1] != self.input_size:
             raise ValueError(f"MogrifierLSTM expects input [B, T, {self.input_size}], got {list(x.shape)}")
         if state is not None and len(state) != self.num_layers:
             raise ValueError(f"MogrifierLSTM has {self.num_layers} layers but got a state for {len(state)}")
+
+    def _run(self, x, state, masks, reference: bool):
+        self._check(x, state)
         batch = x.shape[0]
         if masks is None:
             masks = self.sample_dropout_masks(batch, x.shape[1], x) if self.training else self.no_dropout_masks()
