@@ -6,8 +6,15 @@ fast path at full rank, ``nn.LSTM`` of the same size (cuDNN on a GPU), a straigh
 ``MogrifierLSTMLayer.reference_step`` called step by step; on a GPU: the fast path's whole forward and backward
 captured as CUDA graphs (``torch.cuda.make_graphed_callables``); ``--triton``: the layers stepped through
 ``mogrifier_triton.triton_mogrifier_layer`` (Triton kernels for the element-wise work; on a CPU only under
-``TRITON_INTERPRET=1``, the interpreter, with ``--quick``). Targets: ``MogrifierLSTM`` >= 0.5x the tokens/s of
-``nn.LSTM`` and >= 2x the straightforward module's.
+``TRITON_INTERPRET=1``, the interpreter, with ``--quick``).
+
+Then the stack that ``fairseq-train`` builds for ``mogrifier_lstm_lm_ptb`` (H = 912, r = 5, k = 84, its dropouts
+drawn inside, the sum of both layers' outputs; batch 64 x BPTT 70, V = 10,000), forward + backward from the
+embedding's output: on a GPU its default path (the fused Triton kernels, each window replayed as CUDA graphs), the
+fused kernels without graphs (``--mogrifier-no-cuda-graphs``), and the torch fast path (``kernels = "torch"``),
+beside ``nn.LSTM`` of its size (cuDNN); on a CPU its fast path (what it runs there) beside ``nn.LSTM``.
+Targets: ``MogrifierLSTM`` >= 0.5x the tokens/s of ``nn.LSTM`` (on a GPU: the model's default path) and >= 2x the
+straightforward module's.
 
     .venv/bin/python -m benchmarks.mogrifier_speed [--device cuda] [--layers 2] [--rounds 3] [--compile] [--triton]
 """
@@ -20,7 +27,7 @@ import torch
 import torch.nn as nn
 
 from benchmarks.common import Bench, Check, millions, options, ratio, run_main, table
-from benchmarks.workloads import count_params
+from benchmarks.workloads import build_model, count_params
 from define_fairseq.modules import MogrifierLSTM, recurrence_threads
 from define_fairseq.modules.mogrifier_layer import MogrifierLSTMLayer
 
@@ -219,7 +226,62 @@ def main(argv=None):
         if key in makers
     ]
     checks.append(Check("`MogrifierLSTM` vs the straightforward module, tokens/s", t.speedup("naive", "fast"), 2.0))
-    return bench.finish("Mogrifier LSTM: forward + backward speed", notes, body, checks)
+    model_body, model_notes, model_checks = model_stack(bench, x.new_empty(0))
+    return bench.finish(
+        "Mogrifier LSTM: forward + backward speed", notes + model_notes, body + model_body, checks + model_checks
+    )
+
+
+def model_stack(bench: Bench, like: torch.Tensor):
+    """The ``mogrifier_lstm_lm_ptb`` stack as fairseq-train builds it, per path, beside ``nn.LSTM``: (table, notes,
+    checks)."""
+    quick = bench.args.quick
+    B, T, V = (4, 5, 100) if quick else (64, 70, 10_000)
+    extra = ["--mogrifier-hidden-size", "32", "--mogrifier-rank", "8"] if quick else []
+    task = ["--task", "language_modeling", "--criterion", "lm_regularized_loss"]
+    lstm = build_model("mogrifier_lstm_lm_ptb", V, task, extra)[2].decoder.lstm.to(bench.device, bench.dtype).train()
+    H, L = lstm.hidden_size, lstm.num_layers
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(B, T, H, generator=gen).to(like).requires_grad_()
+    grad = torch.randn(B, T, H, generator=gen).to(like)
+    cudnn = nn.LSTM(H, H, L, batch_first=True).to(bench.device, bench.dtype).train()
+
+    def path(kernels: str, graphs: bool):
+        def run():
+            for layer in lstm.layers:
+                layer.kernels = kernels
+            lstm.cuda_graphs = graphs
+            lstm(x)[0].backward(grad)
+
+        return run
+
+    names = {"lstm": "`nn.LSTM` (cuDNN on a GPU)", "torch": "`kernels='torch'`: the torch fast path, eager"}
+    fns = {"lstm": lambda: cudnn(x)[0].backward(grad), "torch": path("torch", False)}
+    if bench.cuda:
+        names["graphs"] = "default on a GPU: fused Triton kernels, CUDA graphs"
+        names["fused"] = "fused Triton kernels, eager (`--mogrifier-no-cuda-graphs`)"
+        fns["graphs"], fns["fused"] = path("auto", True), path("auto", False)
+
+    def clear(key):
+        x.grad = None
+        lstm.zero_grad(set_to_none=True)
+        cudnn.zero_grad(set_to_none=True)
+
+    t = bench.time(fns, before=clear)
+    rows = [[names[k], t.ms(k), t.min_ms(k), f"{B * T / t.median(k):.0f}", ratio(t.speedup("lstm", k))] for k in fns]
+    body = "\n" + table(
+        ["`mogrifier_lstm_lm_ptb` stack", "ms per call (median)", "ms (min)", "tokens/s", "vs `nn.LSTM`"], rows
+    )
+    notes = [
+        f"the `mogrifier_lstm_lm_ptb` stack as fairseq-train builds it: {L} layers, hidden {H}, rounds "
+        f"{lstm.rounds}, rank {lstm.rank}, its dropouts (masks drawn inside, per step), batch {B}, BPTT {T}, from "
+        f"zero states; `nn.LSTM` {L} x {H} beside it"
+    ]
+    best = "graphs" if bench.cuda else "torch"
+    checks = [
+        Check(f"`mogrifier_lstm_lm_ptb` stack ({names[best]}) vs `nn.LSTM`, tokens/s", t.speedup("lstm", best), 0.5)
+    ]
+    return body, notes, checks
 
 
 if __name__ == "__main__":
