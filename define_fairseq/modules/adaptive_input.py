@@ -64,19 +64,29 @@ class AdaptiveInput(nn.Module):
             if pad is not None:
                 with torch.no_grad():
                     table.weight[pad].zero_()
+        # the first token of each band after the first, on the module's device (not saved: it follows from cutoff)
+        self.register_buffer("band_starts", torch.tensor(self.cutoff[:-1], dtype=torch.long), persistent=False)
 
     def weights_for_band(self, band: int) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         projection = self.projections[band]
         return self.tables[band].weight, (None if isinstance(projection, nn.Identity) else projection.weight)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        out = tokens.new_zeros(tokens.shape + (self.embedding_dim,), dtype=self.tables[0].weight.dtype)
-        start = 0
+        if len(self.cutoff) == 1:
+            return self.projections[0](self.tables[0](tokens)).to(self.tables[0].weight.dtype)
+        flat = tokens.reshape(-1)
+        # The positions of every band at once, each band's in increasing order (a stable sort), with one wait for
+        # the host to learn the bands' sizes instead of one or two per band.
+        bands, order = torch.sort(torch.bucketize(flat, self.band_starts, right=True), stable=True)
+        bounds = torch.searchsorted(bands, torch.arange(1, len(self.cutoff) + 1, device=bands.device)).tolist()
+        if bounds[0] == flat.numel() and isinstance(self.projections[0], nn.Identity):
+            return self.tables[0](tokens)
+        out = tokens.new_zeros((flat.numel(), self.embedding_dim), dtype=self.tables[0].weight.dtype)
+        start, first = 0, 0
         for band, end in enumerate(self.cutoff):
-            mask = (tokens >= start) & (tokens < end)
-            if band == 0 and isinstance(self.projections[0], nn.Identity) and bool(mask.all()):
-                return self.tables[0](tokens)
-            if mask.any():
-                out[mask] = self.projections[band](self.tables[band](tokens[mask] - start)).to(out.dtype)
-            start = end
-        return out
+            if bounds[band] > first:
+                rows = order[first : bounds[band]]
+                vectors = self.projections[band](self.tables[band](flat[rows] - start)).to(out.dtype)
+                out.index_put_((rows,), vectors)
+            start, first = end, bounds[band]
+        return out.view(tokens.shape + (self.embedding_dim,))

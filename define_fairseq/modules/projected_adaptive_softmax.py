@@ -61,8 +61,8 @@ class ProjectedAdaptiveSoftmax(nn.Module):
         dropout: on the input, while training.
         static_shapes: :meth:`forward` scores every row against every tail cluster and marks the rows of other
             clusters with ``ignore_index`` in that cluster's targets, instead of selecting each cluster's rows
-            (``nonzero()``, whose result size the host must wait for). The loss is the same; the work is that of a
-            full softmax, but every shape is static (CUDA graphs, ``torch.compile(fullgraph=True)``).
+            (whose counts the host must wait for, once a call for all clusters). The loss is the same; the work is
+            that of a full softmax, but every shape is static (CUDA graphs, ``torch.compile(fullgraph=True)``).
         ignore_index: the target ``static_shapes`` gives the rows outside a cluster: ``cross_entropy``'s default
             (-100), as this package's ``lm_regularized_loss`` calls it; fairseq's ``adaptive_loss`` needs the
             dictionary's padding index.
@@ -136,6 +136,8 @@ class ProjectedAdaptiveSoftmax(nn.Module):
                     )
             self.register_parameter(f"projection_{c}", proj)
         self.dropout = nn.Dropout(dropout)
+        # the first word of each tail cluster, on the module's device (not saved: it follows from the cutoff)
+        self.register_buffer("tail_starts", torch.tensor(self.cutoff[:-1], dtype=torch.long), persistent=False)
 
     @property
     def projections(self) -> List[Optional[nn.Parameter]]:
@@ -190,24 +192,29 @@ class ProjectedAdaptiveSoftmax(nn.Module):
         c0 = self.cutoff[0]
         tables, biases = self._cluster_words()
         logits: List[Optional[torch.Tensor]] = [self._head_logits(h, tables[0], biases[0])]
-        head_target = target.clone()
+        if self.num_clusters == 1:
+            return logits, [target.clone()]
+        cluster = torch.bucketize(target, self.tail_starts, right=True)  # [N]: the cluster of each row's word
+        head_target = torch.where(cluster > 0, cluster + (c0 - 1), target)
         targets: List[Optional[torch.Tensor]] = [head_target]
-        for c in range(1, self.num_clusters):
-            lo, hi = self.cutoff[c - 1], self.cutoff[c]
-            if self.static_shapes:
-                member = (target >= lo) & (target < hi)
-                head_target.masked_fill_(member, c0 + c - 1)
+        if self.static_shapes:
+            for c in range(1, self.num_clusters):
                 logits.append(self._cluster_logits(h, c, tables[c], biases[c]))
-                targets.append(torch.where(member, target - lo, self.ignore_index))
-                continue
-            rows = ((target >= lo) & (target < hi)).nonzero().squeeze(1)
+                targets.append(torch.where(cluster == c, target - self.cutoff[c - 1], self.ignore_index))
+            return logits, targets
+        # The rows of every cluster at once, each cluster's in increasing order (a stable sort), with one wait for
+        # the host to learn the clusters' sizes instead of one per cluster.
+        clusters, order = torch.sort(cluster, stable=True)
+        bounds = torch.searchsorted(clusters, torch.arange(1, self.num_clusters + 1, device=clusters.device))
+        bounds = bounds.tolist()
+        for c in range(1, self.num_clusters):
+            rows = order[bounds[c - 1] : bounds[c]]
             if rows.numel() == 0:
                 logits.append(None)
                 targets.append(None)
                 continue
-            head_target[rows] = c0 + c - 1
             logits.append(self._cluster_logits(h[rows], c, tables[c], biases[c]))
-            targets.append(target[rows] - lo)
+            targets.append(target[rows] - self.cutoff[c - 1])
         return logits, targets
 
     def get_log_prob(self, input: torch.Tensor, target: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -95,3 +95,32 @@ def test_define_embedding_over_adaptive_map():
     folded = emb.fold()  # the unit replaced by its table; the adaptive map (what an output layer ties to) kept
     assert folded.adaptive is emb.adaptive and not hasattr(folded, "weight")
     torch.testing.assert_close(folded(tokens), expected.detach(), rtol=1e-5, atol=1e-5)
+
+
+def masked_bands(emb, tokens):
+    """The band-by-band formulation with a boolean mask per band (the host waits for each band's mask)."""
+    out = tokens.new_zeros(tokens.shape + (emb.embedding_dim,), dtype=emb.tables[0].weight.dtype)
+    start = 0
+    for band, end in enumerate(emb.cutoff):
+        mask = (tokens >= start) & (tokens < end)
+        if mask.any():
+            out[mask] = emb.projections[band](emb.tables[band](tokens[mask] - start))
+        start = end
+    return out
+
+
+@pytest.mark.parametrize("high", [50, 10])  # every band, or band 0 alone (its table looked up directly)
+@pytest.mark.parametrize("output_dim", [16, 12])  # band 0 unprojected, or projected
+def test_sorted_bands_equal_the_masked_formulation_bit_for_bit(high, output_dim):
+    """The bands' positions found by one stable sort (one host wait) give the same rows, in the same order, as a
+    boolean mask per band: outputs and gradients equal to the last bit."""
+    torch.manual_seed(0)
+    emb = AdaptiveInput(50, 1, 16, [10, 30], factor=2, output_dim=output_dim)
+    tokens = torch.randint(0, high, (4, 9), generator=torch.Generator().manual_seed(1))
+    params = list(emb.parameters())
+    out, expected = emb(tokens), masked_bands(emb, tokens)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
+    grads = torch.autograd.grad((out * weights).sum(), params, allow_unused=True)
+    for a, b in zip(grads, torch.autograd.grad((expected * weights).sum(), params, allow_unused=True)):
+        assert (a is None) == (b is None) and (a is None or torch.equal(a, b))

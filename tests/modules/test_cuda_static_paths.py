@@ -1,7 +1,8 @@
 """The static paths on a CUDA device: the DeFINE embedding's ``table`` path makes no synchronising call in a training
 forward and backward (the ``unique`` path makes one, ``torch.unique``), the projected adaptive softmax's
 ``static_shapes`` forward neither, ``GroupLinear`` under bf16 autocast takes its fused path and agrees with the
-reference formulation under autocast, and Transformer-XL layers compiled as CUDA graphs carry their memory safely.
+reference formulation under autocast, the row-selecting adaptive softmax and ``AdaptiveInput`` wait for the host once
+a step each, and Transformer-XL layers compiled as CUDA graphs carry their memory safely.
 
 Marked ``cuda``; skipped without a CUDA device; ``DEFINE_FAIRSEQ_CUDA_TESTS=cpu`` runs them on the CPU (see
 ``cuda_device``), where no synchronising call can be counted.
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 from cuda_device import CUDA_TESTS, DEVICE, ON_CPU, counted_syncs, fp32_arithmetic
 
 from define_fairseq.modules import (
+    AdaptiveInput,
     DeFINEEmbedding,
     GroupLinear,
     ProjectedAdaptiveSoftmax,
@@ -75,6 +77,28 @@ def test_static_adaptive_softmax_makes_no_synchronising_call():
     with counted_syncs() as found:
         step()
     assert found == []
+
+
+def test_adaptive_softmax_and_input_wait_for_the_host_once_a_step():
+    """The row-selecting adaptive softmax and ``AdaptiveInput`` learn their clusters' (bands') sizes with one
+    synchronising call each, for all clusters at once, in a training forward and backward."""
+    torch.manual_seed(0)
+    softmax = ProjectedAdaptiveSoftmax(300, 16, 24, [100, 200]).to(DEVICE).train()
+    adaptive = AdaptiveInput(300, 1, 24, [100, 200], factor=2).to(DEVICE).train()
+    x = torch.randint(0, 300, (4, 9), device=DEVICE)
+    target = torch.randint(0, 300, (36,), device=DEVICE)
+
+    def step():
+        h = adaptive(x).reshape(36, 24)
+        logits, targets = softmax(h, target)
+        sum(F.cross_entropy(lg, tg, reduction="sum") for lg, tg in zip(logits, targets)).backward()
+
+    step()
+    with counted_syncs() as found:
+        step()
+    assert len(found) <= 2, found
+    for module in ("adaptive_input.py", "projected_adaptive_softmax.py"):
+        assert sum(line.split(":")[0].endswith(module) for line in found) <= 1, found
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -77,6 +77,49 @@ def test_forward_targets_give_the_same_loss_as_get_log_prob():
     assert logits[1:] == [None, None, None] and targets[1:] == [None, None, None]
 
 
+def rows_per_cluster(sm, h, target):
+    """The forward with each tail cluster's rows selected by ``nonzero()`` (the host waits once per cluster)."""
+    h, target = h.reshape(-1, h.size(-1)), target.reshape(-1)
+    c0 = sm.cutoff[0]
+    tables, biases = sm._cluster_words()
+    logits, head_target = [sm._head_logits(h, tables[0], biases[0])], target.clone()
+    targets = [head_target]
+    for c in range(1, sm.num_clusters):
+        lo, hi = sm.cutoff[c - 1], sm.cutoff[c]
+        rows = ((target >= lo) & (target < hi)).nonzero().squeeze(1)
+        if rows.numel() == 0:
+            logits.append(None)
+            targets.append(None)
+            continue
+        head_target[rows] = c0 + c - 1
+        logits.append(sm._cluster_logits(h[rows], c, tables[c], biases[c]))
+        targets.append(target[rows] - lo)
+    return logits, targets
+
+
+@pytest.mark.parametrize("rows", [21, 3])  # every cluster, or head words alone
+def test_clusters_sorted_once_equal_rows_selected_per_cluster_bit_for_bit(rows):
+    """One stable sort of the rows by cluster (one host wait for all clusters' sizes) selects the same rows in the
+    same order as ``nonzero()`` per cluster: logits, targets and gradients equal to the last bit."""
+    sm = small_softmax()
+    h = torch.randn(21, 5, dtype=torch.float64, requires_grad=True)
+    target = torch.tensor([0, 1, 3, 4, 8, 9, 19, 2, 2, 3, 1, 0, 5, 6, 15, 16, 1, 0, 3, 2, 9])
+    h, target = h[:rows], target[:rows]
+    params = [h, *sm.parameters()]
+    results = []
+    for logits, targets in (sm(h, target), rows_per_cluster(sm, h, target)):
+        assert [t is None for t in targets] == [lg is None for lg in logits]
+        kept = [(lg, tg) for lg, tg in zip(logits, targets) if lg is not None]
+        loss = sum(F.cross_entropy(lg, tg, reduction="sum") for lg, tg in kept)
+        results.append((kept, torch.autograd.grad(loss, params, allow_unused=True)))
+    (kept, grads), (kept_ref, grads_ref) = results
+    assert len(kept) == len(kept_ref) == (4 if rows == 21 else 1)
+    for (lg, tg), (lg_ref, tg_ref) in zip(kept, kept_ref):
+        assert torch.equal(lg, lg_ref) and torch.equal(tg, tg_ref)
+    for a, b in zip(grads, grads_ref):
+        assert (a is None) == (b is None) and (a is None or torch.equal(a, b))
+
+
 def test_static_shapes_score_every_row_and_ignore_the_rows_of_other_clusters():
     sm = small_softmax(static_shapes=True, ignore_index=-7)
     h = torch.randn(3, 7, 5, dtype=torch.float64)
