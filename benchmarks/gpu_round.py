@@ -28,7 +28,17 @@ import tarfile
 import time
 from typing import List, NamedTuple, Optional, Sequence
 
-from benchmarks.targets import ABSOLUTE_METHOD, GOALS, RATIO_METHOD, parse_figures, revision, show, show_target
+from benchmarks.targets import (
+    ABSOLUTE_METHOD,
+    GOALS,
+    RATIO_METHOD,
+    Check,
+    parse_figures,
+    revision,
+    show,
+    show_target,
+    target,
+)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the CUDA tests of the code that this round measures; plain modules, so they need nothing from tests/conftest.py,
@@ -195,12 +205,9 @@ class Round:
                 self.rows.append(dict(common, what="CUDA tests (pytest -m cuda)", status=summary[-1], met=met))
                 return self.write()
         for record in parse_figures(text):
-            goal = record.get("goal", "")
-            if goal in GOALS:  # the goal's target on this device, from the one table
-                cuda = self.context["device"] == "cuda"
-                record["target"] = GOALS[goal].gpu if cuda or GOALS[goal].cpu is None else GOALS[goal].cpu
-                v, t = record["value"], record["target"]
-                record["met"] = "n/a" if v != v else "PASS" if (v <= t if record["at_most"] else v >= t) else "FAIL"
+            if record.get("goal") in GOALS:  # the goal's target on this device, from the one table
+                record["target"] = target(record["goal"], self.context["device"] == "cuda", record["target"])
+                record["met"] = Check(record["what"], record["value"], record["target"], record["at_most"]).verdict()
             self.rows.append(dict(record, **common, status="measured"))
         if rc != 0 or not parse_figures(text):
             self.rows.append(dict(common, what=failure(text, rc, limit), status="failed", met="FAIL"))

@@ -33,8 +33,10 @@ def test_a_raising_and_a_hanging_item_lose_only_themselves(tmp_path, monkeypatch
     report = gpu_round.Round(str(tmp_path / "gpu-round-cpu.md"), dict(revision="abc1234+dirty", machine="CPU",
                                                                        device="cpu"), ["a header line"])  # fmt: skip
     # ignores SIGTERM and leaves a child behind: the whole process group is killed
-    hang = "import signal, subprocess, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-    hang += "subprocess.Popen(['sleep', '300']); print('started', flush=True); time.sleep(300)"
+    marker = f"left-behind-{os.getpid()}-{time.monotonic_ns()}"  # names the grandchild on a shared machine
+    hang = "import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    hang += f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)', '{marker}']); "
+    hang += "print('started', flush=True); time.sleep(300)"
     plan = [
         figure_item("first", "ours vs theirs", 1.2, goal="define_train_4k"),
         gpu_round.Item("raises", 30, [PY, "-c", "raise RuntimeError('deliberately broken')"]),
@@ -65,7 +67,7 @@ def test_a_raising_and_a_hanging_item_lose_only_themselves(tmp_path, monkeypatch
     text = report.md and open(report.md).read()
     assert "| hangs | timed out after 2 s" in text and "`python -c " in text
     assert "| transformer_define vs transformer, training, 4k target tokens a step | >= 1.1x | 1.20x | PASS |" in text
-    assert subprocess.run(["pgrep", "-f", "sleep 300"], capture_output=True).returncode == 1  # nothing left running
+    assert subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode == 1  # nothing left running
 
 
 def test_an_item_is_skipped_when_the_budget_is_spent(tmp_path):
