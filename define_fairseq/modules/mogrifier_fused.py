@@ -7,12 +7,15 @@ Per time step and layer:
 
 * forward: one kernel per round (its map ``Q cond``, low rank or full, then ``2 sigmoid(a) * v``, computed as
   ``v + v tanh(a / 2)``; every program recomputes the thin ``u = right cond`` of its rows instead of reading it
-  back), the gates' GEMM over ``[x_up; h_up; 1]`` in torch, and one cell kernel; with a state mask one product;
+  back), the gates' GEMM over ``[x_up; h_up; 1]`` in torch, and one cell kernel, which also writes ``h_t`` times
+  the next step's state mask where the next step's rounds read it;
 * backward: one cell kernel (it adds the gradient from the next step, masked, to ``dy_t``), the GEMM of ``dz``,
-  and two kernels per round (the element-wise gradient, then its product back to the conditioning value).
+  and one kernel per round (its element-wise gradient, recomputed by every program for its rows, and the product
+  of it back to the conditioning value).
 
-Kernels load bfloat16 and float16 as float32 and compute in float32 (their products too, in IEEE float32), and
-store in the buffers' dtype; float64 runs the fast path in torch. Triton decides at import whether the kernels are
+Kernels compute in float32 and store in the buffers' dtype, where the torch fast path rounds; their products take
+float32 in IEEE float32, bfloat16 and float16 on the tensor cores with float32 sums (as cuBLAS); float64 runs the
+fast path in torch. Triton decides at import whether the kernels are
 compiled (CUDA tensors) or interpreted (``TRITON_INTERPRET=1`` set before the import: CPU tensors, for tests).
 """
 
@@ -37,9 +40,21 @@ BLOCK_COLS = 64  # output columns per program, and the width of every inner-dime
 
 
 @triton.jit
+def _dot(a, b, F32: tl.constexpr):
+    # float32 in IEEE float32; bfloat16 and float16 on the tensor cores with float32 sums, as cuBLAS multiplies
+    # them (the interpreter, whose bfloat16 products are wrong, takes the float32 branch: the same exact products)
+    if F32:
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        out = tl.dot(a, b)
+    return out
+
+
+@triton.jit
 def _round_forward_kernel(
     cond_ptr, cond_stride, right_ptr, left_ptr, bias_ptr, v_ptr, v_stride, out_ptr, out_stride, th_ptr, u_ptr,
-    u_stride, B, IN, OUT, K, LOW_RANK: tl.constexpr, BB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    u_stride, B, IN, OUT, K, LOW_RANK: tl.constexpr, F32: tl.constexpr, BB: tl.constexpr, BN: tl.constexpr,
+    BK: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * BB + tl.arange(0, BB)
     cols = tl.program_id(1) * BN + tl.arange(0, BN)
@@ -52,19 +67,19 @@ def _round_forward_kernel(
             i = start + inner
             c = tl.load(cond_ptr + rows[:, None] * cond_stride + i[None, :], (row_ok[:, None]) & (i[None, :] < IN), 0.0)
             r = tl.load(right_ptr + ks[None, :] * IN + i[:, None], (i[:, None] < IN) & (ks[None, :] < K), 0.0)
-            u += tl.dot(c.to(tl.float32), r.to(tl.float32), input_precision="ieee")
-        u = u.to(u_ptr.dtype.element_ty).to(tl.float32)  # rounded as the buffer that the weight gradient reads
+            u += _dot(c, r, F32)
+        u = u.to(u_ptr.dtype.element_ty)  # rounded as the buffer that the weight gradient reads
         if tl.program_id(1) == 0:
             tl.store(u_ptr + rows[:, None] * u_stride + ks[None, :], u, row_ok[:, None] & (ks[None, :] < K))
         left = tl.load(left_ptr + cols[None, :] * K + ks[:, None], (ks[:, None] < K) & col_ok[None, :], 0.0)
-        a = tl.dot(u, left.to(tl.float32), input_precision="ieee")
+        a = _dot(u, left, F32)
     else:  # a = cond @ weight^T, weight [OUT, IN] at left_ptr
         a = tl.full((BB, BN), 0.0, tl.float32)
         for start in range(0, IN, BN):
             i = start + inner
             c = tl.load(cond_ptr + rows[:, None] * cond_stride + i[None, :], (row_ok[:, None]) & (i[None, :] < IN), 0.0)
             w = tl.load(left_ptr + cols[None, :] * IN + i[:, None], (i[:, None] < IN) & col_ok[None, :], 0.0)
-            a += tl.dot(c.to(tl.float32), w.to(tl.float32), input_precision="ieee")
+            a += _dot(c, w, F32)
     ok = row_ok[:, None] & col_ok[None, :]
     a += tl.load(bias_ptr + cols, col_ok, 0.0).to(tl.float32)[None, :]
     th = mt._tanh(0.5 * a)
@@ -74,51 +89,42 @@ def _round_forward_kernel(
 
 
 @triton.jit
-def _round_gradient_kernel(
-    d_ptr, d_stride, th_ptr, v_ptr, v_stride, dhalf_ptr, d_old_ptr, d_old_stride, B, OUT,
-    BB: tl.constexpr, BN: tl.constexpr,
+def _round_backward_kernel(
+    d_ptr, d_stride, th_ptr, v_ptr, v_stride, dhalf_ptr, d_old_ptr, d_old_stride, left_ptr, right_ptr, low_ptr,
+    low_stride, dcond_ptr, dcond_stride, B, IN, OUT, K, LOW_RANK: tl.constexpr, F32: tl.constexpr,
+    BB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
 ):  # fmt: skip
-    # d(a / 2) = d_out v (1 - th^2) and d_v = d_out (1 + th); d_old may be d itself (each element read, then written)
-    rows = tl.program_id(0) * BB + tl.arange(0, BB)
-    cols = tl.program_id(1) * BN + tl.arange(0, BN)
-    ok = (rows < B)[:, None] & (cols < OUT)[None, :]
-    d = tl.load(d_ptr + rows[:, None] * d_stride + cols[None, :], ok, 0.0).to(tl.float32)
-    th = tl.load(th_ptr + rows[:, None] * OUT + cols[None, :], ok, 0.0).to(tl.float32)
-    v = tl.load(v_ptr + rows[:, None] * v_stride + cols[None, :], ok, 0.0).to(tl.float32)
-    tl.store(dhalf_ptr + rows[:, None] * OUT + cols[None, :], d * v * (1.0 - th * th), ok)
-    tl.store(d_old_ptr + rows[:, None] * d_old_stride + cols[None, :], d + d * th, ok)
-
-
-@triton.jit
-def _round_condition_kernel(
-    dhalf_ptr, left_ptr, right_ptr, low_ptr, low_stride, dcond_ptr, dcond_stride, B, IN, OUT, K,
-    LOW_RANK: tl.constexpr, BB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-):  # fmt: skip
-    # d_cond += d(a / 2) @ Q / 2, Q = left @ right (low: d(a / 2) @ left, stored for right's gradient) or weight
+    # Each program: its rows' d(a / 2) = d_out v (1 - th^2) over all OUT columns (the first column of programs also
+    # stores it and d_v = d_out (1 + th) into d_old, never d itself, which the others read), then its block of
+    # d_cond += d(a / 2) @ Q / 2, Q = left @ right (low rank: d(a / 2) @ left, stored for right's gradient) or weight
     rows = tl.program_id(0) * BB + tl.arange(0, BB)
     cols = tl.program_id(1) * BN + tl.arange(0, BN)  # columns of cond
     row_ok, col_ok = rows < B, cols < IN
+    first = tl.program_id(1) == 0
     inner = tl.arange(0, BN)
-    if LOW_RANK:
-        ks = tl.arange(0, BK)
-        low = tl.full((BB, BK), 0.0, tl.float32)
-        for start in range(0, OUT, BN):
-            o = start + inner
-            dh = tl.load(dhalf_ptr + rows[:, None] * OUT + o[None, :], row_ok[:, None] & (o[None, :] < OUT), 0.0)
+    ks = tl.arange(0, BK)
+    low = tl.full((BB, BK), 0.0, tl.float32)
+    acc = tl.full((BB, BN), 0.0, tl.float32)
+    for start in range(0, OUT, BN):
+        o = start + inner
+        ok = row_ok[:, None] & (o[None, :] < OUT)
+        d = tl.load(d_ptr + rows[:, None] * d_stride + o[None, :], ok, 0.0).to(tl.float32)
+        th = tl.load(th_ptr + rows[:, None] * OUT + o[None, :], ok, 0.0).to(tl.float32)
+        v = tl.load(v_ptr + rows[:, None] * v_stride + o[None, :], ok, 0.0).to(tl.float32)
+        dh = (d * v * (1.0 - th * th)).to(dhalf_ptr.dtype.element_ty)  # rounded as the stored d(a / 2)
+        tl.store(dhalf_ptr + rows[:, None] * OUT + o[None, :], dh, ok & first)
+        tl.store(d_old_ptr + rows[:, None] * d_old_stride + o[None, :], d + d * th, ok & first)
+        if LOW_RANK:
             left = tl.load(left_ptr + o[:, None] * K + ks[None, :], (o[:, None] < OUT) & (ks[None, :] < K), 0.0)
-            low += tl.dot(dh.to(tl.float32), left.to(tl.float32), input_precision="ieee")
-        low = low.to(low_ptr.dtype.element_ty).to(tl.float32)
-        if tl.program_id(1) == 0:
-            tl.store(low_ptr + rows[:, None] * low_stride + ks[None, :], low, row_ok[:, None] & (ks[None, :] < K))
-        right = tl.load(right_ptr + ks[:, None] * IN + cols[None, :], (ks[:, None] < K) & col_ok[None, :], 0.0)
-        acc = tl.dot(low, right.to(tl.float32), input_precision="ieee")
-    else:
-        acc = tl.full((BB, BN), 0.0, tl.float32)
-        for start in range(0, OUT, BN):
-            o = start + inner
-            dh = tl.load(dhalf_ptr + rows[:, None] * OUT + o[None, :], row_ok[:, None] & (o[None, :] < OUT), 0.0)
+            low += _dot(dh, left, F32)
+        else:
             w = tl.load(left_ptr + o[:, None] * IN + cols[None, :], (o[:, None] < OUT) & col_ok[None, :], 0.0)
-            acc += tl.dot(dh.to(tl.float32), w.to(tl.float32), input_precision="ieee")
+            acc += _dot(dh, w, F32)
+    if LOW_RANK:
+        low = low.to(low_ptr.dtype.element_ty)
+        tl.store(low_ptr + rows[:, None] * low_stride + ks[None, :], low, row_ok[:, None] & (ks[None, :] < K) & first)
+        right = tl.load(right_ptr + ks[:, None] * IN + cols[None, :], (ks[:, None] < K) & col_ok[None, :], 0.0)
+        acc = _dot(low, right, F32)
     ok = row_ok[:, None] & col_ok[None, :]
     target = dcond_ptr + rows[:, None] * dcond_stride + cols[None, :]
     tl.store(target, tl.load(target, ok, 0.0).to(tl.float32) + 0.5 * acc, ok)
@@ -138,7 +144,11 @@ def _gates(g_ptr, offs, mask, n):
 
 
 @triton.jit
-def _cell_forward_kernel(g_ptr, c_prev_ptr, c_ptr, h_ptr, numel, n, CAP: tl.constexpr, BLOCK: tl.constexpr):
+def _cell_forward_kernel(
+    g_ptr, c_prev_ptr, c_ptr, h_ptr, next_ptr, next_stride, mask_ptr, numel, n, NEXT: tl.constexpr,
+    MASK: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    # NEXT: h_t also written where the next step's rounds read it (times the next step's state mask with MASK)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
     i, f, j, o, _ = _gates(g_ptr, offs, mask, n)
@@ -147,7 +157,14 @@ def _cell_forward_kernel(g_ptr, c_prev_ptr, c_ptr, h_ptr, numel, n, CAP: tl.cons
     c = f * tl.load(c_prev_ptr + offs, mask=mask).to(tl.float32) + i * j
     c = c.to(c_ptr.dtype.element_ty)  # h from the cell as stored, as the torch fast path computes it
     tl.store(c_ptr + offs, c, mask=mask)
-    tl.store(h_ptr + offs, o * mt._tanh(c.to(tl.float32)), mask=mask)
+    h = (o * mt._tanh(c.to(tl.float32))).to(h_ptr.dtype.element_ty)
+    tl.store(h_ptr + offs, h, mask=mask)
+    if NEXT:
+        h = h.to(tl.float32)
+        if MASK:
+            h = h * tl.load(mask_ptr + offs, mask=mask).to(tl.float32)
+        row = offs // n
+        tl.store(next_ptr + row * next_stride + offs - row * n, h, mask=mask)
 
 
 @triton.jit
@@ -213,15 +230,22 @@ class FusedRecurrence(LayerRecurrence):
             raise ValueError("FusedRecurrence runs layers with rounds >= 1 (rounds = 0 is an LSTM: the fast path)")
         self.params = [tuple(p.contiguous() for p in params) for params in self.rounds]
         self.block_k = max(16, triton.next_power_of_2(max(self.rank, 1)))
+        self.f32 = x.dtype == torch.float32 or mt.INTERPRETED  # products in float32 (see _dot)
 
     def _grid(self, width: int):
         return (triton.cdiv(self.B, BLOCK_ROWS), triton.cdiv(width, BLOCK_COLS))
 
     def _forward_step(self, t: int, s: int, h, c, threads: Threads):
         n, rank = self.n, self.rank
-        hv = h if self.state_mask is None else torch.mul(h, self.mask(t), out=self.masked_h[s])
-        if self.r == 1 and self.state_mask is None:
-            self.z_h[s].copy_(h)
+        masked = self.state_mask is not None
+        # h^0 where the rounds read it: the last step's cell kernel wrote it there, except at the first step
+        target = self.masked_h if masked else self.z_h if self.r == 1 else None
+        if target is None:
+            hv = h
+        elif t > 0:
+            hv = target[s]
+        else:
+            hv = torch.mul(h, self.mask(0), out=target[s]) if masked else target[s].copy_(h)
         xv = self.x[t]
         for i, params in enumerate(self.params):
             gated, cond = (xv, hv) if i % 2 == 0 else (hv, xv)
@@ -231,8 +255,8 @@ class FusedRecurrence(LayerRecurrence):
             width, inner = gated.shape[1], cond.shape[1]
             _round_forward_kernel[self._grid(width)](
                 cond, cond.stride(0), right, left, params[-1], gated, gated.stride(0), out, out.stride(0), th, u,
-                u.stride(0), self.B, inner, width, rank, LOW_RANK=rank > 0, BB=BLOCK_ROWS, BN=BLOCK_COLS,
-                BK=self.block_k,
+                u.stride(0), self.B, inner, width, rank, LOW_RANK=rank > 0, F32=self.f32, BB=BLOCK_ROWS,
+                BN=BLOCK_COLS, BK=self.block_k,
             )  # fmt: skip
             if i % 2 == 0:
                 xv = out
@@ -242,21 +266,30 @@ class FusedRecurrence(LayerRecurrence):
         c_new, h_new = self.cells[s], self.y[t]
         numel = self.B * n
         grid = (triton.cdiv(numel, mt.BLOCK_SIZE),)
-        _cell_forward_kernel[grid](g, c, c_new, h_new, numel, n, CAP=self.cap, BLOCK=mt.BLOCK_SIZE)
+        following = t + 1 < self.T and target is not None
+        next_h = target[s + 1 if self.save else 0] if following else h_new  # h_new: a pointer not written
+        next_mask = self.mask(t + 1) if following and masked else h_new
+        _cell_forward_kernel[grid](
+            g, c, c_new, h_new, next_h, next_h.stride(0), next_mask, numel, n, NEXT=following, MASK=masked,
+            CAP=self.cap, BLOCK=mt.BLOCK_SIZE,
+        )  # fmt: skip
         return h_new, c_new
 
     def backward(self, dy, dc_last, need):
-        self.dz = self.new(self.T, self.B, self.m + self.n)
+        B, m, n = self.B, self.m, self.n
+        self.dz = self.new(self.T, B, m + n)
+        # the chains' gradients after a round go to the other of two buffers: the kernel reads the one before
+        self.spare = {True: (self.new(B, m), self.new(B, m)), False: (self.new(B, n), self.new(B, n))}
+        self.d_state = None  # the gradient of h^0 (the masked h_{t-1}) of the step done last
         dc_last = None if dc_last is None else dc_last.contiguous()
         result = super().backward(dy.contiguous(), dc_last, need)
-        dh0 = self.dz[0][:, self.m :]  # a workspace buffer: returned as a copy
-        dh0 = dh0.contiguous() if self.state_mask is None else dh0 * self.mask(0)
+        dh0 = self.d_state.clone() if self.state_mask is None else self.d_state * self.mask(0)  # not a workspace buffer
         return (result[0], dh0, *result[2:])
 
     def _backward_step(self, t: int, dy_t, dh_next, dc, threads: Threads):
         m, n, rank, B = self.m, self.n, self.rank, self.B
         c_prev = self.cells[t - 1] if t > 0 else self.c0
-        following = self.dz[t + 1][:, m:] if t + 1 < self.T else dy_t
+        following = self.d_state if t + 1 < self.T else dy_t  # dy_t: a pointer the kernel does not read
         mask = self.mask(t + 1) if self.state_mask is not None and t + 1 < self.T else dy_t
         dg = self.dgates[t]
         numel = B * n
@@ -265,27 +298,25 @@ class FusedRecurrence(LayerRecurrence):
             NEXT=t + 1 < self.T, MASK=self.state_mask is not None, CAP=self.cap, BLOCK=mt.BLOCK_SIZE,
         )  # fmt: skip
         dz = torch.mm(dg, self.d_weight, out=self.dz[t])
-        dxv, dhv = dz[:, :m], dz[:, m:]
+        chains = {True: dz[:, :m], False: dz[:, m:]}  # the gradient of the latest x and of the latest h
         for i in range(self.r - 1, -1, -1):
             is_x = i % 2 == 0
             params = self.params[i]
             gated = self._value(self.plan[i][0], is_x, t)
-            d_new, d_cond = (dxv, dhv) if is_x else (dhv, dxv)
-            d_old = self.dx[t] if i == 0 else d_new
+            d_new, d_cond = chains[is_x], chains[not is_x]
+            spare = self.spare[is_x]
+            d_old = self.dx[t] if i == 0 else spare[1] if d_new is spare[0] else spare[0]
             width, inner = d_new.shape[1], d_cond.shape[1]
-            dhalf, th = self.dhalf[i][t], self.tanhs[i][t]
-            _round_gradient_kernel[self._grid(width)](
-                d_new, d_new.stride(0), th, gated, gated.stride(0), dhalf, d_old, d_old.stride(0), B, width,
-                BB=BLOCK_ROWS, BN=BLOCK_COLS,
-            )  # fmt: skip
-            low = self.dlow[i][t] if rank else dhalf
             left, right = (params[0], params[1]) if rank else (params[0], params[0])
-            _round_condition_kernel[self._grid(inner)](
-                dhalf, left, right, low, low.stride(0), d_cond, d_cond.stride(0), B, inner, width, rank,
-                LOW_RANK=rank > 0, BB=BLOCK_ROWS, BN=BLOCK_COLS, BK=self.block_k,
+            dhalf = self.dhalf[i][t]
+            low = self.dlow[i][t] if rank else dhalf  # dhalf: a pointer the kernel does not read at full rank
+            _round_backward_kernel[self._grid(inner)](
+                d_new, d_new.stride(0), self.tanhs[i][t], gated, gated.stride(0), dhalf, d_old, d_old.stride(0), left,
+                right, low, low.stride(0), d_cond, d_cond.stride(0), B, inner, width, rank, LOW_RANK=rank > 0,
+                F32=self.f32, BB=BLOCK_ROWS, BN=BLOCK_COLS, BK=self.block_k,
             )  # fmt: skip
-            if is_x:
-                dxv = d_old
+            chains[is_x] = d_old
+        self.d_state = chains[False]
         return None, dc
 
 
