@@ -49,7 +49,7 @@ CUDA_TEST_FILES = (
     "tests/modules/test_mogrifier_triton_cuda.py",
     "tests/modules/test_mogrifier_lstm_settings.py",
 )
-COMPILE = "--torch-compile --define-token-path positions"
+COMPILE = "--torch-compile"  # its DeFINE token path: auto, the one with the fewer rows
 MIN_LEFT = 30  # seconds: an item is not started with less of the budget left
 KILL_GRACE = 10  # seconds between SIGTERM and SIGKILL for an item past its limit
 # pip without any index or configuration: the wheelhouse alone
@@ -89,7 +89,7 @@ def items(device: str, quick: bool, python: str = sys.executable) -> List[Item]:
         bench("train_4k_compiled", 150, "train_speed", "--tokens", "4000", "--rounds", "20", *warm,
               "--model-args", COMPILE + backend),
         bench("txl_base_compiled", 150, "txl_speed", "--shape", "nvidia-base", "--rounds", "10", *warm,
-              "--model-args", "--torch-compile" + backend),
+              "--model-args", COMPILE + backend),
         bench("train_26k_compiled", 150, "train_speed", "--tokens", "26000", "--rounds", "10", *warm,
               "--model-args", COMPILE + backend),
         bench("txl_table2_compiled", 180, "txl_speed", "--rounds", "5", *warm, "--model-args", COMPILE + backend),

@@ -92,8 +92,8 @@ def test_goals_targets_and_patterns():
     assert target("txl_nvidia_base", cuda=False, default=7) == 7  # a GPU goal alone
     assert target("", cuda=True, default=2.5) == 2.5
     assert goal_of("GroupLinear g=4 vs dense at 1024 -> 2048, 8192 tokens, GPU time") == "group_linear_dense"
-    assert goal_of("`MogrifierLSTM` r=5, k=84 vs `nn.LSTM`, tokens/s") == "mogrifier_lstm"
-    assert goal_of("`MogrifierLSTM` vs the straightforward module, tokens/s") == ""
+    assert goal_of("`mogrifier_lstm_lm_ptb` stack (default on a GPU: ...) vs `nn.LSTM`, tokens/s") == "mogrifier_lstm"
+    assert goal_of("`MogrifierLSTM` r=5, k=84 vs `nn.LSTM`, tokens/s") == ""  # a module, not the model as built
     with pytest.raises(KeyError, match="not in benchmarks/targets.py GOALS"):
         goal_of("x", "no_such_goal")
     assert [goal_key(t) for t in (None, 112, 4000, 26000, 60000)] == ["", "", "define_train_4k", "define_train_26k", ""]
