@@ -71,6 +71,7 @@ def items(device: str, quick: bool, python: str = sys.executable) -> List[Item]:
     # the compiled variants' first steps compile (and may compile again once the memory is filled): not timed
     warm = ["--warmup", "3"]
     backend = " --torch-compile-backend aot_eager" if quick else ""  # no C compiler needed on a CPU
+    graphs = backend or " --torch-compile-mode reduce-overhead"  # CUDA graphs; quick, on a CPU: aot_eager alone
 
     def bench(key, limit, module, *args):
         return Item(key, limit, [python, "-m", f"benchmarks.{module}", "--device", device, *args, *q])
@@ -90,6 +91,8 @@ def items(device: str, quick: bool, python: str = sys.executable) -> List[Item]:
               "--model-args", COMPILE + backend),
         bench("txl_base_compiled", 150, "txl_speed", "--shape", "nvidia-base", "--rounds", "10", *warm,
               "--model-args", COMPILE + backend),
+        bench("txl_base_graphs", 150, "txl_speed", "--shape", "nvidia-base", "--rounds", "10", *warm,
+              "--model-args", COMPILE + graphs),
         bench("train_26k_compiled", 150, "train_speed", "--tokens", "26000", "--rounds", "10", *warm,
               "--model-args", COMPILE + backend),
         bench("txl_table2_compiled", 180, "txl_speed", "--rounds", "5", *warm, "--model-args", COMPILE + backend),
