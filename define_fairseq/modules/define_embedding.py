@@ -171,7 +171,8 @@ class DeFINEEmbedding(MappedEmbedding):
             return F.embedding(tokens, self.define(self.map_all_rows() * self.embed_scale))
         if path == "unique":
             distinct, index = torch.unique(tokens, return_inverse=True)
-            return self.define(self.map(distinct) * self.embed_scale)[index]
+            # a lookup rather than indexing: its backward is one operation (indexing's zero-fills, then scatters)
+            return F.embedding(index, self.define(self.map(distinct) * self.embed_scale))
         mapped = self.map(tokens) * self.embed_scale
         if self.training and self.map_dropout > 0:
             shape = tokens.shape[:1] + (1,) * (tokens.dim() - 1) + mapped.shape[-1:]
