@@ -32,6 +32,7 @@ from benchmarks.targets import (
     ABSOLUTE_METHOD,
     GOALS,
     RATIO_METHOD,
+    REVISION_VARIABLE,
     Check,
     parse_figures,
     revision,
@@ -297,6 +298,9 @@ def main(argv=None) -> int:
     parser.add_argument("--fairseq-src", default=os.path.join(REPO, "build", "gpu-round-fairseq"))
     parser.add_argument("--out-dir", help="where the report goes (default benchmarks/results; --quick: --logs)")
     parser.add_argument("--logs", default=os.path.join(REPO, "build", "gpu-round-logs"), help="each item's output")
+    parser.add_argument(
+        "--revision", help="the revision to record where the tree is a copy without git (default: git's, +dirty)"
+    )
     args = parser.parse_args(argv)
     start = time.monotonic()
     plan = items(args.device, args.quick)
@@ -319,7 +323,9 @@ def main(argv=None) -> int:
     machine, environment = probe.stdout.strip().splitlines()[-2:]
     if args.device == "cuda" and machine == "CPU":
         parser.error("--device cuda: torch sees no CUDA device; run on a GPU node, or --device cpu --quick")
-    rev = revision(REPO)
+    if args.revision:  # the items' own results files name it too
+        env[REVISION_VARIABLE] = args.revision
+    rev = revision(REPO) if not args.revision else args.revision
     out_dir = args.out_dir or (args.logs if args.quick else os.path.join(REPO, "benchmarks", "results"))
     os.makedirs(out_dir, exist_ok=True)
     slug = re.sub(r"[^a-z0-9]+", "-", machine.lower()).strip("-")

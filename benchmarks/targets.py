@@ -8,6 +8,7 @@ goal's pattern on the check's text. Every speed ratio is a ratio of medians (:da
 """
 
 import json
+import os
 import re
 import subprocess
 from typing import NamedTuple, Optional
@@ -122,9 +123,15 @@ def parse_figures(text: str) -> list:
     return records
 
 
+REVISION_VARIABLE = "DEFINE_FAIRSEQ_REVISION"  # the revision of a copied tree without git, as its copier knew it
+
+
 def revision(cwd: Optional[str] = None) -> str:
     """The checkout's commit (short), with ``+dirty`` when the files differ from it (uncommitted changes or files
-    git does not ignore); ``unknown (no git checkout)`` outside one."""
+    git does not ignore); ``unknown (no git checkout)`` outside one. ``$DEFINE_FAIRSEQ_REVISION``, when set, instead.
+    """
+    if os.environ.get(REVISION_VARIABLE):
+        return os.environ[REVISION_VARIABLE]
 
     def git(*args):
         # a copied checkout often belongs to another user: git would refuse it without safe.directory

@@ -100,7 +100,8 @@ def test_goals_targets_and_patterns():
     assert all(g.unit in ("x", "tokens/s") for g in GOALS.values())
 
 
-def test_revision_names_the_commit_and_a_tree_that_differs(tmp_path):
+def test_revision_names_the_commit_and_a_tree_that_differs(tmp_path, monkeypatch):
+    monkeypatch.delenv("DEFINE_FAIRSEQ_REVISION", raising=False)
     assert revision(str(tmp_path)) == "unknown (no git checkout)"
 
     def git(*args):
@@ -115,6 +116,8 @@ def test_revision_names_the_commit_and_a_tree_that_differs(tmp_path):
     assert revision(str(tmp_path)) == head.stdout.strip()
     (tmp_path / "b").write_text("new")  # a file git does not ignore
     assert revision(str(tmp_path)) == head.stdout.strip() + "+dirty"
+    monkeypatch.setenv("DEFINE_FAIRSEQ_REVISION", "0123abcdef+dirty")  # a copied tree: its copier says
+    assert revision(str(tmp_path / "copy")) == "0123abcdef+dirty"
 
 
 def test_quick_and_out_options(tmp_path):
