@@ -239,17 +239,18 @@ def main(argv=None):
     parser.add_argument("--only", default=",".join(GROUPS), help=f"comma-separated, of {', '.join(GROUPS)}")
     parser.add_argument(
         "--mogrifier-cuda-path",
-        default=models.MOGRIFIER_CUDA_PATH,
-        help="MODULE:FUNCTION running one MogrifierLSTMLayer over a sequence as triton_mogrifier_layer(layer, x [T, B, "
-        "m], h0, c0) -> (y, (h, c)) does: the Mogrifier's CUDA path to count (default %(default)s)",
+        default=models.MOGRIFIER_CUDA_PATHS,
+        help="the Mogrifier's CUDA paths to count, comma-separated MODULE:FUNCTION, each running one "
+        "MogrifierLSTMLayer over a sequence as triton_mogrifier_layer(layer, x [T, B, m], h0, c0) -> (y, (h, c)) "
+        "does (default %(default)s)",
     )
     bench = Bench("benchmarks.launch_count", parser, argv)
     args = bench.args
     groups = [g.strip() for g in args.only.split(",") if g.strip()]
     if not groups or set(groups) - set(GROUPS):
         parser.error(f"--only {args.only}: choose from {', '.join(GROUPS)}")
-    if ":" not in args.mogrifier_cuda_path:
-        parser.error(f"--mogrifier-cuda-path {args.mogrifier_cuda_path}: give MODULE:FUNCTION")
+    if not all(":" in entry for entry in args.mogrifier_cuda_path.split(",")):
+        parser.error(f"--mogrifier-cuda-path {args.mogrifier_cuda_path}: give MODULE:FUNCTION, comma-separated")
     rows, notes = [], []
     for group in groups:
         extra = (args.mogrifier_cuda_path,) if group == "mogrifier" else ()

@@ -16,7 +16,10 @@ import torch
 
 from benchmarks.launch_count import Counts, count_step
 
-MOGRIFIER_CUDA_PATH = "define_fairseq.modules.mogrifier_triton:triton_mogrifier_layer"
+MOGRIFIER_CUDA_PATHS = (
+    "define_fairseq.modules.mogrifier_fused:fused_mogrifier_layer,"
+    "define_fairseq.modules.mogrifier_triton:triton_mogrifier_layer"
+)
 DEFINE_EAGER_GOAL, DEFINE_COMPILED_GOAL, MOGRIFIER_GOAL = 1.10, 1.0, 27  # issue 43's goals on a CPU
 
 
@@ -157,23 +160,31 @@ def mogrifier_entry(bench, entry: str):
     return getattr(module, function)
 
 
-def mogrifier_rows(bench, quick, warmup, entry: str):
-    """Launches per time step and layer: forward and backward of 2 layers at T1 < T2 < T3; (c(T2) - c(T1)) /
-    ((T2 - T1) x layers), where the per-sequence work cancels; the same from T2 to T3 or a note."""
-    from benchmarks.mogrifier_speed import Output, TritonSteps
-    from define_fairseq.modules import MogrifierLSTM
+def mogrifier_rows(bench, quick, warmup, entries: str):
+    """Launches per time step and layer of the ``mogrifier_lstm_lm_ptb`` stack as fairseq-train builds it (its
+    dropouts; small width): forward and backward at T1 < T2 < T3, (c(T2) - c(T1)) / ((T2 - T1) x layers), where
+    the per-sequence work cancels; the same from T2 to T3 or a note. The CPU path is the layers' torch fast path;
+    each of ``entries`` (comma-separated ``MODULE:FUNCTION``) runs every layer as ``triton_mogrifier_layer`` does."""
+    from benchmarks.mogrifier_speed import TritonSteps
+    from benchmarks.workloads import build_model
 
-    run_layer = mogrifier_entry(bench, entry)
-    hidden, batch, lengths, layers = (8, 2, (2, 3, 4), 2) if quick else (32, 4, (4, 8, 12), 2)
+    paths = {f"CUDA path ({e})": mogrifier_entry(bench, e) for e in entries.split(",") if e.strip()}
+    hidden, batch, lengths = (8, 2, (2, 3, 4)) if quick else (32, 4, (4, 8, 12))
+    task = ["--task", "language_modeling", "--criterion", "lm_regularized_loss"]
+    size = ["--mogrifier-hidden-size", str(hidden), "--mogrifier-rank", "4"]
     torch.manual_seed(1)
-    model = MogrifierLSTM(hidden, hidden, num_layers=layers, rounds=5, rank=4).to(bench.device).train()
-    cuda_path = TritonSteps(model)
-    cuda_path.run_layer = run_layer
-    rows, notes = [], []
-    for mode, runner in (("CPU path (MogrifierLSTM)", Output(model)), (f"CUDA path ({entry})", cuda_path)):
+    stack = build_model("mogrifier_lstm_lm_ptb", 100, task, size)[2].decoder.lstm.to(bench.device).train()
+    for layer in stack.layers:
+        layer.kernels = "torch"  # what a CPU runs; the CUDA paths below choose their own kernels
+    layers, rows, notes = stack.num_layers, [], []
+    runners = {"CPU path (MogrifierLSTM, kernels='torch')": lambda x: stack(x)[0]}
+    for mode, run_layer in paths.items():
+        runners[mode] = TritonSteps(stack)
+        runners[mode].run_layer = run_layer
+    for mode, runner in runners.items():
         counts = []
         for t in lengths:
-            x = torch.randn(batch, t, hidden, device=bench.device, requires_grad=True)
+            x = torch.randn(batch, t, stack.input_size, device=bench.device, requires_grad=True)
             counts.append(count_step(lambda: runner(x).sum().backward(), warmup))
         steps = [(b - a) * layers for a, b in zip(lengths, lengths[1:])]
         per = [(b.launches - a.launches) / n for a, b, n in zip(counts, counts[1:], steps)]
@@ -182,16 +193,18 @@ def mogrifier_rows(bench, quick, warmup, entry: str):
         if mode.startswith("CUDA"):
             goal = f"goal <= {MOGRIFIER_GOAL}: {'met' if per[0] <= MOGRIFIER_GOAL else 'not met'}"
         syncs = (counts[1].syncs - counts[0].syncs) / steps[0]
-        rows.append(Row("MogrifierLSTM r=5", mode, "launches per time step and layer", per[0], syncs, goal,
+        rows.append(Row("mogrifier_lstm_lm_ptb stack", mode, "launches per time step and layer", per[0], syncs, goal,
                         commonest(names)))  # fmt: skip
         if per[0] != per[1]:
             notes.append(f"Mogrifier {mode}: {per[1]:g} per time step and layer from T = {lengths[1]} to {lengths[2]}")
     notes.insert(
         0,
-        f"Mogrifier: MogrifierLSTM, 2 layers, input and hidden {hidden}, rounds 5, rank 4, batch {batch}, forward "
-        f"and backward at T = {', '.join(map(str, lengths))}: per time step and layer from the first two (the same "
-        f"from the last two unless said); the CUDA path runs each layer through {entry} (its Triton kernels "
-        f"{'compiled' if bench.cuda else 'interpreted, TRITON_INTERPRET=1'}; --mogrifier-cuda-path picks another)",
+        f"Mogrifier: the mogrifier_lstm_lm_ptb stack as fairseq-train builds it ({layers} layers, rounds 5, its "
+        f"dropouts) at input and hidden {hidden}, rank 4, batch {batch}; forward and backward at T = "
+        f"{', '.join(map(str, lengths))}: per time step and layer from the first two (the same from the last two "
+        f"unless said); a CUDA path runs each layer through its function (--mogrifier-cuda-path; Triton kernels "
+        f"{'compiled' if bench.cuda else 'interpreted, TRITON_INTERPRET=1'}; the stack's dropout between layers "
+        f"left out); on a GPU the default replays a BPTT window as CUDA graphs, which the host does not count",
     )
     return rows, notes
 
