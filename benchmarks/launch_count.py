@@ -264,14 +264,16 @@ def main(argv=None):
     uncommitted = f", with uncommitted changes to {', '.join(state['uncommitted'])}" if state["uncommitted"] else ""
     notes.append(
         f"Counted by count_step (benchmarks/launch_count.py says what counts): one call after {args.warmup} "
-        f"uncounted ones; deterministic, the same on any machine and thread count. Revision {state['revision']}"
-        + uncommitted
+        f"uncounted ones; counts, not times: deterministic, the same on any machine, load and thread count. "
+        f"Revision {state['revision']}" + uncommitted
     )
-    body = table(
-        ["model", "mode", "operations", "syncs", "unit", "goal (issue 43, on a CPU)", "commonest launches", "syncs"],
-        [[f"`{r.model}`", r.mode, f"{r.value:g}", f"{r.syncs:g}", r.unit, r.goal, r.launches, r.sync_names]
-         for r in rows],
-    )  # fmt: skip
+    columns = ["model", "mode", "launches", "syncs", "per", "goal (issue 43, on a CPU)", "commonest launches"]
+    cells = [
+        [f"`{r.model}`", r.mode, f"{r.value:g}", f"{r.syncs:g}", r.unit.replace("launches per ", ""), r.goal]
+        + [r.launches, r.sync_names]
+        for r in rows
+    ]
+    body = table(columns + ["syncs by operation"], cells)
     result = bench.finish("Kernel launches per step, counted on a CPU", notes, body, [])
     path = bench.result_path()
     if path:
