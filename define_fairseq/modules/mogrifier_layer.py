@@ -117,8 +117,8 @@ class MogrifierLSTMLayer(nn.Module):
     round ``i + 1``: ``n -> m`` for odd rounds (they gate x), ``m -> n`` for even rounds (they gate h).
 
     ``kernels`` (an attribute, not saved): ``"auto"`` runs the fast path's per-step work as Triton kernels on CUDA
-    tensors of float32, bfloat16 or float16 when the layer has rounds, in torch otherwise; ``"triton"`` always
-    (on a CPU only under Triton's interpreter, for tests); ``"torch"`` never.
+    tensors of float32, bfloat16 or float16 (the parameters' dtype) when the layer has rounds, in torch otherwise;
+    ``"triton"`` always (on a CPU only under Triton's interpreter, for tests); ``"torch"`` never.
     """
 
     kernels: str = "auto"
@@ -271,7 +271,11 @@ class MogrifierLSTMLayer(nn.Module):
         if self.kernels not in KERNELS:
             raise ValueError(f"MogrifierLSTMLayer.kernels={self.kernels!r}: give one of {', '.join(KERNELS)}")
         fused = self.kernels == "triton" or (
-            self.kernels == "auto" and x.is_cuda and self.rounds > 0 and x.dtype in FUSED_DTYPES
+            self.kernels == "auto"
+            and x.is_cuda
+            and self.rounds > 0
+            and x.dtype in FUSED_DTYPES
+            and x.dtype == self.weight_ih.dtype  # the kernels multiply operands of one dtype
         )
         if not fused:
             return LayerRecurrence
