@@ -14,8 +14,9 @@ compiled run resumes from an eager checkpoint and the other way round.
 
 With ``--torch-compile-mode reduce-overhead`` (CUDA graphs) a compiled region's outputs live in buffers that its
 next replay overwrites, so the Transformer-XL memory carried to the next batch is cloned out of them
-(``TransformerXLStack.clone_memory``) and each forward of the stack starts a new CUDA-graph step
-(``torch.compiler.cudagraph_mark_step_begin``).
+(``TransformerXLStack.clone_memory``) and each forward of the Transformer-XL decoder starts a new CUDA-graph step
+(``torch.compiler.cudagraph_mark_step_begin``). The recurrent models compile only their DeFINE embeddings, whose
+output is used within the step, and carry a state computed eagerly.
 """
 
 from dataclasses import dataclass, field

@@ -137,6 +137,8 @@ class TransformerXLDecoder(FairseqIncrementalDecoder):
     def extract_features(
         self, prev_output_tokens: Tensor, reset_state: Optional[bool] = None, incremental_state=None, **unused
     ):
+        if self.stack.mark_cudagraph_steps:  # CUDA graphs: a new step, before any of its graphs runs
+            torch.compiler.cudagraph_mark_step_begin()
         tokens = prev_output_tokens
         batch = tokens.size(0)
         # Without autograd (evaluation, generation) the weights cannot change between two calls, so the keys and

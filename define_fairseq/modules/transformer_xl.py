@@ -103,8 +103,9 @@ class TransformerXLStack(nn.Module):
     - ``same_length``: every query sees the same number of keys (``mem_len``) instead of all earlier ones.
     - ``clone_memory``: return the new memory (and keys and values) as copies of their own rather than views of the
       layers' outputs, for layers compiled as CUDA graphs, whose next replay overwrites its outputs' buffers.
-    - ``mark_cudagraph_steps``: start each :meth:`forward` with ``torch.compiler.cudagraph_mark_step_begin()``, so
-      that CUDA-graph trees take every call for a new step rather than waiting for the previous one's backward.
+    - ``mark_cudagraph_steps``: tells the model that owns the stack to start each of its forwards with
+      ``torch.compiler.cudagraph_mark_step_begin()`` (before its input layer, whose output the stack reads), so that
+      CUDA-graph trees take every call for a new step.
 
     Args:
         num_layers, d_model, num_heads, head_dim, d_inner: sizes; ``d_model`` must be even (sinusoids).
@@ -248,8 +249,6 @@ class TransformerXLStack(nn.Module):
                     )
         if memory_kv is not None and (memory is None or len(memory_kv) != self.num_layers):
             raise ValueError("memory_kv needs the memory it was computed from, and one (keys, values) pair per layer")
-        if self.mark_cudagraph_steps:
-            torch.compiler.cudagraph_mark_step_begin()
         carry = torch.Tensor.clone if self.clone_memory else torch.Tensor.detach
         klen = mlen + qlen
         mask = self.attention_mask(qlen, mlen, device=x.device)

@@ -44,6 +44,22 @@ def test_cuda_graphs_carry_the_memory_out_of_their_buffers(lm_data):
     assert len(stacks) == 1 and stacks[0].clone_memory and stacks[0].mark_cudagraph_steps
 
 
+def test_each_forward_marks_a_cuda_graph_step_before_its_input_layer(lm_data, monkeypatch):
+    """Under CUDA graphs the decoder's every forward starts a step before the embedding runs (the stack reads its
+    output); without them nothing is marked."""
+    _, _, model = build_case(lm_data, "transformer_xl_lm", *TXL_DEFINE)
+    events = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: events.append("mark"))
+    model.decoder.embed_tokens.register_forward_hook(lambda *args: events.append("embed"))
+    tokens = torch.randint(4, 40, (2, 16))
+    model(tokens)
+    assert events == ["embed"]
+    model.decoder.stack.mark_cudagraph_steps = True
+    model(tokens, reset_state=True)
+    model(tokens, reset_state=False)
+    assert events == ["embed", "mark", "embed", "mark", "embed"]
+
+
 def test_a_token_path_with_data_dependent_shapes_is_refused(lm_data):
     with pytest.raises(ValueError, match="drop --define-token-path unique or --torch-compile"):
         build_case(lm_data, "transformer_xl_lm", *TXL_DEFINE, *COMPILE, "--define-token-path", "unique")

@@ -136,12 +136,13 @@ def test_transformer_xl_layers_as_cuda_graphs_carry_their_memory_safely():
     options = dict(backend="aot_eager") if ON_CPU else dict(mode="reduce-overhead")
     for layer in graphs.layers:
         layer.compile(**options)
-    graphs.clone_memory = graphs.mark_cudagraph_steps = True
+    graphs.clone_memory = True
     segments = torch.randn(6, 2, 6, 32, device=DEVICE).requires_grad_()
     with fp32_arithmetic():
         memory = memory_g = None
         for x in segments[:4]:
             out, memory = stack(x, memory)
+            torch.compiler.cudagraph_mark_step_begin()  # as the Transformer-XL decoder does
             out_g, memory_g = graphs(x, memory_g)
             # float32 on one device; inductor's kernels may sum in another order than eager ones
             torch.testing.assert_close(out_g, out, rtol=1e-4, atol=1e-5)
@@ -154,6 +155,7 @@ def test_transformer_xl_layers_as_cuda_graphs_carry_their_memory_safely():
             kv = kv_g = None
             for x in segments[4:]:
                 out, memory, kv = stack.eval()(x, memory, memory_kv=kv, return_kv=True)
+                torch.compiler.cudagraph_mark_step_begin()
                 out_g, memory_g, kv_g = graphs.eval()(x, memory_g, memory_kv=kv_g, return_kv=True)
                 torch.testing.assert_close(out_g, out, rtol=1e-4, atol=1e-5)
     torch._dynamo.reset()
