@@ -3,9 +3,9 @@
 :func:`count_step` runs a callable under the torch profiler and counts, on the tree of its events:
 
 * every **kernel-launching aten operation outside compiled regions**: the outermost aten operation of each branch
-  that is neither a composite (an operation whose every form is ``CompositeImplicitAutograd``: ``linear``,
-  ``dropout``, ``to``, ``log_softmax`` ... count through the operations they call), nor a view or reshape (its
-  schema returns an alias of an input), nor an allocation, ``detach``, ``item`` and the like (:data:`NOT_LAUNCHES`).
+  that is neither a composite (an operation with a ``CompositeImplicitAutograd`` form: ``linear``, ``dropout``,
+  ``to``, ``log_softmax`` ... count through the operations they call), nor a view or reshape (its schema returns
+  an alias of an input), nor an allocation, ``detach``, ``item`` and the like (:data:`NOT_LAUNCHES`).
   An operation counts once with whatever it calls inside (``sum``'s ``fill_``, a ``_foreach_add_``'s per-tensor
   ``add_`` on a CPU: one multi-tensor kernel on a GPU); ``dropout`` counts one, as the GPU's fused kernel, though
   a CPU runs it as three;
@@ -25,12 +25,13 @@ no clipping) of ``transformer`` and ``transformer_define`` (train_speed's models
 Transformer-XL with the standard and the DeFINE input (txl_speed's archs at 4 layers, V = 32k, memory carried), and
 ``lstm_lm_define`` (lstm_lm_speed's DeFINE model; also scoring), eager and with ``--torch-compile`` (backend
 ``aot_eager``: graph calls, as Inductor's would be, without a C compiler); and the Mogrifier LSTM per time step and
-layer (forward and backward of two layers at several lengths, the difference over the extra steps), on its CPU path
-and through ``--mogrifier-cuda-path`` (its Triton step, interpreted on a CPU). Counts do not depend on the batch
+layer (``mogrifier_lstm_lm_ptb``'s stack at a small width, forward and backward at several lengths, the difference
+over the extra steps), on its CPU path and through ``--mogrifier-cuda-path`` (the fused kernels and the Triton
+step, interpreted on a CPU). Counts do not depend on the batch
 size (checked at two sizes and said in the notes). Results: ``benchmarks/results/launch_count.md`` and ``.json``.
 
     .venv/bin/python -m benchmarks.launch_count [--quick] [--only transformer,txl,mogrifier,lstm] [--out FILE]
-        [--mogrifier-cuda-path MODULE:FUNCTION]
+        [--mogrifier-cuda-path MODULE:FUNCTION,...]
 """
 
 import contextlib
@@ -38,7 +39,6 @@ import functools
 import json
 import os
 import platform
-import shlex
 import subprocess
 import sys
 from collections import Counter
@@ -48,6 +48,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from benchmarks.common import Bench, cpu_name, options, run_main, table
+from benchmarks.targets import revision
 
 TRITON_EVENT = "triton::"  # prefix of the profiler range around each Triton launch
 COMPILED_REGION = "Torch-Compiled Region"
@@ -70,7 +71,7 @@ SYNCS = frozenset(
     "aten::" + name
     for name in (
         "_local_scalar_dense nonzero _unique _unique2 unique_dim unique_consecutive unique_dim_consecutive "
-        "masked_select equal allclose nonzero_numpy repeat_interleave"
+        "masked_select equal nonzero_numpy"
     ).split()
 )
 FUSED_ON_GPU = frozenset(("aten::dropout", "aten::feature_dropout", "aten::alpha_dropout"))
@@ -206,22 +207,23 @@ def count_step(fn: Callable[[], object], warmup: int = 1) -> Counts:
     return Counts(sum(launches.values()), sum(syncs.values()), dict(launches), dict(syncs))
 
 
-def git_state() -> Dict[str, object]:
-    """The revision measured and whether the code under it had uncommitted changes."""
-
-    def git(*args):
-        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=os.path.dirname(__file__)).stdout
-
-    changed = git("status", "--porcelain", "--untracked-files=no", "--", "../define_fairseq", ".").split("\n")
-    changed = [line[3:] for line in changed if line.strip() and not line.rstrip().endswith((".md", ".json"))]
-    return {"revision": git("rev-parse", "--short", "HEAD").strip() or "unknown", "uncommitted": changed}
+def code_state() -> Dict[str, object]:
+    """The revision measured (as the results file's header gives it) and the tracked code files that differed from
+    it (results files aside), whose changes the counts include."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    status = subprocess.run(
+        ["git", "-c", "safe.directory=*", "status", "--porcelain", "--untracked-files=no", "--", "define_fairseq",
+         "benchmarks"], cwd=repo, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    changed = [line[3:] for line in status.splitlines() if line.strip() and not line.endswith((".md", ".json"))]
+    return {"revision": revision(repo), "uncommitted": changed}
 
 
 def write_records(path: str, bench: Bench, rows, state: Dict[str, object]) -> str:
     """One JSON record per figure of ``rows`` (launches and syncs each) with what was measured where; returns
     ``path``."""
     context = dict(state, machine=f"{platform.machine()}, {cpu_name()}", torch=torch.__version__)
-    context["command"] = " ".join(["python", "-m", bench.module] + [shlex.quote(a) for a in bench.argv])
+    context["command"] = bench.command()
     records = [
         dict(context, model=r.model, mode=r.mode, unit=unit, value=value, goal=r.goal)
         for r in rows
@@ -260,12 +262,12 @@ def main(argv=None):
             found = [models.Row(group, bench.error(error), "", float("nan"), float("nan"))], []
         rows += found[0]
         notes += found[1]
-    state = git_state()
-    uncommitted = f", with uncommitted changes to {', '.join(state['uncommitted'])}" if state["uncommitted"] else ""
+    state = code_state()
+    changed = ", ".join(state["uncommitted"]) or "none"
     notes.append(
         f"Counted by count_step (benchmarks/launch_count.py says what counts): one call after {args.warmup} "
         f"uncounted ones; counts, not times: deterministic, the same on any machine, load and thread count. "
-        f"Revision {state['revision']}" + uncommitted
+        f"Code files with uncommitted changes, counted as they were: {changed}"
     )
     columns = ["model", "mode", "launches", "syncs", "per", "goal (issue 43, on a CPU)", "commonest launches"]
     cells = [
