@@ -123,7 +123,7 @@ def main(argv=None):
     from define_fairseq.modules import DeFINEEmbedding
 
     embeddings = [m for m in define.modules() if isinstance(m, DeFINEEmbedding)]
-    built_path = embeddings[0].token_path
+    built_path = embeddings[0].token_path or ("auto" if bench.device.type == "cuda" else "unique")
     if compiled and set(paths) - {built_path}:
         parser.error(
             f"--token-paths {args.token_paths} with --torch-compile: a compiled model keeps the token path its "

@@ -47,9 +47,9 @@ def txl_batch(vocab: int, batch: int, tgt_len: int, seed: int):
 def io_training_flops(model, sample) -> int:
     """FLOPs of the matrix products of ``model``'s input and output layers in one training step on ``sample``
     (forward and the two backward products): a ``DeFINEEmbedding``'s group-linear layers per distinct token, per
-    position or per vocabulary row (its ``active_token_path``); the projected adaptive softmax scores every position
-    against the head (``c0`` words and one entry per tail cluster) and each position whose target lies in a tail
-    cluster against that cluster's words, each through its projection."""
+    position or per vocabulary row (the path it takes for the batch, ``path_for``); the projected adaptive softmax
+    scores every position against the head (``c0`` words and one entry per tail cluster) and each position whose
+    target lies in a tail cluster against that cluster's words, each through its projection."""
     from define_fairseq.modules import DeFINEEmbedding
 
     emb, softmax = model.decoder.embed_tokens, model.decoder.adaptive_softmax
@@ -58,7 +58,7 @@ def io_training_flops(model, sample) -> int:
     if isinstance(emb, DeFINEEmbedding):
         unit = sum(layer.in_features * layer.out_features // layer.groups for layer in emb.define.layers)
         rows = {"unique": tokens.unique().numel(), "table": emb.num_embeddings, "positions": tokens.numel()}
-        macs += rows[emb.active_token_path] * unit
+        macs += rows[emb.path_for(tokens)] * unit
     d, n, cut = softmax.input_dim, softmax.embed_dim, softmax.cutoff
     for c in range(softmax.num_clusters):
         lo, hi = (0, cut[0]) if c == 0 else (cut[c - 1], cut[c])

@@ -113,7 +113,8 @@ class DeFINEConfig(CompileConfig):
         metadata={
             "help": "where the DeFINE unit runs while training: unique (once per distinct token of the batch; the "
             "host waits for the count), table (on the whole V x n map: static shapes, no host synchronisation), "
-            "positions (on every position); default: unique, or table with --torch-compile"
+            "positions (on every position), auto (table when V is below the step's tokens, else positions); "
+            "default: auto on CUDA and with --torch-compile, unique on a CPU"
         },
     )
     define_folded: bool = field(
@@ -144,7 +145,7 @@ def build_define_embedding(
             dropout=cfg.define_dropout,
             init=str(cfg.define_init),
             map_dropout=getattr(cfg, "define_map_dropout", 0.0),  # absent from the configs of older checkpoints
-            token_path=str(getattr(cfg, "define_token_path", None) or "unique"),
+            token_path=None if getattr(cfg, "define_token_path", None) is None else str(cfg.define_token_path),
             padding_idx=padding_idx,
             **options,
         )

@@ -1,6 +1,7 @@
 """Token embeddings through DeFINE: a ``V x n`` table, then the DeFINE unit up to ``m``."""
 
 import math
+from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -20,7 +21,9 @@ so it suits CUDA graphs and ``torch.compile(fullgraph=True)``; more rows than a 
 large. ``positions``: on every position (what dropout in the unit or the map needs anyway). ``auto``: of the two
 paths with static shapes, the one with fewer rows for this call: ``table`` when ``V`` is smaller than the number of
 token positions, else ``positions`` (ties go to ``positions``, which has no gather); the choice depends on shapes
-alone, so a compiled graph guards on it and recompiles only when a batch crosses ``V``."""
+alone, so a compiled graph guards on it and recompiles only when a batch crosses ``V``. Without a choice
+(``token_path=None``) the path is the device's: ``auto`` on CUDA, where the host must not wait for the device,
+``unique`` elsewhere, where it computes the fewest rows."""
 
 
 class MappedEmbedding(nn.Module):
@@ -89,8 +92,9 @@ class DeFINEEmbedding(MappedEmbedding):
         padding_idx: row of the table kept at zero.
         map_dropout: dropout on the scaled map output, before the unit, with one mask per sequence (the first
             dimension of ``tokens``) and feature, shared by its positions: the authors' ``delight_emb_dropout``.
-        token_path: one of :data:`TOKEN_PATHS`; an attribute, may be changed at any time (``unique_tokens``, the
-            former switch, reads and sets it: ``True`` is ``"unique"``, ``False`` is ``"positions"``).
+        token_path: one of :data:`TOKEN_PATHS`, or ``None`` (the default) for the device's path (see
+            :data:`TOKEN_PATHS`); an attribute, may be changed at any time (``unique_tokens``, the former switch,
+            reads and sets it: ``True`` is ``"unique"``, ``False`` is ``"positions"``).
         adaptive_cutoff, adaptive_factor: make the map an :class:`AdaptiveInput` with these band boundaries.
 
     Shapes: ``tokens [...]`` (long) -> ``[..., m]``.
@@ -113,11 +117,11 @@ class DeFINEEmbedding(MappedEmbedding):
         adaptive_factor: float = 4,
         init: str = "unit",
         map_dropout: float = 0.0,
-        token_path: str = "unique",
+        token_path: Optional[str] = None,
     ):
         super().__init__()
         check_probability(map_dropout, "map_dropout")
-        if token_path not in TOKEN_PATHS:
+        if token_path is not None and token_path not in TOKEN_PATHS:
             raise ValueError(f"token_path={token_path!r}: unknown; choose one of {', '.join(TOKEN_PATHS)}")
         self.token_path = token_path
         self.map_dropout = map_dropout
@@ -136,19 +140,26 @@ class DeFINEEmbedding(MappedEmbedding):
     @property
     def unique_tokens(self) -> bool:
         """``token_path == "unique"``; setting it picks ``"unique"`` (``True``) or ``"positions"`` (``False``)."""
-        return self.token_path == "unique"
+        return self.chosen_token_path == "unique"
 
     @unique_tokens.setter
     def unique_tokens(self, value: bool) -> None:
         self.token_path = "unique" if value else "positions"
 
     @property
+    def chosen_token_path(self) -> str:
+        """``token_path``, or where it is ``None`` the device's: ``"auto"`` on CUDA, ``"unique"`` elsewhere."""
+        if self.token_path is not None:
+            return self.token_path
+        return "auto" if self.define_device().type == "cuda" else "unique"
+
+    @property
     def active_token_path(self) -> str:
-        """The path a forward with autograd takes: ``token_path``, or ``"positions"`` while training with dropout in
-        the unit or the map (each position must then draw its own mask)."""
+        """The path a forward with autograd takes: :attr:`chosen_token_path`, or ``"positions"`` while training with
+        dropout in the unit or the map (each position must then draw its own mask)."""
         if self.training and (self.define.dropout > 0 or self.map_dropout > 0):
             return "positions"
-        return self.token_path
+        return self.chosen_token_path
 
     @property
     def runs_per_distinct_token(self) -> bool:

@@ -52,7 +52,8 @@ def test_every_token_path_equals_the_literal_per_position_computation_with_gradi
 
 def test_token_path_setting_and_the_unique_tokens_switch():
     emb = make()
-    assert emb.token_path == "unique" and emb.unique_tokens and emb.runs_per_distinct_token
+    assert emb.token_path is None and emb.chosen_token_path == "unique"  # no choice made: a CPU's path
+    assert emb.unique_tokens and emb.runs_per_distinct_token
     emb.unique_tokens = False
     assert emb.token_path == "positions" and not emb.unique_tokens
     emb.unique_tokens = True
@@ -61,6 +62,16 @@ def test_token_path_setting_and_the_unique_tokens_switch():
     message = "token_path='rows': unknown; choose one of unique, table, positions"
     with pytest.raises(ValueError, match=re.escape(message)):
         make(token_path="rows")
+
+
+def test_without_a_choice_the_path_is_the_devices_auto_on_cuda_unique_elsewhere():
+    emb = make()
+    emb.define_device = lambda: torch.device("cuda")  # where the parameters would lie on a GPU
+    assert emb.chosen_token_path == "auto" and not emb.runs_per_distinct_token
+    assert emb.path_for(torch.zeros(2 * emb.num_embeddings, dtype=torch.long)) == "table"
+    assert emb.path_for(torch.zeros(3, dtype=torch.long)) == "positions"
+    emb.token_path = "unique"  # a choice holds on every device
+    assert emb.chosen_token_path == "unique"
 
 
 @pytest.mark.parametrize("path", TOKEN_PATHS)
