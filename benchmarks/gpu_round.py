@@ -48,6 +48,7 @@ CUDA_TEST_FILES = (
     "tests/modules/test_cuda_static_paths.py",
     "tests/modules/test_group_linear.py",
     "tests/modules/test_mogrifier_triton_cuda.py",
+    "tests/modules/test_mogrifier_graphs.py",
     "tests/modules/test_mogrifier_lstm_settings.py",
 )
 COMPILE = "--torch-compile"  # its DeFINE token path: auto, the one with the fewer rows
