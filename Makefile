@@ -206,9 +206,11 @@ gpu-round:
 	  $(GPU_ROUND_ARGS)
 
 # Every results table of README.md and examples/*/README.md, rendered from the data beside each example
-# (examples/*/results/*.json; docs/results.md); tests/tools/test_render_results.py fails when one differs.
+# (examples/*/results/*.json; docs/results.md), and benchmarks/README.md's goal, launch and data-parallel tables
+# (benchmarks/pages.py); tests/tools/test_render_results.py and test_benchmark_pages.py fail when one differs.
 results: install
 	$(VENV_PY) -m define_fairseq.tools.render_results
+	$(VENV_PY) -m benchmarks.pages
 
 demo: install
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash examples/demo/run.sh

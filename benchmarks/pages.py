@@ -1,0 +1,143 @@
+"""The speed tables of ``benchmarks/README.md``, rendered from data: the goals (:data:`benchmarks.targets.GOALS`), the
+launches per step (``results/launch_count.json``) and the data-parallel step on paper (``results/data_parallel.json``)::
+
+    python -m benchmarks.pages            # rewrite the tables between their markers
+    python -m benchmarks.pages --check    # exit 1, naming each table that differs from its data
+
+A table lies between ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->``; ``make results`` runs this beside the
+comparison tables' renderer, and ``tests/tools/test_benchmark_pages.py`` fails when a committed table differs.
+"""
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+from benchmarks.targets import GOALS, RATIO_METHOD, show_target
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "benchmarks" / "README.md"
+RESULTS = ROOT / "benchmarks" / "results"
+BLOCK = re.compile(r"(<!-- bench:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /bench:(?P=name) -->)", re.S)
+# the data-parallel columns: (GPUs, link, overlapped with backward)
+DP_COLUMNS = ((1, "", False), (8, "NVLink", False), (8, "PCIe 5", False), (8, "PCIe 5", True), (4, "PCIe 3", False))
+
+
+def load(path: Path):
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path}: {error}; write it with the benchmark that owns it (benchmarks/README.md)")
+
+
+def table(header, rows) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]) + "\n"
+
+
+def targets_table() -> str:
+    rows = []
+    for key, goal in GOALS.items():
+        on = [show_target(t, goal.unit, goal.at_most) if t is not None else "-" for t in (goal.gpu, goal.cpu)]
+        rows.append((f"`{key}`", goal.what, *on))
+    note = f"Ratios: {RATIO_METHOD} (the baseline's median step time over the variant's, timed interleaved).\n\n"
+    return note + table(("goal", "what", "GPU target", "CPU target"), rows)
+
+
+def launch_count_table(path: Path = RESULTS / "launch_count.json") -> str:
+    records = load(path)
+    rows, order = {}, []
+    for r in records:
+        key = (r["model"], r["mode"])
+        if key not in rows:
+            rows[key], _ = {"goal": r.get("goal") or ""}, order.append(key)
+        kind = "syncs" if r["unit"].startswith("syncs") else "launches"
+        rows[key][kind], rows[key]["per"] = f"{r['value']:g}", r["unit"].split(" per ", 1)[-1]
+    revisions = sorted({r["revision"] for r in records})
+    machines = sorted({f"{r['machine']}, torch {r['torch']}" for r in records})
+    body = [(f"`{m}`", mode, rows[m, mode].get("launches", "-"), rows[m, mode].get("syncs", "-"), rows[m, mode]["per"],
+             rows[m, mode]["goal"] or "") for m, mode in order]  # fmt: skip
+    note = (
+        f"From [results/launch_count.json](results/launch_count.json) (`{records[0]['command']}`; revision "
+        f"{', '.join(revisions)}; {'; '.join(machines)}). Counts, not times: the same on any CPU and thread count.\n\n"
+    )
+    return note + table(("model", "mode", "launches", "syncs", "per", "goal"), body)
+
+
+def data_parallel_table(path: Path = RESULTS / "data_parallel.json") -> str:
+    data = load(path)
+    groups, order = {}, []
+    for f in data["figures"]:
+        key = (f["pair"], f["input"]["file"], f["gpu"], f["precision"], f["input"]["batch"])
+        if key not in groups:
+            groups[key], _ = {}, order.append(key)
+        groups[key][f["gpus"], f["link"], f["overlap"]] = f["ratio"]
+    header = ["pair", "measured step (file)"]
+    header += ["1 GPU" if n == 1 else f"{n} x {link}" + (", overlapped" if o else "") for n, link, o in DP_COLUMNS]
+    rows = []
+    for pair, file, gpu, precision, batch in order:
+        cells = [f"{groups[pair, file, gpu, precision, batch][c]:.2f}x" if c in groups[pair, file, gpu, precision,
+                 batch] else "-" for c in DP_COLUMNS]  # fmt: skip
+        batch = batch.split(";")[0].replace("Batch (fixed): ", "")
+        measured = f"{gpu}, {precision}, {batch} ([{Path(file).name}](results/{Path(file).name}))"
+        rows.append((pair, measured, *cells))
+    note = (
+        "DeFINE's expected step against its baseline's (above 1: DeFINE faster) from "
+        f"[results/data_parallel.json](results/data_parallel.json) (`{data['command']}`): a model on paper, from the "
+        "measured single-GPU steps and each arch's gradient bytes; its assumptions are in "
+        "[results/data_parallel.md](results/data_parallel.md).\n\n"
+    )
+    paper = data["paper"]
+    explained = " or ".join(f"{r['explained']:.0%} ({r['traffic']})" for r in paper["rows"])
+    rest = " or ".join(f"{r['rest_ratio']:.2f}x" for r in paper["rows"])
+    (base, _, base_ms), (define, _, define_ms) = paper["baseline"], paper["define"]
+    after = (
+        f"\nThe paper's setting ({paper['source']}): {base}, {base_ms:g} ms a step; {define}, {define_ms:g} ms: "
+        f"{base_ms / define_ms:.2f}x. Gradient traffic on its link explains {explained} of the difference; what is "
+        f"left is still {rest} in DeFINE's favour, so on paper the paper's gain is mostly its context network's, not "
+        "the all-reduce's.\n"
+    )
+    return note + table(header, rows) + after
+
+
+RENDERERS = {"targets": targets_table, "launch_count": launch_count_table, "data_parallel": data_parallel_table}
+
+
+def render(text: str) -> str:
+    def one(match):
+        name = match.group("name")
+        if name not in RENDERERS:
+            raise ValueError(f"{PAGE}: a table named {name!r}; the names are {', '.join(RENDERERS)}")
+        return match.group(1) + RENDERERS[name]() + match.group(4)
+
+    return BLOCK.sub(one, text)
+
+
+def stale(page: Path = PAGE) -> list:
+    """The names of the tables of ``page`` that differ from their data."""
+    text = page.read_text()
+    fresh = render(text)
+    old, new = dict(), dict()
+    for source, into in ((text, old), (fresh, new)):
+        for m in BLOCK.finditer(source):
+            into[m.group("name")] = m.group("body")
+    return [name for name in old if old[name] != new[name]]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 when a table differs from its data")
+    args = parser.parse_args(argv)
+    if args.check:
+        names = stale()
+        for name in names:
+            print(f"{PAGE.relative_to(ROOT)}: bench:{name} differs from its data; run python -m benchmarks.pages")
+        return 1 if names else 0
+    PAGE.write_text(render(PAGE.read_text()))
+    print(f"rendered: {', '.join(m.group('name') for m in BLOCK.finditer(PAGE.read_text()))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
