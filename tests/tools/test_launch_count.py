@@ -1,11 +1,11 @@
 """The launch counter (benchmarks/launch_count.py): what one call dispatches, on cases whose count is known by
 construction, and the benchmark's quick run."""
 
-import contextlib
 import os
 
 import pytest
 import torch
+from triton_interpreter import interpreted
 
 from benchmarks.launch_count import count_step
 
@@ -120,20 +120,6 @@ def test_a_graph_break_makes_two_graph_calls():
     x = torch.randn(4)
     with torch.no_grad():
         assert count_step(lambda: compiled(x)).by_name == {"compiled graph (forward)": 2}
-
-
-@contextlib.contextmanager
-def interpreted():
-    """TRITON_INTERPRET=1 while Triton decorates a kernel (it decides at definition), as before afterwards."""
-    before = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = before
 
 
 def test_a_triton_kernel_launched_n_times_counts_n():
