@@ -188,18 +188,8 @@ def _cell_backward_kernel(
     i_used = i
     if CAP:
         i_used = tl.minimum(i, 1.0 - f)
-    dc = tl.load(dc_ptr + offs, mask=mask).to(tl.float32) + dh * o * (1.0 - tanh_c * tanh_c)
-    d_i = dc * j
-    d_f = dc * c_prev
-    if CAP:  # min(i, 1 - f): the gradient goes to i where i < 1 - f, else to 1 - f
-        below = i < 1.0 - f
-        d_f = tl.where(below, d_f, d_f - d_i)
-        d_i = tl.where(below, d_i, 0.0)
-    tl.store(dg_ptr + gate, d_i * i * (1.0 - i), mask=mask)
-    tl.store(dg_ptr + gate + n, d_f * f * (1.0 - f), mask=mask)
-    tl.store(dg_ptr + gate + 2 * n, dc * i_used * (1.0 - j * j), mask=mask)
-    tl.store(dg_ptr + gate + 3 * n, dh * tanh_c * o * (1.0 - o), mask=mask)
-    tl.store(dc_ptr + offs, dc * f, mask=mask)
+    dc = tl.load(dc_ptr + offs, mask=mask).to(tl.float32)
+    mt._store_gate_gradients(dg_ptr, dc_ptr, offs, mask, gate, n, i, f, j, o, i_used, c_prev, tanh_c, dh, dc, CAP)
 
 
 def check_inputs(x: torch.Tensor) -> None:

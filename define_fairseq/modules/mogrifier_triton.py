@@ -122,7 +122,16 @@ def _cell_backward_kernel(
         i_used = tl.minimum(i, 1.0 - f)
     tanh_c = _tanh(f * c_prev + i_used * j)
     dh = tl.load(dh_ptr + offs, mask=mask).to(tl.float32)
-    dc = tl.load(dc_ptr + offs, mask=mask).to(tl.float32) + dh * o * (1.0 - tanh_c * tanh_c)
+    dc = tl.load(dc_ptr + offs, mask=mask).to(tl.float32)
+    _store_gate_gradients(dg_ptr, dc_prev_ptr, offs, mask, gate, n, i, f, j, o, i_used, c_prev, tanh_c, dh, dc, CAP)
+
+
+@triton.jit
+def _store_gate_gradients(dg_ptr, dc_prev_ptr, offs, mask, gate, n, i, f, j, o, i_used, c_prev, tanh_c, dh, dc,
+                          CAP: tl.constexpr):  # fmt: skip
+    """The LSTM cell's backward from ``dh`` and the carried ``dc``: the gradients of the four gate pre-activations
+    (at ``gate`` in ``dg_ptr``) and ``dc_{t-1}`` (at ``offs`` in ``dc_prev_ptr``)."""
+    dc += dh * o * (1.0 - tanh_c * tanh_c)
     d_i = dc * j
     d_f = dc * c_prev
     if CAP:  # min(i, 1 - f): the gradient goes to i where i < 1 - f, else to 1 - f
