@@ -1,11 +1,22 @@
 """Adaptive input embeddings (Baevski & Auli, 2019) in the form the DeFINE paper's parameter counts imply."""
 
-from typing import Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
 
 from .checks import ParameterError, check_cutoff
+
+
+def rows_by_group(group: torch.Tensor, groups: int) -> Tuple[torch.Tensor, List[int]]:
+    """The rows sorted by their group, each group's rows in increasing order (a stable sort), and where each group
+    ends in that order: one wait for the host to learn every group's size, instead of one or more per group.
+
+    Shapes: ``group [N]`` (long, values in ``[0, groups)``) -> ``(order [N], ends)``, ``ends`` a list of ``groups``
+    ints: group ``g``'s rows are ``order[ends[g - 1]:ends[g]]`` (from 0 for ``g = 0``)."""
+    sorted_groups, order = torch.sort(group, stable=True)
+    ends = torch.searchsorted(sorted_groups, torch.arange(1, groups + 1, device=group.device))
+    return order, ends.tolist()
 
 
 class AdaptiveInput(nn.Module):
@@ -75,10 +86,7 @@ class AdaptiveInput(nn.Module):
         if len(self.cutoff) == 1:
             return self.projections[0](self.tables[0](tokens)).to(self.tables[0].weight.dtype)
         flat = tokens.reshape(-1)
-        # The positions of every band at once, each band's in increasing order (a stable sort), with one wait for
-        # the host to learn the bands' sizes instead of one or two per band.
-        bands, order = torch.sort(torch.bucketize(flat, self.band_starts, right=True), stable=True)
-        bounds = torch.searchsorted(bands, torch.arange(1, len(self.cutoff) + 1, device=bands.device)).tolist()
+        order, bounds = rows_by_group(torch.bucketize(flat, self.band_starts, right=True), len(self.cutoff))
         if bounds[0] == flat.numel() and isinstance(self.projections[0], nn.Identity):
             return self.tables[0](tokens)
         out = tokens.new_zeros((flat.numel(), self.embedding_dim), dtype=self.tables[0].weight.dtype)

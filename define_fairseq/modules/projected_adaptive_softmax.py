@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .adaptive_input import rows_by_group
 from .checks import check_cutoff, check_positive, check_probability
 
 
@@ -202,11 +203,7 @@ class ProjectedAdaptiveSoftmax(nn.Module):
                 logits.append(self._cluster_logits(h, c, tables[c], biases[c]))
                 targets.append(torch.where(cluster == c, target - self.cutoff[c - 1], self.ignore_index))
             return logits, targets
-        # The rows of every cluster at once, each cluster's in increasing order (a stable sort), with one wait for
-        # the host to learn the clusters' sizes instead of one per cluster.
-        clusters, order = torch.sort(cluster, stable=True)
-        bounds = torch.searchsorted(clusters, torch.arange(1, self.num_clusters + 1, device=clusters.device))
-        bounds = bounds.tolist()
+        order, bounds = rows_by_group(cluster, self.num_clusters)
         for c in range(1, self.num_clusters):
             rows = order[bounds[c - 1] : bounds[c]]
             if rows.numel() == 0:
