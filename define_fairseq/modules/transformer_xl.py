@@ -267,9 +267,10 @@ class TransformerXLStack(nn.Module):
             if return_kv:
                 h, (keys, values) = layer(h, pos, self.r_w_bias, self.r_r_bias, mask, mem, kv, return_kv=True)
                 # contiguous: keys without a memory are a view into the layer's joint projection, whose strides a
-                # compiled layer would otherwise see change from the first segment to the next
-                keys, values = keys[start:].detach().contiguous(), values[start:].detach().contiguous()
-                new_memory_kv.append((carry(keys), carry(values)))
+                # compiled layer would otherwise see change from the first segment to the next (a clone of such a
+                # view is already contiguous, so they are copied once at most)
+                keys, values = carry(keys[start:].detach()), carry(values[start:].detach())
+                new_memory_kv.append((keys.contiguous(), values.contiguous()))
             else:
                 h = layer(h, pos, self.r_w_bias, self.r_r_bias, mask, mem, kv)
         if self.final_norm is not None:
