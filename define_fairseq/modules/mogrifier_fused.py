@@ -53,9 +53,11 @@ def _dot(a, b, F32: tl.constexpr):
 @triton.jit
 def _round_forward_kernel(
     cond_ptr, cond_stride, right_ptr, left_ptr, bias_ptr, v_ptr, v_stride, out_ptr, out_stride, th_ptr, u_ptr,
-    u_stride, B, IN, OUT, K, LOW_RANK: tl.constexpr, F32: tl.constexpr, BB: tl.constexpr, BN: tl.constexpr,
-    BK: tl.constexpr,
+    u_stride, B, IN: tl.constexpr, OUT: tl.constexpr, K, LOW_RANK: tl.constexpr, F32: tl.constexpr,
+    BB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
 ):  # fmt: skip
+    # IN and OUT are a model's fixed widths, compile-time constants: one compilation per model, and the interpreter
+    # (TRITON_INTERPRET=1) cannot take a runtime integer as a loop bound under numpy 2.4 or newer
     rows = tl.program_id(0) * BB + tl.arange(0, BB)
     cols = tl.program_id(1) * BN + tl.arange(0, BN)
     row_ok, col_ok = rows < B, cols < OUT
@@ -91,8 +93,8 @@ def _round_forward_kernel(
 @triton.jit
 def _round_backward_kernel(
     d_ptr, d_stride, th_ptr, v_ptr, v_stride, dhalf_ptr, d_old_ptr, d_old_stride, left_ptr, right_ptr, low_ptr,
-    low_stride, dcond_ptr, dcond_stride, B, IN, OUT, K, LOW_RANK: tl.constexpr, F32: tl.constexpr,
-    BB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    low_stride, dcond_ptr, dcond_stride, B, IN: tl.constexpr, OUT: tl.constexpr, K, LOW_RANK: tl.constexpr,
+    F32: tl.constexpr, BB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
 ):  # fmt: skip
     # Each program: its rows' d(a / 2) = d_out v (1 - th^2) over all OUT columns (the first column of programs also
     # stores it and d_v = d_out (1 + th) into d_old, never d itself, which the others read), then its block of
