@@ -19,9 +19,9 @@ import logging
 import os
 import shutil
 import zipfile
-from typing import Optional
+from typing import Optional, Tuple
 
-from define_fairseq.tools.run_points import checkpoint_point
+import torch
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +56,18 @@ def repair_last_checkpoint(save_dir: str) -> Optional[str]:
         f"{last} is truncated and {save_dir} holds no other readable checkpoint to resume from; remove {last} to "
         f"train from the start"
     )
+
+
+def checkpoint_point(path: str) -> Tuple[int, float]:
+    """(updates, cumulative training seconds) recorded in a fairseq checkpoint."""
+    # Our own run's file; fairseq stores its config objects, which the weights-only loader refuses.
+    state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    try:
+        updates = int(state["optimizer_history"][-1]["num_updates"])
+        seconds = float(state["extra_state"]["previous_training_time"])
+    except (KeyError, IndexError, TypeError):
+        raise ValueError(f"{path} is not a fairseq training checkpoint (no update count or training time)") from None
+    return updates, seconds
 
 
 def last_updates(save_dir: str) -> Optional[int]:

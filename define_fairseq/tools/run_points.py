@@ -23,22 +23,10 @@ import os
 import re
 from typing import List, Optional, Tuple
 
-import torch
+from define_fairseq.tools.last_checkpoint import checkpoint_point
 
 INDEX = "points.json"
 _CHECKPOINT = re.compile(r"^checkpoint(\d+|_\d+_\d+|_last)\.pt$")
-
-
-def checkpoint_point(path: str) -> Tuple[int, float]:
-    """(updates, cumulative training seconds) recorded in a fairseq checkpoint."""
-    # Our own run's file; fairseq stores its config objects, which the weights-only loader refuses.
-    state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-    try:
-        updates = int(state["optimizer_history"][-1]["num_updates"])
-        seconds = float(state["extra_state"]["previous_training_time"])
-    except (KeyError, IndexError, TypeError):
-        raise ValueError(f"{path} is not a fairseq training checkpoint (no update count or training time)") from None
-    return updates, seconds
 
 
 def index(run_dir: str) -> List[Tuple[int, float, str]]:
