@@ -26,7 +26,7 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.models import register_model, register_model_architecture
 from fairseq.utils import safe_getattr
 
-from define_fairseq.models.config_helpers import config_namespace, reject_renamed, same_value
+from define_fairseq.models.config_helpers import config_namespace
 from define_fairseq.models.define_config import (
     TABLE_OR_DEFINE,
     DeFINEConfig,
@@ -34,10 +34,8 @@ from define_fairseq.models.define_config import (
     define_n_field,
     input_layer_field,
 )
-from define_fairseq.models.lstm_lm_define import RENAMES, LSTMLMDefineModel
+from define_fairseq.models.lstm_lm_define import LSTMLMDefineModel
 from define_fairseq.models.recurrent_lm_decoder import build_recurrent_decoder
-
-AWD_RENAMES = {**RENAMES, "define_untie_output": ("awd_untie_output", same_value)}
 
 
 @dataclass
@@ -78,7 +76,6 @@ class AWDLSTMLMModel(LSTMLMDefineModel):
 
     @classmethod
     def build_model(cls, cfg, task):
-        reject_renamed(cfg, AWD_RENAMES, AWDLSTMLMConfig)
         args = config_namespace(cfg, AWDLSTMLMConfig)
         return cls(
             build_recurrent_decoder(

@@ -4,7 +4,7 @@ import ast
 from argparse import Namespace
 from contextlib import contextmanager
 from dataclasses import fields
-from typing import Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Iterator, List, Optional
 
 from fairseq.utils import safe_getattr
 
@@ -51,34 +51,6 @@ def plugin_defaults(args, config_cls, **values) -> None:
     for name, default in names.items():
         if getattr(args, name, None) is None:
             setattr(args, name, values.get(name, default))
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def reject_renamed(cfg, renames: Dict[str, Tuple[str, Callable]], config_cls) -> None:
-    """Refuse a configuration written before a flag was renamed (before the plugin's first release) when reading it
-    with the new names would silently change the model. ``renames``: old field -> (new field, the new value that the
-    old value meant). ``cfg`` (a checkpoint's configuration) is refused with a ``ValueError`` naming both flags when
-    it has the old field but not the new one and the old value means something other than the new field's default
-    (``config_cls``'s)."""
-    defaults = {f.name: f.default for f in fields(config_cls)}
-    for old, (new, meaning) in renames.items():
-        value = safe_getattr(cfg, old, None)
-        if value is None or safe_getattr(cfg, new, None) is not None:
-            continue
-        meant = meaning(value)
-        if meant != defaults[new]:
-            raise ValueError(
-                f"this configuration sets {_flag(old)} = {value}, which is now {_flag(new)} {meant}: give "
-                f"--model-overrides \"{{'{new}': {meant!r}}}\" (or retrain with {_flag(new)})"
-            )
-
-
-def same_value(value):
-    """The meaning of a renamed field whose values did not change (for :func:`reject_renamed`)."""
-    return value
 
 
 @contextmanager

@@ -52,9 +52,6 @@ baseline), ``define`` (a ``V x n`` table and a DeFINE unit ``n -> d``); ``d`` is
 
 TABLE_OR_DEFINE = ("table", "define")  # the choices of the families without a projective input
 
-# Before --input-layer (and the first release) --define-depth 0 chose the table: config_helpers.reject_renamed's entry
-DEPTH_ZERO_RENAME = {"define_depth": ("input_layer", lambda depth: "table" if depth == 0 else "define")}
-
 INPUT_LAYER_HELP = {
     "table": "a V x d table (d: {width})",
     "projective": "a V x n table and a linear map n -> d (n: --define-n)",

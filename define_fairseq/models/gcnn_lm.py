@@ -51,7 +51,6 @@ from define_fairseq.models.config_helpers import (
     config_namespace,
     flag_names,
     parse_cutoff,
-    reject_renamed,
 )
 from define_fairseq.models.define_config import (
     TABLE_OR_DEFINE,
@@ -75,10 +74,9 @@ GCNN_14B = (
     "[(512, 5)] + [[(128, 1), (128, 5), (512, 1)]] * 3 + [[(512, 1), (512, 5), (1024, 1)]] * 3"
     " + [[(1024, 1), (1024, 5), (2048, 1)]] * 6 + [[(1024, 1), (1024, 5), (4096, 1)]]"
 )
-WT103_CUTOFF = "10000,20000,200000"
-GBW_CUTOFF = "10000,50000,200000"
-# --gcnn-define-input became --input-layer define before the first release
-RENAMES = {"gcnn_define_input": ("input_layer", lambda on: "define" if on else "table")}
+# fairseq's adaptive softmax cutoffs of fconv_lm_dauphin_wikitext103 and fconv_lm_dauphin_gbw
+DAUPHIN_WT103_CUTOFF = "10000,20000,200000"
+DAUPHIN_GBW_CUTOFF = "10000,50000,200000"
 
 
 @dataclass
@@ -272,16 +270,15 @@ class GatedConvLanguageModel(FairseqLanguageModel):
 
     @classmethod
     def build_model(cls, cfg, task):
-        reject_renamed(cfg, RENAMES, GatedConvLMConfig)
         args = config_namespace(cfg, GatedConvLMConfig)
         return compile_static_parts(cls(build_gated_conv_decoder(args, task.target_dictionary)), args)
 
 
 @register_model_architecture("gcnn_lm", "gcnn_lm_8")
 def gcnn_lm_8(args):
-    """GCNN-8 (WikiText-103): 8 layers of 800 units, kernel 4 (the width from the paper's text; Table 1 as
-    remembered says 900, not verified), lookup 280 (the config's defaults), WikiText-103 cutoffs."""
-    args.adaptive_softmax_cutoff = safe_getattr(args, "adaptive_softmax_cutoff", WT103_CUTOFF)
+    """GCNN-8 (WikiText-103): 8 layers of 800 units, kernel 4 (the width of the paper's text, "8 layers of 800
+    units"), lookup 280 (the config's defaults), fairseq's WikiText-103 cutoffs."""
+    args.adaptive_softmax_cutoff = safe_getattr(args, "adaptive_softmax_cutoff", DAUPHIN_WT103_CUTOFF)
 
 
 @register_model_architecture("gcnn_lm", "gcnn_lm_14")
@@ -296,7 +293,7 @@ def gcnn_lm_13(args):
     """GCNN-13 (Google Billion Word): 13 layers of 1268 units, kernel 4, lookup 128."""
     args.decoder_embed_dim = safe_getattr(args, "decoder_embed_dim", 128)
     args.gcnn_layers = safe_getattr(args, "gcnn_layers", GCNN_13)
-    args.adaptive_softmax_cutoff = safe_getattr(args, "adaptive_softmax_cutoff", GBW_CUTOFF)
+    args.adaptive_softmax_cutoff = safe_getattr(args, "adaptive_softmax_cutoff", DAUPHIN_GBW_CUTOFF)
 
 
 @register_model_architecture("gcnn_lm", "gcnn_lm_8b")

@@ -83,7 +83,8 @@ def check_input_layer(
         raise ValueError(f"--define-folded needs a DeFINE unit ({kind_flag} define), not {kind_flag} {kind}")
     if kind in ("projective", "define") and cfg.define_n < 1:
         raise ValueError(f"--define-n={cfg.define_n} must be at least 1")
-    # --define-depth 0 once chose the table in the families with a choice; elsewhere the unit names its minimum
+    # where the kind is a flag, a depth below 1 is refused naming it (the table is its own kind); elsewhere the
+    # unit names its own minimum
     if kind == "define" and cfg.define_depth < 1 and getattr(cfg, kind_flag.lstrip("-").replace("-", "_"), None):
         raise ValueError(f"{kind_flag} define needs --define-depth >= 1 (got {cfg.define_depth})")
     if kind == "projective" and cfg.define_n == width:

@@ -41,9 +41,8 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.models import FairseqLanguageModel, register_model, register_model_architecture
 from fairseq.utils import safe_getattr
 
-from define_fairseq.models.config_helpers import config_namespace, reject_renamed, same_value
+from define_fairseq.models.config_helpers import config_namespace
 from define_fairseq.models.define_config import (
-    DEPTH_ZERO_RENAME,
     TABLE_OR_DEFINE,
     DeFINEConfig,
     define_depth_field,
@@ -57,25 +56,7 @@ __all__ = [
     "LSTMLMDefineModel",
     "RecurrentLMDecoder",
     "build_recurrent_decoder",
-    "RENAMES",
 ]
-
-# Fields as they were spelled before the first release (the AWD-LSTM regularisers were define_*, and
-# --define-depth 0 chose the map without a DeFINE unit): a checkpoint whose old value would now be read otherwise is
-# refused with the new name (config_helpers.reject_renamed).
-RENAMES = {
-    f"define_{name}": (f"awd_{name}", same_value)
-    for name in (
-        "input_dropout",
-        "hidden_dropout",
-        "output_dropout",
-        "embed_dropout",
-        "weight_drop",
-        "ar_alpha",
-        "tar_beta",
-    )
-}
-RENAMES.update(DEPTH_ZERO_RENAME)
 
 
 @dataclass
@@ -166,7 +147,6 @@ class LSTMLMDefineModel(FairseqLanguageModel):
 
     @classmethod
     def build_model(cls, cfg, task):
-        reject_renamed(cfg, RENAMES, LSTMLMDefineConfig)
         args = config_namespace(cfg, LSTMLMDefineConfig)
         return cls(
             build_recurrent_decoder(

@@ -55,9 +55,8 @@ from fairseq.models import FairseqLanguageModel, register_model, register_model_
 from fairseq.utils import safe_getattr
 
 from define_fairseq.models.compile import compile_static_parts
-from define_fairseq.models.config_helpers import config_namespace, reject_renamed
+from define_fairseq.models.config_helpers import config_namespace
 from define_fairseq.models.define_config import (
-    DEPTH_ZERO_RENAME,
     TABLE_OR_DEFINE,
     DeFINEConfig,
     define_depth_field,
@@ -187,7 +186,6 @@ class MogrifierLSTMLMModel(FairseqLanguageModel):
 
     @classmethod
     def build_model(cls, cfg, task):
-        reject_renamed(cfg, DEPTH_ZERO_RENAME, MogrifierLSTMLMConfig)
         args = config_namespace(cfg, MogrifierLSTMLMConfig)
         return compile_static_parts(cls(build_mogrifier_decoder(args, task.target_dictionary)), args)
 

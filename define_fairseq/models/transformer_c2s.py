@@ -29,18 +29,13 @@ from fairseq.models.transformer.transformer_legacy import (
 )
 
 from define_fairseq.models.compile import compile_static_parts
-from define_fairseq.models.config_helpers import config_namespace, flag_names, plugin_defaults, reject_renamed
+from define_fairseq.models.config_helpers import config_namespace, flag_names, plugin_defaults
 from define_fairseq.models.define_config import DeFINEConfig, define_depth_field, define_n_field
 from define_fairseq.models.input_layer import build_input_layer, check_input_layer
 from define_fairseq.models.transformer_define import _flat_fields
 from define_fairseq.modules.char2subword import Char2SubwordEmbedding
 
 DECODER_INPUT_LAYERS = ("table", "char2subword", "define")
-# Before the first release the decoder's input layer was chosen with two switches
-RENAMES = {
-    "c2s_decoder": ("decoder_input_layer", lambda on: "char2subword" if on else "table"),
-    "c2s_define_decoder": ("decoder_input_layer", lambda on: "define" if on else "table"),
-}
 
 C2S_FIELDS = [
     ("define_n", int, define_n_field(128)),
@@ -149,7 +144,6 @@ class TransformerC2SModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
-        reject_renamed(args, RENAMES, TransformerC2SConfig)
         args = config_namespace(args, TransformerC2SConfig, defaults=False)
         transformer_c2s(args)
         if args.share_all_embeddings:

@@ -50,7 +50,6 @@ from define_fairseq.models.config_helpers import (
     config_namespace,
     flag_names,
     parse_cutoff,
-    reject_renamed,
 )
 from define_fairseq.models.define_config import (
     INPUT_LAYERS,
@@ -64,9 +63,7 @@ from define_fairseq.modules.checks import check_cutoff
 from define_fairseq.modules.projected_adaptive_softmax import ProjectedAdaptiveSoftmax
 from define_fairseq.modules.transformer_xl import TransformerXLStack
 
-WT103_CUTOFF = "20000,40000,200000"
-# --txl-input (standard, projective, define) became --input-layer (table, projective, define) before the first release
-RENAMES = {"txl_input": ("input_layer", lambda kind: "table" if kind == "standard" else kind)}
+TXL_WT103_CUTOFF = "20000,40000,200000"  # the adaptive softmax cutoffs of Transformer-XL's WikiText-103 models
 
 
 @dataclass
@@ -98,7 +95,7 @@ class TransformerXLConfig(DeFINEConfig):
         default=False, metadata={"help": "every position attends to the same number of states (evaluation)"}
     )
     adaptive_softmax_cutoff: Optional[str] = field(
-        default=WT103_CUTOFF,
+        default=TXL_WT103_CUTOFF,
         metadata={
             "help": "comma separated cluster boundaries of the projected adaptive softmax (empty: one "
             "cluster, a full softmax)"
@@ -273,7 +270,6 @@ class TransformerXLLanguageModel(FairseqLanguageModel):
 
     @classmethod
     def build_model(cls, cfg, task):
-        reject_renamed(cfg, RENAMES, TransformerXLConfig)
         args = config_namespace(cfg, TransformerXLConfig)
         return compile_static_parts(cls(build_transformer_xl_decoder(args, task.target_dictionary)), args)
 
