@@ -94,6 +94,17 @@ class Timings:
         pairs = [a / b for a, b in zip(self.times.get(base, []), self.times.get(name, []))]
         return statistics.median(pairs) if pairs else float("nan")
 
+    def columns(self, name: str, base: str, work: float, faults: bool = False) -> List[str]:
+        """The table cells of ``name`` against ``base``: its median and fastest ms (then its page faults, with
+        ``faults``), ``work`` per second of its median (e.g. tokens/s), and how many times faster than ``base`` it
+        ran (``speedup``, then ``paired``)."""
+        cells = [self.ms(name), self.min_ms(name)] + ([self.page_faults(name)] if faults else [])
+        return cells + [
+            f"{work / self.median(name):.0f}",
+            ratio(self.speedup(base, name)),
+            ratio(self.paired(base, name)),
+        ]
+
 
 def ms(seconds: float) -> str:
     v = seconds * 1e3

@@ -87,11 +87,7 @@ def part_layers(bench: Bench, s: dict):
                 [
                     f"{cin} -> {cout} (= 2 x {cout // 2}), k={k}" if v == CONVS[0] else "",
                     f"`{v}`",
-                    t.ms(v),
-                    t.min_ms(v),
-                    f"{6 * tokens * k * cin * cout / t.median(v) / 1e9:.0f}",
-                    ratio(t.speedup(CONVS[1], v)),
-                    ratio(t.paired(CONVS[1], v)),
+                    *t.columns(v, CONVS[1], 6 * tokens * k * cin * cout / 1e9),
                 ]
             )
     rows += [
@@ -181,12 +177,7 @@ def part_train(bench: Bench, s: dict):
         [
             f"`{n}`",
             millions(sum(p.numel() for p in built[n][2].parameters())),
-            t.ms(n),
-            t.min_ms(n),
-            t.page_faults(n),
-            f"{ntok / t.median(n):.0f}",
-            ratio(t.speedup(FAIRSEQ, n)),
-            ratio(t.paired(FAIRSEQ, n)),
+            *t.columns(n, FAIRSEQ, ntok, faults=True),
         ]
         for n in (FAIRSEQ, OURS)
     ]
@@ -261,15 +252,7 @@ def part_generate(bench: Bench, s: dict):
                 for i, h in enumerate(hypos)
             ), f"{name}: hypotheses do not continue the prefix to its length"
         rows += [
-            [
-                f"batch {batch}, beam {beam}" if n == FAIRSEQ else "",
-                f"`{n}`",
-                t.ms(n),
-                t.min_ms(n),
-                f"{batch * new / t.median(n):.0f}",
-                ratio(t.speedup(FAIRSEQ, n)),
-                ratio(t.paired(FAIRSEQ, n)),
-            ]
+            [f"batch {batch}, beam {beam}" if n == FAIRSEQ else "", f"`{n}`", *t.columns(n, FAIRSEQ, batch * new)]
             for n in (FAIRSEQ, OURS)
         ]
         checks.append(

@@ -12,7 +12,7 @@ import copy
 
 import torch
 
-from benchmarks.common import Bench, Check, millions, options, ratio, run_main, table
+from benchmarks.common import Bench, Check, millions, options, run_main, table
 from benchmarks.train_speed import translation_batch, translation_models
 from benchmarks.workloads import count_params
 
@@ -83,11 +83,7 @@ def main(argv=None):
         [
             f"`{n}`",
             millions(count_params(m)),
-            t.ms(n),
-            t.min_ms(n),
-            f"{ntok / t.median(n):.0f}",
-            ratio(t.speedup(VARIANTS[0], n)),
-            ratio(t.paired(VARIANTS[0], n)),
+            *t.columns(n, VARIANTS[0], ntok),
         ]
         for n, m in models.items()
     ]

@@ -19,7 +19,6 @@ import copy
 import torch
 
 from benchmarks.common import Bench, Check, millions, ms, options, ratio, run_main, table
-from benchmarks.targets import target
 from benchmarks.workloads import build_model, count_params, lm_sample
 
 FAIRSEQ, SAME = "fairseq `lstm_lm`", "`lstm_lm_define`, no DeFINE (same network)"
@@ -171,11 +170,12 @@ def main(argv=None):
         if not training:
             goal = f"lstm_scoring_b{nominal}"
             checks.append(
-                Check(
+                Check.of_goal(
+                    goal,
                     f"lstm_lm_define (same network) vs its 3 LSTM layers alone, {label}: tokens/s",
                     t.speedup(ALONE, SAME),
-                    target(goal, bench.cuda, 0.95),
-                    goal=goal,
+                    bench.cuda,
+                    0.95,
                     batch=f"{batch} x {bptt} tokens",
                 )
             )

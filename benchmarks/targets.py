@@ -91,6 +91,11 @@ class Check(NamedTuple):
     unit: str = "x"
     batch: str = ""
 
+    @classmethod
+    def of_goal(cls, goal: str, what: str, value: float, cuda: bool, default: float, **fields) -> "Check":
+        """The check of goal ``goal``: its target on the device (:func:`target`, ``default`` where it has none)."""
+        return cls(what, value, target(goal, cuda, default), goal=goal, **fields)
+
     @property
     def met(self) -> bool:
         return self.value <= self.target if self.at_most else self.value >= self.target

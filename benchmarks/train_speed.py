@@ -18,7 +18,6 @@ import shlex
 import torch
 
 from benchmarks.common import Bench, Check, millions, options, ratio, run_main, table
-from benchmarks.targets import target
 from benchmarks.workloads import build_model, count_params, zipf_tokens
 from define_fairseq.modules.define_embedding import TOKEN_PATHS
 
@@ -154,12 +153,7 @@ def main(argv=None):
             f"`{n}`",
             millions(count_params(m)),
             millions(sum(p.numel() for k, p in m.named_parameters() if "embed_tokens" in k)),
-            t.ms(n),
-            t.min_ms(n),
-            t.page_faults(n),
-            f"{ntok / t.median(n):.0f}",
-            ratio(t.speedup(BASELINE, n)),
-            ratio(t.paired(BASELINE, n)),
+            *t.columns(n, BASELINE, ntok, faults=True),
         ]
         for n, m in models.items()
     ]
@@ -198,11 +192,12 @@ def main(argv=None):
     fastest = max(speeds, key=lambda n: speeds[n] if speeds[n] == speeds[n] else -1.0)
     goal = goal_key(args.tokens)
     checks = [
-        Check(
+        Check.of_goal(
+            goal,
             f"{fastest} vs transformer, training tokens/s, {ntok} target tokens a step, {bench.args.dtype}",
             t.speedup(BASELINE, fastest),
-            target(goal, bench.cuda, 1.0 if bench.cuda else 1.1),
-            goal=goal,
+            bench.cuda,
+            1.0 if bench.cuda else 1.1,
             batch=f"{sentences} sentences, {ntok} target tokens",
         )
     ]

@@ -26,7 +26,7 @@ import shlex
 import torch
 
 from benchmarks.common import Bench, Check, millions, ms, options, ratio, run_main, table
-from benchmarks.targets import GOALS, target
+from benchmarks.targets import GOALS
 from benchmarks.workloads import build_model, count_params, lm_sample
 
 STANDARD, DEFINE = "transformer_xl_wt103_d384", "transformer_xl_define_wt103_n128"
@@ -106,12 +106,13 @@ def nvidia_base(bench: Bench, batch: int):
     t = bench.time(fns)
     rows = [[n, t.ms(n), f"{batch * tgt_len / t.median(n):.0f}"] for n in fns]
     flags = f" ({bench.args.model_args.strip()})" if bench.args.model_args.strip() else ""
-    check = Check(
+    check = Check.of_goal(
+        "txl_nvidia_base",
         f"Transformer-XL at NVIDIA's base shape{flags}, training tokens/s, {bench.args.dtype} (twice NVIDIA's A100 "
         "figure)",
         batch * tgt_len / t.median(name),
-        target("txl_nvidia_base", bench.cuda, GOALS["txl_nvidia_base"].gpu),
-        goal="txl_nvidia_base",
+        bench.cuda,
+        GOALS["txl_nvidia_base"].gpu,
         unit="tokens/s",
         batch=f"{batch} x {tgt_len} tokens, memory {tgt_len}",
     )
@@ -157,6 +158,11 @@ def main(argv=None):
         models[arch] = bench.to(model), criterion
     sections, checks = [], []
     flags = f" ({args.model_args.strip()})" if args.model_args.strip() else ""
+
+    def vs_standard(goal: str, who: str, regime: str, name: str, t, batch: str) -> Check:
+        """Goal ``goal``'s check: ``name``'s tokens/s over the standard 384 model's (1.3x where it has no target)."""
+        what = f"{who} vs standard 384{flags}, {regime} tokens/s, {args.dtype}"
+        return Check.of_goal(goal, what, t.speedup(STANDARD, name), bench.cuda, 1.3, batch=batch)
 
     if not args.skip_training:
         sample = bench.to(txl_batch(vocab, batch, tgt_len, seed=0))
@@ -212,15 +218,8 @@ def main(argv=None):
             f"{io[STANDARD] / 1e9:.1f} GFLOP, DeFINE {io[DEFINE] / 1e9:.1f} GFLOP; peak rate {peak / 1e9:.0f} "
             f"GFLOP/s. Paper (4 x RTX 2080 Ti): standard 384 855 ms/batch, DeFINE n = 128 606 (1.41x).\n"
         )
-        checks.append(
-            Check(
-                f"Transformer-XL DeFINE n=128 vs standard 384{flags}, training tokens/s, {args.dtype}",
-                t.speedup(STANDARD, DEFINE),
-                target("txl_define_train", bench.cuda, 1.3),
-                goal="txl_define_train",
-                batch=f"{batch} x {tgt_len} tokens, memory {tgt_len}",
-            )
-        )
+        shape = f"{batch} x {tgt_len} tokens, memory {tgt_len}"
+        checks.append(vs_standard("txl_define_train", "Transformer-XL DeFINE n=128", "training", DEFINE, t, shape))
 
     from define_fairseq.tools.fold_define import fold_model
 
@@ -289,16 +288,8 @@ def main(argv=None):
         + "\nInput + stack: the forward alone (the folded model's taken as the unfolded one's). Paper (Table 5, "
         "inference ms/batch): standard 384 202, projective 128 129, DeFINE 128 131.\n"
     )
-    for name in (DEFINE, f"{DEFINE}, folded"):
-        checks.append(
-            Check(
-                f"{name} vs standard 384{flags}, evaluation tokens/s, {args.dtype}",
-                t.speedup(STANDARD, name),
-                target("txl_define_eval", bench.cuda, 1.3),
-                goal="txl_define_eval",
-                batch=f"{eval_batch} x {eval_len} tokens, memory {10 * eval_len}",
-            )
-        )
+    shape = f"{eval_batch} x {eval_len} tokens, memory {10 * eval_len}"
+    checks += [vs_standard("txl_define_eval", n, "evaluation", n, t, shape) for n in (DEFINE, f"{DEFINE}, folded")]
     return bench.finish("Transformer-XL: DeFINE n=128 vs standard 384 (Table 2 sizes)", [], "\n".join(sections), checks)
 
 
