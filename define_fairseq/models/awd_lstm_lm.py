@@ -22,30 +22,22 @@ For AWD-LSTM's contiguous batches with carried state (truncated BPTT, variable l
 from dataclasses import dataclass, field
 from typing import Optional
 
-from fairseq.dataclass import ChoiceEnum
 from fairseq.models import register_model, register_model_architecture
 from fairseq.utils import safe_getattr
 
+from define_fairseq.models.compile import CompileConfig
 from define_fairseq.models.config_helpers import config_namespace
-from define_fairseq.models.define_config import (
-    TABLE_OR_DEFINE,
-    DeFINEConfig,
-    define_depth_field,
-    define_n_field,
-    input_layer_field,
-)
+from define_fairseq.models.input_config import input_layer_config
+from define_fairseq.models.input_layer import build_input_layer
 from define_fairseq.models.lstm_lm_define import LSTMLMDefineModel
-from define_fairseq.models.recurrent_lm_decoder import build_recurrent_decoder
+from define_fairseq.models.recurrent_lm_decoder import build_recurrent_decoder, recurrent_input_spec
 
 
 @dataclass
-class AWDLSTMLMConfig(DeFINEConfig):
+class AWDLSTMLMConfig(input_layer_config(define_depth=7), CompileConfig):
     """Options of ``awd_lstm_lm`` (the fields of ``lstm_lm_define`` but the adaptive ones); the defaults are
     AWD-LSTM's PTB model (a plain 400-d embedding), the DeFINE ones those of ``awd_lstm_lm_define``."""
 
-    input_layer: ChoiceEnum(TABLE_OR_DEFINE) = input_layer_field("table", "--decoder-embed-dim", TABLE_OR_DEFINE)
-    define_n: int = define_n_field(128, "width n of the V x n table under the DeFINE unit (the softmax ties to it)")
-    define_depth: int = define_depth_field(7)
     decoder_embed_dim: int = field(default=400, metadata={"help": "LSTM input width m (the DeFINE output width)"})
     decoder_hidden_size: int = field(default=1150, metadata={"help": "hidden size of every LSTM layer but the last"})
     decoder_layers: int = field(default=3, metadata={"help": "number of LSTM layers"})
@@ -76,12 +68,15 @@ class AWDLSTMLMModel(LSTMLMDefineModel):
 
     @classmethod
     def build_model(cls, cfg, task):
-        args = config_namespace(cfg, AWDLSTMLMConfig)
-        return cls(
-            build_recurrent_decoder(
-                args, task.target_dictionary, adaptive=False, tie_full_softmax=not args.awd_untie_output
-            )
-        )
+        args = cls.resolved_config(cfg)
+        layer = build_input_layer(recurrent_input_spec(args, task.target_dictionary, adaptive=False))
+        tie = not args.awd_untie_output
+        return cls(build_recurrent_decoder(args, task.target_dictionary, layer, adaptive=False, tie_full_softmax=tie))
+
+    @classmethod
+    def resolved_config(cls, cfg):
+        """``cfg`` (a DictConfig or namespace) as a namespace with every field set: the family's defaults."""
+        return config_namespace(cfg, AWDLSTMLMConfig)
 
 
 @register_model_architecture("awd_lstm_lm", "awd_lstm_lm_define")

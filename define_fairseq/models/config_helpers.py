@@ -4,9 +4,7 @@ import ast
 from argparse import Namespace
 from contextlib import contextmanager
 from dataclasses import fields
-from typing import Iterator, List, Optional
-
-from fairseq.utils import safe_getattr
+from typing import Callable, Iterator, List, Optional
 
 from define_fairseq.modules.checks import ParameterError, check_probability
 
@@ -18,39 +16,46 @@ def _unresolved(value) -> bool:
     return isinstance(value, str) and value.startswith("${")
 
 
-def config_namespace(cfg, config_cls, defaults: bool = True) -> Namespace:
+def config_namespace(cfg, config_cls, defaults: bool = True, arch: Optional[Callable] = None) -> Namespace:
     """The fields of ``config_cls`` read from ``cfg`` (a DictConfig or Namespace) as a namespace.
 
-    ``defaults``: an unset, None or unresolved field takes the dataclass default. Otherwise (the transformer
-    models, whose arch functions fill in fairseq's defaults) an unset or unresolved field is left out.
+    A field that is unset (None, unresolved or absent) is left out, for ``arch`` (the arch function of a model whose
+    parser has no defaults, fairseq's Transformers') to fill in; then, with ``defaults``, each field still unset
+    takes the dataclass default. Without ``defaults`` a None or unresolved field that has a default other than None
+    is kept as it is, for fairseq's arch functions to read.
     """
     values = {}
     for f in fields(config_cls):
-        if defaults:
-            if f.name.startswith("_"):
-                continue
-            value = safe_getattr(cfg, f.name, None)
-            values[f.name] = f.default if value is None or _unresolved(value) else value
-        elif hasattr(cfg, f.name) and not _unresolved(str(getattr(cfg, f.name))):
-            values[f.name] = getattr(cfg, f.name)
-    return Namespace(**values)
+        if (defaults and f.name.startswith("_")) or not hasattr(cfg, f.name):
+            continue
+        value = getattr(cfg, f.name)
+        if value is None and (defaults or f.default is None):
+            continue
+        if _unresolved(value if defaults else str(value)):
+            continue
+        values[f.name] = value
+    args = Namespace(**values)
+    if arch is not None:
+        arch(args)
+    if defaults:
+        for f in fields(config_cls):
+            if not f.name.startswith("_") and getattr(args, f.name, None) is None:
+                setattr(args, f.name, f.default)
+    return args
 
 
-PLUGIN_PREFIXES = ("define_", "c2s_", "decoder_input_layer", "torch_compile")  # the fields the plugin adds
+# the fields the plugin adds
+PLUGIN_PREFIXES = ("define_", "c2s_", "input_layer", "decoder_input_layer", "torch_compile")
 
 
-def plugin_defaults(args, config_cls, **values) -> None:
+def plugin_defaults(args, config_cls) -> None:
     """A Transformer arch function's defaults for the fields the plugin adds (``define_*``, ``c2s_*``,
-    ``decoder_input_layer``, ``torch_compile*``): each that ``args`` leaves unset (absent or None) takes
-    ``values[name]`` (what the arch changes) or else the dataclass default. (fairseq's Transformer parser has no
-    defaults, so that its arch functions can set them.)"""
-    names = {f.name: f.default for f in fields(config_cls) if f.name.startswith(PLUGIN_PREFIXES)}
-    unknown = set(values) - set(names)
-    if unknown:
-        raise TypeError(f"{config_cls.__name__} has no field {', '.join(sorted(unknown))}")
-    for name, default in names.items():
-        if getattr(args, name, None) is None:
-            setattr(args, name, values.get(name, default))
+    ``input_layer``, ``decoder_input_layer``, ``torch_compile*``): each that ``args`` leaves unset (absent or None)
+    takes the dataclass default. (fairseq's Transformer parser has no defaults, so that its arch functions can set
+    them; an arch sets what it changes before calling this.)"""
+    for f in fields(config_cls):
+        if f.name.startswith(PLUGIN_PREFIXES) and getattr(args, f.name, None) is None:
+            setattr(args, f.name, f.default)
 
 
 @contextmanager

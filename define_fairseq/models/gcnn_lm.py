@@ -43,7 +43,7 @@ from fairseq.modules import AdaptiveSoftmax
 from fairseq.utils import safe_getattr
 from torch import Tensor
 
-from define_fairseq.models.compile import compile_static_parts
+from define_fairseq.models.compile import CompileConfig, compile_static_parts
 from define_fairseq.models.config_helpers import (
     MAX_POSITIONS,
     check_rate,
@@ -52,14 +52,8 @@ from define_fairseq.models.config_helpers import (
     flag_names,
     parse_cutoff,
 )
-from define_fairseq.models.define_config import (
-    TABLE_OR_DEFINE,
-    DeFINEConfig,
-    define_depth_field,
-    define_n_field,
-    input_layer_field,
-)
-from define_fairseq.models.input_layer import build_input_layer
+from define_fairseq.models.input_config import InputLayerConfig
+from define_fairseq.models.input_layer import InputLayer, InputLayerSpec, build_input_layer, resolve_input_layer
 from define_fairseq.modules.checks import check_cutoff, check_probability
 from define_fairseq.modules.gated_conv import ACTIVATIONS, GatedConvStack, parse_layer_spec
 
@@ -80,9 +74,7 @@ DAUPHIN_GBW_CUTOFF = "10000,50000,200000"
 
 
 @dataclass
-class GatedConvLMConfig(DeFINEConfig):
-    define_n: int = define_n_field(128)
-    define_depth: int = define_depth_field(3)
+class GatedConvLMConfig(InputLayerConfig, CompileConfig):
     decoder_embed_dim: int = field(default=280, metadata={"help": "lookup width e (the first block's input)"})
     gcnn_layers: str = field(
         default=GCNN_8,
@@ -106,7 +98,6 @@ class GatedConvLMConfig(DeFINEConfig):
     gcnn_no_weight_norm: bool = field(
         default=False, metadata={"help": "plain convolutions instead of weight-normalised ones"}
     )
-    input_layer: ChoiceEnum(TABLE_OR_DEFINE) = input_layer_field("table", "--decoder-embed-dim", TABLE_OR_DEFINE)
     dropout: float = field(
         default=0.0,
         metadata={
@@ -215,8 +206,16 @@ def gcnn_table_init(weight: Tensor) -> None:
     nn.init.normal_(weight, mean=0.0, std=0.1)
 
 
-def build_gated_conv_decoder(cfg, dictionary) -> GatedConvLMDecoder:
-    """The decoder described by ``cfg`` (a namespace of :class:`GatedConvLMConfig` fields).
+def gated_conv_input_spec(cfg, dictionary) -> InputLayerSpec:
+    """The lookup ``cfg`` describes, e wide (``--decoder-embed-dim``)."""
+    return resolve_input_layer(
+        cfg, dictionary, cfg.decoder_embed_dim, "--decoder-embed-dim", table_init=gcnn_table_init
+    )
+
+
+def build_gated_conv_decoder(cfg, dictionary, layer: InputLayer) -> GatedConvLMDecoder:
+    """The decoder described by ``cfg`` (a namespace of :class:`GatedConvLMConfig` fields) over the lookup ``layer``
+    (of :func:`gated_conv_input_spec`).
 
     Raises ``ValueError`` naming the flag for every impossible setting.
     """
@@ -224,8 +223,6 @@ def build_gated_conv_decoder(cfg, dictionary) -> GatedConvLMDecoder:
     check_rate(cfg.adaptive_softmax_dropout, "--adaptive-softmax-dropout")  # fairseq's AdaptiveSoftmax: unchecked
     if cfg.gcnn_residual_scale <= 0:
         raise ValueError(f"--gcnn-residual-scale={cfg.gcnn_residual_scale} must be positive")
-
-    embed = build_input_layer(cfg, dictionary, e, "--decoder-embed-dim", table_init=gcnn_table_init).embed
 
     blocks = parse_layer_spec(cfg.gcnn_layers, "--gcnn-layers")
     with flag_names(dropout="--dropout"):
@@ -255,7 +252,7 @@ def build_gated_conv_decoder(cfg, dictionary) -> GatedConvLMDecoder:
     with flag_names(dropout="--dropout"):
         return GatedConvLMDecoder(
             dictionary,
-            embed,
+            layer.embed,
             convolutions,
             output_projection=output_projection,
             adaptive_softmax=adaptive_softmax,
@@ -270,8 +267,14 @@ class GatedConvLanguageModel(FairseqLanguageModel):
 
     @classmethod
     def build_model(cls, cfg, task):
-        args = config_namespace(cfg, GatedConvLMConfig)
-        return compile_static_parts(cls(build_gated_conv_decoder(args, task.target_dictionary)), args)
+        args = cls.resolved_config(cfg)
+        layer = build_input_layer(gated_conv_input_spec(args, task.target_dictionary))
+        return compile_static_parts(cls(build_gated_conv_decoder(args, task.target_dictionary, layer)), args)
+
+    @classmethod
+    def resolved_config(cls, cfg):
+        """``cfg`` (a DictConfig or namespace) as a namespace with every field set: the family's defaults."""
+        return config_namespace(cfg, GatedConvLMConfig)
 
 
 @register_model_architecture("gcnn_lm", "gcnn_lm_8")

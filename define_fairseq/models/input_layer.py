@@ -1,22 +1,29 @@
-"""The input layer of every model family, built in one place from the flags.
+"""The input layer of every model family: its flags resolved into plain values, then built, and tied to an output.
 
-A family chooses its input layer with ``--input-layer`` (``transformer_c2s``: ``--decoder-input-layer``;
-``transformer_define`` and ``transformer_lm_define`` always use DeFINE): a ``V x d`` table, a projective map
-(``V x n`` table and ``n -> d``) or a DeFINE unit (``V x n`` table and DeFINE ``n -> d``), the last folded into a
-``V x d`` table for inference under ``--define-folded``. With ``--adaptive-input`` the ``V x n`` table is an adaptive
-input of base width ``n``. :func:`build_input_layer` builds any of them; the family keeps only what is its own (the
-table's initialisation, and its output layer, which ties to the returned module's ``weight`` or, over an adaptive
-map, to its ``weights_for_band``).
+A family's ``build_model`` reads and checks the flags once, into an :class:`InputLayerSpec`
+(:func:`resolve_input_layer`), before it builds any module; :func:`build_input_layer` builds the layer from the spec
+alone, with the builder of its kind in :data:`INPUT_KINDS`: a ``V x d`` table (``table``), a ``V x n`` table and a
+linear map ``n -> d`` (``projective``), a ``V x n`` table and a DeFINE unit ``n -> d`` (``define``, folded into a
+``V x d`` table under ``--define-folded``). With ``--adaptive-input`` the ``V x n`` table is an adaptive input of base
+width ``n``. The result, an :class:`InputLayer`, says what an output layer ties to, and :func:`tie_output` ties one.
+A family keeps only its own table initialisation and its output layer's shape.
 """
 
-from typing import Callable, NamedTuple, Optional
+from dataclasses import dataclass
+from typing import Callable, Dict, NamedTuple, Optional
 
 import torch
 import torch.nn as nn
 
-from define_fairseq.models.config_helpers import parse_cutoff
-from define_fairseq.models.define_config import INPUT_LAYERS, build_define_embedding
-from define_fairseq.modules import AdaptiveInput, FoldedDeFINEEmbedding, ProjectiveEmbedding, check_cutoff
+from define_fairseq.models.config_helpers import flag_names, parse_cutoff
+from define_fairseq.models.define_config import DEFINE_FLAGS, define_options
+from define_fairseq.modules import (
+    AdaptiveInput,
+    DeFINEEmbedding,
+    FoldedDeFINEEmbedding,
+    ProjectiveEmbedding,
+    check_cutoff,
+)
 
 TableInit = Callable[[torch.Tensor], None]
 
@@ -36,27 +43,82 @@ def embedding_table(vocab: int, width: int, padding_idx: Optional[int], init: Ta
     return embed
 
 
+@dataclass(frozen=True)
+class InputLayerSpec:
+    """An input layer's flags, read and checked: what :func:`build_input_layer` builds from.
+
+    ``kind`` (set by ``kind_flag``), over ``vocab`` symbols with ``padding_idx``, of output width ``width`` (set by
+    ``width_flag``); ``n`` the width of the map an output layer ties to; ``define`` the DeFINE unit's arguments
+    (``DeFINEEmbedding``'s names); ``folded`` a folded DeFINE unit; ``adaptive_cutoff`` and ``adaptive_factor`` the
+    adaptive map's bands (None: a plain table); ``table_init`` the family's initialisation of a ``V x d`` table,
+    ``scaled_table`` the table is Transformer-XL's (scaled by sqrt(d), its own initialisation).
+    """
+
+    kind: str
+    kind_flag: str
+    vocab: int
+    padding_idx: Optional[int]
+    width: int
+    width_flag: str
+    n: int
+    define: Dict[str, object]
+    folded: bool
+    adaptive_cutoff: Optional[list]
+    adaptive_factor: float
+    table_init: TableInit
+    scaled_table: bool
+
+
+class InputKind(NamedTuple):
+    """An input kind: ``build(spec)`` returns its module (``embedding_dim`` ``spec.width``, a ``weight`` of width
+    ``spec.n`` unless it maps through an adaptive input); ``mapped``: its table is ``V x n`` (``--define-n``), not
+    ``V x d``; ``adaptive``: it can map through an adaptive input."""
+
+    build: Callable[[InputLayerSpec], nn.Module]
+    mapped: bool
+    adaptive: bool
+
+
+def _table(spec: InputLayerSpec) -> nn.Module:
+    if spec.adaptive_cutoff is not None:
+        return AdaptiveInput(
+            spec.vocab, spec.padding_idx, spec.width, spec.adaptive_cutoff, spec.adaptive_factor, output_dim=spec.width
+        )
+    if spec.scaled_table:
+        return ProjectiveEmbedding(spec.vocab, spec.width, spec.width, padding_idx=spec.padding_idx)
+    return embedding_table(spec.vocab, spec.width, spec.padding_idx, spec.table_init)
+
+
+def _projective(spec: InputLayerSpec) -> nn.Module:
+    return ProjectiveEmbedding(spec.vocab, spec.n, spec.width, padding_idx=spec.padding_idx)
+
+
+def _define(spec: InputLayerSpec) -> nn.Module:
+    adaptive = dict(adaptive_cutoff=spec.adaptive_cutoff, adaptive_factor=spec.adaptive_factor)
+    if spec.folded:
+        return FoldedDeFINEEmbedding(spec.vocab, spec.n, spec.width, padding_idx=spec.padding_idx, **adaptive)
+    with flag_names(m=spec.width_flag, **DEFINE_FLAGS):
+        return DeFINEEmbedding(spec.vocab, m=spec.width, padding_idx=spec.padding_idx, **spec.define, **adaptive)
+
+
+INPUT_KINDS: Dict[str, InputKind] = {
+    "table": InputKind(_table, mapped=False, adaptive=True),
+    "projective": InputKind(_projective, mapped=True, adaptive=False),
+    "define": InputKind(_define, mapped=True, adaptive=True),
+}
+"""The input kinds, ``--input-layer``'s choices: a kind added here is offered by every family."""
+
+
 class InputLayer(NamedTuple):
-    """What :func:`build_input_layer` returns: ``embed`` (the family's ``embed_tokens``, of output width ``d``) and
-    ``tied_width``, the width of what an output layer ties to (``embed.weight``'s, or the adaptive map's base
-    width), and ``adaptive_cutoff``, the adaptive map's band boundaries (None without one)."""
+    """What :func:`build_input_layer` returns: ``embed`` (the family's ``embed_tokens``, of output width ``d``),
+    ``weight`` (the ``V x n`` table an output layer ties to; None over an adaptive map, whose bands a tied adaptive
+    softmax takes from ``embed``), ``tied_width`` (n) and ``adaptive_cutoff`` (the adaptive map's band boundaries,
+    None without one)."""
 
     embed: nn.Module
+    weight: Optional[nn.Parameter]
     tied_width: int
     adaptive_cutoff: Optional[list]
-
-
-def input_kind(cfg, kind_flag: str = "--input-layer") -> str:
-    """The input layer ``cfg`` asks for: its ``input_layer`` (or ``decoder_input_layer``) field, else DeFINE (the
-    families without a choice)."""
-    field = kind_flag.lstrip("-").replace("-", "_")
-    return str(getattr(cfg, field, None) or "define")
-
-
-def tied_width(cfg, width: int, kind: str) -> int:
-    """n, the width of the map an output layer ties to: ``--define-n`` for a projective map or DeFINE unit, the
-    model's input width ``width`` for a table."""
-    return width if kind == "table" else cfg.define_n
 
 
 def adaptive_input_cutoff(cfg, vocab: int) -> Optional[list]:
@@ -70,31 +132,7 @@ def adaptive_input_cutoff(cfg, vocab: int) -> Optional[list]:
     return check_cutoff(parse_cutoff(cutoff, "--adaptive-input-cutoff"), vocab, "--adaptive-input-cutoff")
 
 
-def check_input_layer(
-    cfg, width: int, width_flag: str, kind: str, kind_flag: str = "--input-layer", kinds=INPUT_LAYERS
-) -> None:
-    """The checks of the input-layer flags (``ValueError`` naming them): sizes, and what each kind needs. ``kinds``:
-    the family's choices (a family may have a kind of its own, built elsewhere)."""
-    if kind not in kinds:
-        raise ValueError(f"{kind_flag} {kind}: choose one of {', '.join(kinds)}")
-    if width < 1:
-        raise ValueError(f"{width_flag}={width} must be at least 1")
-    if getattr(cfg, "define_folded", False) and kind != "define":
-        raise ValueError(f"--define-folded needs a DeFINE unit ({kind_flag} define), not {kind_flag} {kind}")
-    if kind in ("projective", "define") and cfg.define_n < 1:
-        raise ValueError(f"--define-n={cfg.define_n} must be at least 1")
-    # where the kind is a flag, a depth below 1 is refused naming it (the table is its own kind); elsewhere the
-    # unit names its own minimum
-    if kind == "define" and cfg.define_depth < 1 and getattr(cfg, kind_flag.lstrip("-").replace("-", "_"), None):
-        raise ValueError(f"{kind_flag} define needs --define-depth >= 1 (got {cfg.define_depth})")
-    if kind == "projective" and cfg.define_n == width:
-        raise ValueError(
-            f"{kind_flag} projective with --define-n {cfg.define_n} = {width_flag}: nothing to project; "
-            f"use {kind_flag} table"
-        )
-
-
-def build_input_layer(
+def resolve_input_layer(
     cfg,
     dictionary,
     width: int,
@@ -104,37 +142,75 @@ def build_input_layer(
     table_init: TableInit = fairseq_table_init,
     scaled_table: bool = False,
     adaptive_map: bool = False,
-) -> InputLayer:
-    """The input layer ``cfg`` describes, of output width ``width`` (set by ``width_flag``), over ``dictionary``.
-
-    ``kind``: ``table``, ``projective`` or ``define`` (default: :func:`input_kind`). ``table_init``: the family's
-    initialisation of a ``V x width`` table. ``scaled_table``: the table is Transformer-XL's (a
-    :class:`ProjectiveEmbedding` without projection, scaled by sqrt(d)) instead of a plain ``nn.Embedding``.
-    ``adaptive_map``: the family has ``--adaptive-input`` (the language models that map through an adaptive input;
-    fairseq's translation Transformers carry the flag but have no use for it). Every impossible combination raises
+) -> InputLayerSpec:
+    """The input layer that ``cfg`` (a resolved configuration: see ``input_config``) describes, of output width
+    ``width`` (set by ``width_flag``), over ``dictionary``, checked; every impossible combination raises
     ``ValueError`` naming the flags.
+
+    ``kind``: the family's own reading of ``kind_flag`` (default: ``cfg.input_layer``). ``adaptive_map``: the family
+    has ``--adaptive-input`` (the language models that map through an adaptive input; fairseq's translation
+    Transformers carry the flag but have no use for it).
     """
-    kind = kind or input_kind(cfg, kind_flag)
-    check_input_layer(cfg, width, width_flag, kind, kind_flag)
-    vocab, pad = len(dictionary), dictionary.pad()
-    cutoff = adaptive_input_cutoff(cfg, vocab) if adaptive_map else None
-    factor = getattr(cfg, "adaptive_input_factor", 4)
-    n = tied_width(cfg, width, kind)
-    if cutoff is not None and kind == "projective":
-        raise ValueError(f"--adaptive-input needs {kind_flag} table or define, not projective")
-    if kind == "table":
-        if cutoff is not None:
-            embed = AdaptiveInput(vocab, pad, width, cutoff, factor, output_dim=width)
-        elif scaled_table:
-            embed = ProjectiveEmbedding(vocab, width, width, padding_idx=pad)
-        else:
-            embed = embedding_table(vocab, width, pad, table_init)
-    elif kind == "projective":
-        embed = ProjectiveEmbedding(vocab, n, width, padding_idx=pad)
-    elif cfg.define_folded:
-        embed = FoldedDeFINEEmbedding(vocab, n, width, padding_idx=pad, adaptive_cutoff=cutoff, adaptive_factor=factor)
-    else:
-        embed = build_define_embedding(
-            cfg, vocab, pad, width, width_flag, adaptive_cutoff=cutoff, adaptive_factor=factor
+    kind = str(kind or cfg.input_layer)
+    if kind not in INPUT_KINDS:
+        raise ValueError(f"{kind_flag} {kind}: choose one of {', '.join(INPUT_KINDS)}")
+    if width < 1:
+        raise ValueError(f"{width_flag}={width} must be at least 1")
+    mapped, folded = INPUT_KINDS[kind].mapped, bool(getattr(cfg, "define_folded", False))
+    if folded and kind != "define":
+        raise ValueError(f"--define-folded needs a DeFINE unit ({kind_flag} define), not {kind_flag} {kind}")
+    if mapped and cfg.define_n < 1:
+        raise ValueError(f"--define-n={cfg.define_n} must be at least 1")
+    if kind == "define" and cfg.define_depth < 1:  # the unit names its own minimum above 0
+        raise ValueError(f"{kind_flag} define needs --define-depth >= 1 (got {cfg.define_depth})")
+    if kind == "projective" and cfg.define_n == width:
+        raise ValueError(
+            f"{kind_flag} projective with --define-n {cfg.define_n} = {width_flag}: nothing to project; "
+            f"use {kind_flag} table"
         )
-    return InputLayer(embed, n, cutoff)
+    vocab = len(dictionary)
+    cutoff = adaptive_input_cutoff(cfg, vocab) if adaptive_map else None
+    if cutoff is not None and not INPUT_KINDS[kind].adaptive:
+        choices = " or ".join(name for name, each in INPUT_KINDS.items() if each.adaptive)
+        raise ValueError(f"--adaptive-input needs {kind_flag} {choices}, not {kind}")
+    return InputLayerSpec(
+        kind=kind,
+        kind_flag=kind_flag,
+        vocab=vocab,
+        padding_idx=dictionary.pad(),
+        width=width,
+        width_flag=width_flag,
+        n=cfg.define_n if mapped else width,
+        define=define_options(cfg),
+        folded=folded,
+        adaptive_cutoff=cutoff,
+        adaptive_factor=getattr(cfg, "adaptive_input_factor", 4),
+        table_init=table_init,
+        scaled_table=scaled_table,
+    )
+
+
+def build_input_layer(spec: InputLayerSpec) -> InputLayer:
+    """The input layer ``spec`` describes, and what an output layer ties to. Shapes: ``embed(tokens [...])`` ->
+    ``[..., spec.width]``; ``weight [V, n]``."""
+    embed = INPUT_KINDS[spec.kind].build(spec)
+    weight = None if spec.adaptive_cutoff is not None else embed.weight
+    return InputLayer(embed, weight, spec.n, spec.adaptive_cutoff)
+
+
+def tie_output(layer: InputLayer, output: nn.Module, tie_flag: str) -> nn.Module:
+    """``output`` (a module whose ``weight`` is ``[V, n]``: a full softmax) with that weight replaced by the input
+    layer's table; returns it. A ``ValueError`` naming ``tie_flag`` (the flag that asked for the tie) when the input
+    layer has no single table (an adaptive map: tie an adaptive softmax to its bands instead) or the widths differ."""
+    if layer.weight is None:
+        raise ValueError(
+            f"{tie_flag}: a full softmax cannot be tied to an adaptive input (it has no single V x n table): add "
+            f"--adaptive-softmax-cutoff with --tie-adaptive-weights, or untie"
+        )
+    if output.weight.shape != layer.weight.shape:
+        raise ValueError(
+            f"{tie_flag}: the output layer is {list(output.weight.shape)}, the input layer's table "
+            f"{list(layer.weight.shape)}"
+        )
+    output.weight = layer.weight
+    return output

@@ -37,19 +37,14 @@ declares the same fields with AWD-LSTM's defaults.
 from dataclasses import dataclass, field
 from typing import Optional
 
-from fairseq.dataclass import ChoiceEnum
 from fairseq.models import FairseqLanguageModel, register_model, register_model_architecture
 from fairseq.utils import safe_getattr
 
+from define_fairseq.models.compile import CompileConfig
 from define_fairseq.models.config_helpers import config_namespace
-from define_fairseq.models.define_config import (
-    TABLE_OR_DEFINE,
-    DeFINEConfig,
-    define_depth_field,
-    define_n_field,
-    input_layer_field,
-)
-from define_fairseq.models.recurrent_lm_decoder import RecurrentLMDecoder, build_recurrent_decoder
+from define_fairseq.models.input_config import AdaptiveInputConfig, input_layer_config
+from define_fairseq.models.input_layer import build_input_layer
+from define_fairseq.models.recurrent_lm_decoder import RecurrentLMDecoder, build_recurrent_decoder, recurrent_input_spec
 
 __all__ = [
     "LSTMLMDefineConfig",
@@ -60,17 +55,10 @@ __all__ = [
 
 
 @dataclass
-class LSTMLMDefineConfig(DeFINEConfig):
+class LSTMLMDefineConfig(input_layer_config(input_layer="define", define_n=256), AdaptiveInputConfig, CompileConfig):
     """Options of ``lstm_lm_define``. Defaults: a V x 256 table, DeFINE (N = 3, k = 1024) to m = 256, 4 LSTM layers
     of 1024 (the last of n), locked dropout 0.1, a full softmax; the archs below set Table 1a's rows."""
 
-    define_n: int = define_n_field(
-        256,
-        "width n of the map under the DeFINE unit (the V x n table / adaptive input) and of the tied output layer "
-        "(with --input-layer table the map is --decoder-embed-dim wide)",
-    )
-    define_depth: int = define_depth_field(3)
-    input_layer: ChoiceEnum(TABLE_OR_DEFINE) = input_layer_field("define", "--decoder-embed-dim", TABLE_OR_DEFINE)
     decoder_embed_dim: int = field(default=256, metadata={"help": "LSTM input width m (the DeFINE output width)"})
     decoder_hidden_size: int = field(default=1024, metadata={"help": "hidden size of every LSTM layer but the last"})
     decoder_layers: int = field(default=4, metadata={"help": "number of LSTM layers"})
@@ -110,11 +98,6 @@ class LSTMLMDefineConfig(DeFINEConfig):
             "last layer's output before dropout"
         },
     )
-    adaptive_input: bool = field(default=False, metadata={"help": "map tokens with an adaptive input of width n"})
-    adaptive_input_cutoff: Optional[str] = field(
-        default=None, metadata={"help": "comma separated adaptive input band boundaries, e.g. 20000,40000,200000"}
-    )
-    adaptive_input_factor: float = field(default=4, metadata={"help": "adaptive input: width divisor per band"})
     adaptive_softmax_cutoff: Optional[str] = field(
         default=None,
         metadata={
@@ -147,12 +130,15 @@ class LSTMLMDefineModel(FairseqLanguageModel):
 
     @classmethod
     def build_model(cls, cfg, task):
-        args = config_namespace(cfg, LSTMLMDefineConfig)
-        return cls(
-            build_recurrent_decoder(
-                args, task.target_dictionary, adaptive=True, tie_full_softmax=args.share_decoder_input_output_embed
-            )
-        )
+        args = cls.resolved_config(cfg)
+        layer = build_input_layer(recurrent_input_spec(args, task.target_dictionary, adaptive=True))
+        tie = args.share_decoder_input_output_embed
+        return cls(build_recurrent_decoder(args, task.target_dictionary, layer, adaptive=True, tie_full_softmax=tie))
+
+    @classmethod
+    def resolved_config(cls, cfg):
+        """``cfg`` (a DictConfig or namespace) as a namespace with every field set: the family's defaults."""
+        return config_namespace(cfg, LSTMLMDefineConfig)
 
 
 @register_model_architecture("lstm_lm_define", "lstm_lm_standard_wt103")

@@ -11,7 +11,7 @@ from fairseq import utils
 from torch import Tensor
 
 from define_fairseq.models.config_helpers import flag_names
-from define_fairseq.models.input_layer import build_input_layer
+from define_fairseq.models.input_layer import InputLayer, InputLayerSpec, resolve_input_layer
 from define_fairseq.models.recurrent_decoder import RecurrentDecoder
 from define_fairseq.modules.checks import check_probability
 from define_fairseq.modules.mogrifier_lstm import MogrifierLSTM
@@ -101,14 +101,21 @@ def lamb_table_init(weight: Tensor) -> None:
     variance_scaling_(weight, weight.size(1))
 
 
-def build_mogrifier_decoder(cfg, dictionary) -> MogrifierLMDecoder:
-    """The decoder described by ``cfg`` (a namespace of
-    :class:`~define_fairseq.models.mogrifier_lstm_lm.MogrifierLSTMLMConfig` fields).
+def embed_width(cfg) -> int:
+    """e, the width of the embeddings fed to the first layer: ``--mogrifier-embed-dim``, else the hidden size."""
+    return cfg.mogrifier_hidden_size if cfg.mogrifier_embed_dim is None else cfg.mogrifier_embed_dim
 
-    Raises ``ValueError`` naming the flag for every impossible setting.
-    """
-    hidden = cfg.mogrifier_hidden_size
-    embed_dim = hidden if cfg.mogrifier_embed_dim is None else cfg.mogrifier_embed_dim
+
+def mogrifier_input_spec(cfg, dictionary) -> InputLayerSpec:
+    """The input layer ``cfg`` describes: a V x e table, or a V x n table and a projective map or DeFINE unit n -> e;
+    the output layer ties to the table. The model's flags are checked first (``ValueError`` naming them)."""
+    check_mogrifier_config(cfg)
+    return resolve_input_layer(cfg, dictionary, embed_width(cfg), "--mogrifier-embed-dim", table_init=lamb_table_init)
+
+
+def check_mogrifier_config(cfg) -> None:
+    """The checks of the Mogrifier flags that no module makes (``ValueError`` naming the flag)."""
+    hidden, embed_dim = cfg.mogrifier_hidden_size, embed_width(cfg)
     for flag, value in (
         ("--mogrifier-layers", cfg.mogrifier_layers),
         ("--mogrifier-hidden-size", hidden),
@@ -124,9 +131,6 @@ def build_mogrifier_decoder(cfg, dictionary) -> MogrifierLMDecoder:
             f"--mogrifier-rank={cfg.mogrifier_rank}: give 0 (full rank) or a rank below "
             f"min(--mogrifier-embed-dim, --mogrifier-hidden-size) = {smallest}"
         )
-    projection_dropout = cfg.mogrifier_projection_dropout
-    if projection_dropout is None:
-        projection_dropout = cfg.mogrifier_output_dropout
     temperature = cfg.mogrifier_softmax_temperature
     if not (temperature > 0 and math.isfinite(temperature)):
         raise ValueError(f"--mogrifier-softmax-temperature={temperature} must be a positive number (1: no temperature)")
@@ -141,9 +145,17 @@ def build_mogrifier_decoder(cfg, dictionary) -> MogrifierLMDecoder:
         )
     if not (cfg.mogrifier_l2_penalty >= 0 and math.isfinite(cfg.mogrifier_l2_penalty)):
         raise ValueError(f"--mogrifier-l2-penalty={cfg.mogrifier_l2_penalty} must be >= 0")
-    # input: a V x e table, or a V x n table and DeFINE n -> e; the output ties to the table
-    embed = build_input_layer(cfg, dictionary, embed_dim, "--mogrifier-embed-dim", table_init=lamb_table_init).embed
 
+
+def build_mogrifier_decoder(cfg, dictionary, layer: InputLayer) -> MogrifierLMDecoder:
+    """The decoder described by ``cfg`` (a namespace of
+    :class:`~define_fairseq.models.mogrifier_lstm_lm.MogrifierLSTMLMConfig` fields) over the input layer ``layer``
+    (of :func:`mogrifier_input_spec`, which checks the flags); the modules check their own arguments.
+    """
+    hidden, embed_dim = cfg.mogrifier_hidden_size, embed_width(cfg)
+    projection_dropout = cfg.mogrifier_projection_dropout
+    if projection_dropout is None:
+        projection_dropout = cfg.mogrifier_output_dropout
     dropouts = ("input_dropout", "inter_layer_dropout", "state_dropout", "output_dropout")
     with flag_names(**{name: f"--mogrifier-{name.replace('_', '-')}" for name in dropouts}):
         lstm = MogrifierLSTM(
@@ -166,7 +178,7 @@ def build_mogrifier_decoder(cfg, dictionary) -> MogrifierLMDecoder:
         else "--mogrifier-projection-dropout"
     ):
         output = TiedOutput(
-            embed.weight,
+            layer.weight,
             hidden,
             components=cfg.mogrifier_mos_components,
             dropout=projection_dropout,
@@ -175,10 +187,10 @@ def build_mogrifier_decoder(cfg, dictionary) -> MogrifierLMDecoder:
     with flag_names(drop_state_probability="--mogrifier-drop-state-probability"):
         return MogrifierLMDecoder(
             dictionary,
-            embed,
+            layer.embed,
             lstm,
             output,
-            softmax_temperature=temperature,
+            softmax_temperature=cfg.mogrifier_softmax_temperature,
             drop_state_probability=cfg.mogrifier_drop_state_probability,
             l2_penalty=cfg.mogrifier_l2_penalty,
         )

@@ -54,25 +54,17 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.models import FairseqLanguageModel, register_model, register_model_architecture
 from fairseq.utils import safe_getattr
 
-from define_fairseq.models.compile import compile_static_parts
+from define_fairseq.models.compile import CompileConfig, compile_static_parts
 from define_fairseq.models.config_helpers import config_namespace
-from define_fairseq.models.define_config import (
-    TABLE_OR_DEFINE,
-    DeFINEConfig,
-    define_depth_field,
-    define_n_field,
-    input_layer_field,
-)
-from define_fairseq.models.mogrifier_lm_decoder import STATE_MASKS, build_mogrifier_decoder
+from define_fairseq.models.input_config import InputLayerConfig
+from define_fairseq.models.input_layer import build_input_layer
+from define_fairseq.models.mogrifier_lm_decoder import STATE_MASKS, build_mogrifier_decoder, mogrifier_input_spec
 
 
 @dataclass
-class MogrifierLSTMLMConfig(DeFINEConfig):
+class MogrifierLSTMLMConfig(InputLayerConfig, CompileConfig):
     """Options of ``mogrifier_lstm_lm`` (the DeFINE fields apply with ``--input-layer define`` only)."""
 
-    input_layer: ChoiceEnum(TABLE_OR_DEFINE) = input_layer_field("table", "--mogrifier-embed-dim", TABLE_OR_DEFINE)
-    define_n: int = define_n_field(128)
-    define_depth: int = define_depth_field(3)
     mogrifier_layers: int = field(default=2, metadata={"help": "number of Mogrifier LSTM layers"})
     mogrifier_hidden_size: int = field(default=512, metadata={"help": "hidden size H of every layer"})
     mogrifier_embed_dim: Optional[int] = field(
@@ -186,8 +178,14 @@ class MogrifierLSTMLMModel(FairseqLanguageModel):
 
     @classmethod
     def build_model(cls, cfg, task):
-        args = config_namespace(cfg, MogrifierLSTMLMConfig)
-        return compile_static_parts(cls(build_mogrifier_decoder(args, task.target_dictionary)), args)
+        args = cls.resolved_config(cfg)
+        layer = build_input_layer(mogrifier_input_spec(args, task.target_dictionary))
+        return compile_static_parts(cls(build_mogrifier_decoder(args, task.target_dictionary, layer)), args)
+
+    @classmethod
+    def resolved_config(cls, cfg):
+        """``cfg`` (a DictConfig or namespace) as a namespace with every field set: the family's defaults."""
+        return config_namespace(cfg, MogrifierLSTMLMConfig)
 
 
 def lamb_base(args):

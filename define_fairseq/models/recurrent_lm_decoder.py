@@ -16,7 +16,7 @@ from define_fairseq.models.config_helpers import (
     flag_names,
     parse_cutoff,
 )
-from define_fairseq.models.input_layer import build_input_layer, input_kind, tied_width
+from define_fairseq.models.input_layer import InputLayer, InputLayerSpec, resolve_input_layer, tie_output
 from define_fairseq.models.recurrent_decoder import RecurrentDecoder
 from define_fairseq.modules.checks import check_cutoff, check_probability
 from define_fairseq.modules.locked_dropout import locked_dropout
@@ -114,12 +114,6 @@ class RecurrentLMDecoder(RecurrentDecoder):
         return self.output_projection(features)
 
 
-def map_width(cfg: Namespace) -> int:
-    """n, the width of the map (the table or the adaptive input) and of a tied output layer: ``--define-n`` under a
-    DeFINE unit, the LSTM's input width ``--decoder-embed-dim`` when the map feeds the LSTM itself."""
-    return tied_width(cfg, cfg.decoder_embed_dim, input_kind(cfg))
-
-
 def check_recurrent_config(cfg: Namespace, adaptive: bool) -> None:
     """The checks of ``cfg`` that no module makes: sizes and combinations of flags (``ValueError`` naming them)."""
     for name in ("decoder_hidden_size", "decoder_layers"):
@@ -151,17 +145,12 @@ def awd_table_init(weight: Tensor) -> None:
 
 
 def build_recurrent_output(
-    cfg: Namespace,
-    dictionary,
-    embed: nn.Module,
-    input_cutoff: Optional[list],
-    last: int,
-    adaptive: bool,
-    tie_full_softmax: bool,
+    cfg: Namespace, dictionary, layer: InputLayer, last: int, adaptive: bool, tie_full_softmax: bool
 ):
     """``(output_projection, adaptive_softmax, project_out_dim)`` for a last LSTM layer of ``last`` units: a full
-    softmax (tied to the V x n table or not) or fairseq's adaptive softmax (tied to the adaptive input or not)."""
-    vocab, n = len(dictionary), map_width(cfg)
+    softmax (tied to the input layer's V x n table or not) or fairseq's adaptive softmax (tied to the adaptive input
+    or not)."""
+    vocab, n, input_cutoff = len(dictionary), layer.tied_width, layer.adaptive_cutoff
     project_out_dim = output_projection = adaptive_softmax = None
     softmax_cutoff = cfg.adaptive_softmax_cutoff if adaptive else None
     if softmax_cutoff:
@@ -183,7 +172,7 @@ def build_recurrent_output(
                 cutoff,
                 cfg.adaptive_softmax_dropout,
                 factor=cfg.adaptive_softmax_factor,
-                adaptive_inputs=embed,
+                adaptive_inputs=layer.embed,
                 tie_proj=cfg.tie_adaptive_proj,
             )
         else:
@@ -195,15 +184,9 @@ def build_recurrent_output(
         if adaptive and cfg.tie_adaptive_weights:
             raise ValueError("--tie-adaptive-weights needs an adaptive softmax (--adaptive-softmax-cutoff)")
         if tie_full_softmax:
-            if input_cutoff is not None:
-                raise ValueError(
-                    "a full softmax cannot be tied to an adaptive input (it has no single V x n "
-                    "table): add --adaptive-softmax-cutoff with --tie-adaptive-weights, or untie"
-                )
             if last != n:
                 project_out_dim = nn.Linear(last, n, bias=False)
-            output_projection = nn.Linear(n, vocab, bias=True)
-            output_projection.weight = embed.weight
+            output_projection = tie_output(layer, nn.Linear(n, vocab, bias=True), "--share-decoder-input-output-embed")
         else:
             output_projection = nn.Linear(last, vocab, bias=True)
             nn.init.normal_(output_projection.weight, mean=0.0, std=last**-0.5)
@@ -213,21 +196,27 @@ def build_recurrent_output(
     return output_projection, adaptive_softmax, project_out_dim
 
 
-def build_recurrent_decoder(cfg: Namespace, dictionary, adaptive: bool, tie_full_softmax: bool) -> RecurrentLMDecoder:
+def recurrent_input_spec(cfg: Namespace, dictionary, adaptive: bool) -> InputLayerSpec:
+    """The input layer of the recurrent decoder ``cfg`` describes: the map (a V x n table or an adaptive input), with
+    a DeFINE unit n -> m under ``--input-layer define``, or a projective map."""
+    return resolve_input_layer(
+        cfg, dictionary, cfg.decoder_embed_dim, "--decoder-embed-dim", table_init=awd_table_init, adaptive_map=adaptive
+    )
+
+
+def build_recurrent_decoder(
+    cfg: Namespace, dictionary, layer: InputLayer, adaptive: bool, tie_full_softmax: bool
+) -> RecurrentLMDecoder:
     """The decoder described by ``cfg`` (a namespace of ``LSTMLMDefineConfig``'s or ``AWDLSTMLMConfig``'s fields;
-    the adaptive ones are read only when ``adaptive``). ``tie_full_softmax``: tie a full softmax to the V x n
-    table.
+    the adaptive ones are read only when ``adaptive``) over the input layer ``layer`` (of
+    :func:`recurrent_input_spec`). ``tie_full_softmax``: tie a full softmax to the V x n table.
 
     Raises ``ValueError`` naming the flag for every impossible combination: the sizes and combinations here, the
     probabilities in the modules (each under the flag that set it).
     """
     check_recurrent_config(cfg, adaptive)
     dropouts = locked_dropouts(cfg)
-    # the map (a V x n table or an adaptive input), with a DeFINE unit n -> m under --input-layer define
-    embed, _, input_cutoff = build_input_layer(
-        cfg, dictionary, cfg.decoder_embed_dim, "--decoder-embed-dim", table_init=awd_table_init, adaptive_map=adaptive
-    )
-    last = cfg.decoder_output_dim if cfg.decoder_output_dim is not None else map_width(cfg)
+    last = cfg.decoder_output_dim if cfg.decoder_output_dim is not None else layer.tied_width
     with flag_names(hidden_dropout=dropouts["hidden"][1], weight_drop="--awd-weight-drop"):
         lstm = LSTMStack(
             cfg.decoder_embed_dim,
@@ -236,14 +225,14 @@ def build_recurrent_decoder(cfg: Namespace, dictionary, adaptive: bool, tie_full
             hidden_dropout=dropouts["hidden"][0],
         )
     output_projection, adaptive_softmax, project_out_dim = build_recurrent_output(
-        cfg, dictionary, embed, input_cutoff, last, adaptive, tie_full_softmax
+        cfg, dictionary, layer, last, adaptive, tie_full_softmax
     )
     with flag_names(
         input_dropout=dropouts["input"][1], output_dropout=dropouts["output"][1], embed_dropout="--awd-embed-dropout"
     ):
         decoder = RecurrentLMDecoder(
             dictionary,
-            embed,
+            layer.embed,
             lstm,
             output_projection=output_projection,
             adaptive_softmax=adaptive_softmax,

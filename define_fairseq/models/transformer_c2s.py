@@ -27,19 +27,18 @@ from fairseq.models.transformer.transformer_legacy import (
     base_architecture,
     transformer_iwslt_de_en,
 )
+from fairseq.utils import safe_getattr
 
-from define_fairseq.models.compile import compile_static_parts
+from define_fairseq.models.compile import CompileConfig, compile_static_parts
 from define_fairseq.models.config_helpers import config_namespace, flag_names, plugin_defaults
-from define_fairseq.models.define_config import DeFINEConfig, define_depth_field, define_n_field
-from define_fairseq.models.input_layer import build_input_layer, check_input_layer
+from define_fairseq.models.input_config import DeFINEUnitConfig
+from define_fairseq.models.input_layer import INPUT_KINDS, build_input_layer, resolve_input_layer
 from define_fairseq.models.transformer_define import _flat_fields
 from define_fairseq.modules.char2subword import Char2SubwordEmbedding
 
-DECODER_INPUT_LAYERS = ("table", "char2subword", "define")
+CHAR2SUBWORD = "char2subword"  # the decoder's input kind of this family's own, besides the input layer's kinds
 
 C2S_FIELDS = [
-    ("define_n", int, define_n_field(128)),
-    ("define_depth", int, define_depth_field(3)),
     (
         "c2s_char_dim",
         int,
@@ -78,20 +77,20 @@ C2S_FIELDS = [
     ),
     (
         "decoder_input_layer",
-        ChoiceEnum(DECODER_INPUT_LAYERS),
+        ChoiceEnum((CHAR2SUBWORD, *INPUT_KINDS)),
         dataclasses.field(
             default="table",
             metadata={
                 "help": "the decoder's input layer: table (a V x d table); char2subword (Char2Subword, the output "
-                "layer then untied); define (a V x n table and a DeFINE unit to d, --define-n, --define-k, ...; "
-                "the output tied to the V x n table)"
+                "layer then untied); projective or define (a V x n table and a linear map or a DeFINE unit to d, "
+                "--define-n, --define-k, ...; the output tied to the V x n table)"
             },
         ),
     ),
 ]
 
 TransformerC2SConfig = dataclasses.make_dataclass(
-    "TransformerC2SConfig", [*C2S_FIELDS, *_flat_fields(TransformerConfig)], bases=(DeFINEConfig,)
+    "TransformerC2SConfig", [*C2S_FIELDS, *_flat_fields(TransformerConfig)], bases=(DeFINEUnitConfig, CompileConfig)
 )
 TransformerC2SConfig.__module__ = __name__
 TransformerC2SConfig.__doc__ = "Flat config of transformer_c2s: TransformerConfig's flags, c2s_* and define_* flags."
@@ -144,8 +143,7 @@ class TransformerC2SModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
-        args = config_namespace(args, TransformerC2SConfig, defaults=False)
-        transformer_c2s(args)
+        args = cls.resolved_config(args)
         if args.share_all_embeddings:
             raise ValueError(
                 "transformer_c2s cannot --share-all-embeddings: a Char2Subword encoder embedding has "
@@ -163,19 +161,15 @@ class TransformerC2SModel(TransformerModel):
             args.max_target_positions = DEFAULT_MAX_TARGET_POSITIONS
         src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
         kind = str(args.decoder_input_layer)
-        check_input_layer(
-            args, args.decoder_embed_dim, "--decoder-embed-dim", kind, "--decoder-input-layer", DECODER_INPUT_LAYERS
-        )
+        if kind == CHAR2SUBWORD and args.decoder_embed_dim < 1:
+            raise ValueError(f"--decoder-embed-dim={args.decoder_embed_dim} must be at least 1")
+        spec = None
+        if kind != CHAR2SUBWORD:
+            spec = resolve_input_layer(
+                args, tgt_dict, args.decoder_embed_dim, "--decoder-embed-dim", kind, "--decoder-input-layer"
+            )
 
-        if kind == "define":
-            # DeFINE's output has unit scale like Char2Subword's: no sqrt(d) multiplier on either side
-            args.no_scale_embedding = True
-            args.share_decoder_input_output_embed = True
-            args.decoder_output_dim = args.define_n
-            decoder_embed = build_input_layer(
-                args, tgt_dict, args.decoder_embed_dim, "--decoder-embed-dim", kind_flag="--decoder-input-layer"
-            ).embed
-        elif kind == "char2subword":
+        if kind == CHAR2SUBWORD:
             if args.share_decoder_input_output_embed:
                 raise ValueError(
                     "--share-decoder-input-output-embed needs a decoder table; with --decoder-input-layer "
@@ -184,8 +178,16 @@ class TransformerC2SModel(TransformerModel):
             decoder_embed = build_char2subword(
                 args, tgt_dict, args.decoder_embed_dim, 1.0 if args.no_scale_embedding else args.decoder_embed_dim**-0.5
             )
-        else:
+        elif kind == "table":  # fairseq's, which can read --decoder-embed-path
             decoder_embed = cls.build_embedding(args, tgt_dict, args.decoder_embed_dim, args.decoder_embed_path)
+        else:
+            if INPUT_KINDS[kind].mapped:
+                # a map has unit scale like Char2Subword's: no sqrt(d) multiplier on either side; the output ties to
+                # its V x n table
+                args.no_scale_embedding = True
+                args.share_decoder_input_output_embed = True
+                args.decoder_output_dim = spec.n
+            decoder_embed = build_input_layer(spec).embed
         # The module ends in a LayerNorm (unit scale); fairseq multiplies by sqrt(d) unless --no-scale-embedding.
         encoder_embed = build_char2subword(
             args, src_dict, args.encoder_embed_dim, 1.0 if args.no_scale_embedding else args.encoder_embed_dim**-0.5
@@ -197,6 +199,12 @@ class TransformerC2SModel(TransformerModel):
             for name, parameter in model.named_parameters():
                 parameter.requires_grad_(name.startswith("encoder.embed_tokens."))
         return compile_static_parts(model, args)
+
+    @classmethod
+    def resolved_config(cls, cfg):
+        """``cfg`` (a DictConfig or namespace) as a namespace with every field set: the arch's defaults, then
+        fairseq's."""
+        return config_namespace(cfg, TransformerC2SConfig, defaults=False, arch=transformer_c2s)
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
@@ -244,19 +252,15 @@ def transformer_c2s_iwslt_de_en(args):
 @register_model_architecture("transformer_c2s", "transformer_c2s_small")
 def transformer_c2s_small(args):
     """A CPU size: 3+3 layers, d 256, FFN 1024, 4 heads; characters 128 wide, 2 layers, FFN 256."""
-    for name, value in (
-        ("encoder_layers", 3),
-        ("decoder_layers", 3),
-        ("encoder_embed_dim", 256),
-        ("decoder_embed_dim", 256),
-        ("encoder_ffn_embed_dim", 1024),
-        ("decoder_ffn_embed_dim", 1024),
-        ("encoder_attention_heads", 4),
-        ("decoder_attention_heads", 4),
-        ("c2s_char_dim", 128),
-        ("c2s_ffn_dim", 256),
-    ):
-        if getattr(args, name, None) is None:
-            setattr(args, name, value)
+    args.encoder_layers = safe_getattr(args, "encoder_layers", 3)
+    args.decoder_layers = safe_getattr(args, "decoder_layers", 3)
+    args.encoder_embed_dim = safe_getattr(args, "encoder_embed_dim", 256)
+    args.decoder_embed_dim = safe_getattr(args, "decoder_embed_dim", 256)
+    args.encoder_ffn_embed_dim = safe_getattr(args, "encoder_ffn_embed_dim", 1024)
+    args.decoder_ffn_embed_dim = safe_getattr(args, "decoder_ffn_embed_dim", 1024)
+    args.encoder_attention_heads = safe_getattr(args, "encoder_attention_heads", 4)
+    args.decoder_attention_heads = safe_getattr(args, "decoder_attention_heads", 4)
+    args.c2s_char_dim = safe_getattr(args, "c2s_char_dim", 128)
+    args.c2s_ffn_dim = safe_getattr(args, "c2s_ffn_dim", 256)
     plugin_defaults(args, TransformerC2SConfig)
     base_architecture(args)

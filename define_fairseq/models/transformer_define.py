@@ -24,11 +24,12 @@ from fairseq.models.transformer.transformer_legacy import (
     transformer_iwslt_de_en,
     transformer_vaswani_wmt_en_de_big,
 )
+from fairseq.utils import safe_getattr
 
-from define_fairseq.models.compile import compile_static_parts
+from define_fairseq.models.compile import CompileConfig, compile_static_parts
 from define_fairseq.models.config_helpers import config_namespace, plugin_defaults
-from define_fairseq.models.define_config import DeFINEConfig, define_depth_field, define_n_field
-from define_fairseq.models.input_layer import build_input_layer
+from define_fairseq.models.input_config import input_layer_config
+from define_fairseq.models.input_layer import build_input_layer, resolve_input_layer
 
 
 def _flat_fields(config_cls, prefix: str = "") -> List[Tuple[str, Any, dataclasses.Field]]:
@@ -56,8 +57,6 @@ def _flat_fields(config_cls, prefix: str = "") -> List[Tuple[str, Any, dataclass
 TransformerDefineConfig = dataclasses.make_dataclass(
     "TransformerDefineConfig",
     [
-        ("define_n", int, define_n_field(128)),
-        ("define_depth", int, define_depth_field(3)),
         (
             "define_untie_output",
             bool,
@@ -81,7 +80,7 @@ TransformerDefineConfig = dataclasses.make_dataclass(
         ),
         *_flat_fields(TransformerConfig),
     ],
-    bases=(DeFINEConfig,),
+    bases=(input_layer_config(input_layer="define"), CompileConfig),
 )
 TransformerDefineConfig.__module__ = __name__
 TransformerDefineConfig.__doc__ = (
@@ -102,9 +101,9 @@ class TransformerDefineModel(TransformerModel):
     def build_model(cls, args, task):
         # A DictConfig (Hydra, checkpoints) or a namespace becomes a namespace; a "${model...}" placeholder that
         # nothing resolved (a namespace built without fairseq-train's parser) is left for the arch to fill in.
-        args = config_namespace(args, TransformerDefineConfig, defaults=False)
-        transformer_define(args)
-        args.no_scale_embedding = True  # DeFINE's output already has unit scale: no sqrt(d_model) multiplier
+        args = cls.resolved_config(args)
+        if str(args.input_layer) != "table":  # the map scales itself (DeFINE by sqrt(n), a projective map by sqrt(d))
+            args.no_scale_embedding = True
         args.share_decoder_input_output_embed = not args.define_untie_output
         if args.define_separate_units and not args.share_all_embeddings:
             raise ValueError(
@@ -113,13 +112,14 @@ class TransformerDefineModel(TransformerModel):
             )
         if args.share_decoder_input_output_embed:
             # The tied output layer is the V x n table; the decoder projects d_model -> n before it.
-            if args.decoder_output_dim not in (args.decoder_embed_dim, args.define_n):
+            n = resolve_input_layer(args, task.target_dictionary, args.decoder_embed_dim, "--decoder-embed-dim").n
+            if args.decoder_output_dim not in (args.decoder_embed_dim, n):
                 raise ValueError(
                     f"--decoder-output-dim={args.decoder_output_dim}: with a tied output layer "
-                    f"transformer_define projects the decoder output to --define-n={args.define_n}; "
+                    f"transformer_define projects the decoder output to --define-n={n}; "
                     f"drop the flag, or untie with --define-untie-output"
                 )
-            args.decoder_output_dim = args.define_n
+            args.decoder_output_dim = n
         if args.share_all_embeddings and (args.define_untie_output or args.define_separate_units):
             return compile_static_parts(cls.build_shared_embeddings(args, task), args)
         return compile_static_parts(super().build_model(args, task), args)
@@ -158,7 +158,14 @@ class TransformerDefineModel(TransformerModel):
                 f"transformer_define builds its embeddings with DeFINE; --encoder-embed-path / "
                 f"--decoder-embed-path ({path}) cannot be used with it"
             )
-        return build_input_layer(cfg, dictionary, embed_dim, "--encoder-embed-dim / --decoder-embed-dim").embed
+        spec = resolve_input_layer(cfg, dictionary, embed_dim, "--encoder-embed-dim / --decoder-embed-dim")
+        return build_input_layer(spec).embed
+
+    @classmethod
+    def resolved_config(cls, cfg):
+        """``cfg`` (a DictConfig or namespace) as a namespace with every field set: the arch's defaults, then
+        fairseq's."""
+        return config_namespace(cfg, TransformerDefineConfig, defaults=False, arch=transformer_define)
 
 
 def transformer_define(args):
@@ -179,5 +186,7 @@ def transformer_define_wmt_en_de_big(args):
 @register_model_architecture("transformer_define", "transformer_define_iwslt_de_en")
 def transformer_define_iwslt_de_en(args):
     """fairseq's IWSLT Transformer size (d_model 512, FFN 1024, 4 heads, 6+6 layers) with DeFINE n=64, k=512."""
-    plugin_defaults(args, TransformerDefineConfig, define_n=64, define_k=512)
+    args.define_n = safe_getattr(args, "define_n", 64)
+    args.define_k = safe_getattr(args, "define_k", 512)
+    plugin_defaults(args, TransformerDefineConfig)
     transformer_iwslt_de_en(args)

@@ -27,17 +27,16 @@ from fairseq.models.transformer_lm import (
     base_lm_architecture,
     transformer_lm_baevski_wiki103,
 )
+from fairseq.utils import safe_getattr
 
-from define_fairseq.models.compile import compile_static_parts
+from define_fairseq.models.compile import CompileConfig, compile_static_parts
 from define_fairseq.models.config_helpers import check_tied_bands, config_namespace, parse_cutoff, plugin_defaults
-from define_fairseq.models.define_config import DeFINEConfig, define_depth_field, define_n_field
-from define_fairseq.models.input_layer import build_input_layer
+from define_fairseq.models.input_config import input_layer_config
+from define_fairseq.models.input_layer import build_input_layer, resolve_input_layer
 
 TransformerLMDefineConfig = dataclasses.make_dataclass(
     "TransformerLMDefineConfig",
     [
-        ("define_n", int, define_n_field(128)),
-        ("define_depth", int, define_depth_field(3)),
         (
             "define_untie_output",
             bool,
@@ -67,7 +66,7 @@ TransformerLMDefineConfig = dataclasses.make_dataclass(
             ),
         ),
     ],
-    bases=(DeFINEConfig, TransformerLanguageModelConfig),
+    bases=(input_layer_config(input_layer="define"), CompileConfig, TransformerLanguageModelConfig),
 )
 TransformerLMDefineConfig.__module__ = __name__
 TransformerLMDefineConfig.__doc__ = "transformer_lm's flags plus the define_* flags."
@@ -92,11 +91,7 @@ class TransformerLMDefine(TransformerLanguageModel):
     def build_model(cls, args, task):
         # A DictConfig (Hydra, checkpoints) or a namespace becomes a namespace; unresolved "${...}" values are
         # left for the arch function to fill in.
-        args = config_namespace(args, TransformerLMDefineConfig, defaults=False)
-        for name in ("decoder_input_dim", "decoder_output_dim"):  # unset: fairseq's arch functions copy
-            if getattr(args, name, None) is None:  # --decoder-embed-dim, but only into a
-                args.__dict__.pop(name, None)  # missing attribute
-        transformer_lm_define(args)
+        args = cls.resolved_config(args)
         if args.decoder_layers_to_keep:
             args.decoder_layers = len(args.decoder_layers_to_keep.split(","))
         if getattr(args, "max_target_positions", None) is None:
@@ -106,8 +101,12 @@ class TransformerLMDefine(TransformerLanguageModel):
                 "--character-embeddings cannot be used with transformer_lm_define, whose input layer "
                 "is DeFINE; use --arch transformer_lm for character embeddings"
             )
-        args.no_scale_embedding = True
-        n = args.define_n
+        spec = resolve_input_layer(
+            args, task.source_dictionary, args.decoder_input_dim, "--decoder-input-dim", adaptive_map=True
+        )
+        if spec.kind != "table":  # the map scales itself (DeFINE by sqrt(n), a projective map by sqrt(d))
+            args.no_scale_embedding = True
+        n = spec.n
         input_cutoff = parse_cutoff(
             args.adaptive_input_cutoff if args.adaptive_input else None, "--adaptive-input-cutoff"
         )
@@ -136,10 +135,15 @@ class TransformerLMDefine(TransformerLanguageModel):
                     f"--define-n={n} dimensions; drop the flag"
                 )
             args.decoder_output_dim = n
-        embed_tokens = build_input_layer(
-            args, task.source_dictionary, args.decoder_input_dim, "--decoder-input-dim", adaptive_map=True
-        ).embed
+        embed_tokens = build_input_layer(spec).embed
         return compile_static_parts(cls(DeFINELMDecoder(args, task.target_dictionary, embed_tokens)), args)
+
+    @classmethod
+    def resolved_config(cls, cfg):
+        """``cfg`` (a DictConfig or namespace) as a namespace with every field set: the arch's defaults, then
+        fairseq's (which copy an unset ``--decoder-input-dim`` and ``--decoder-output-dim`` from
+        ``--decoder-embed-dim``)."""
+        return config_namespace(cfg, TransformerLMDefineConfig, defaults=False, arch=transformer_lm_define)
 
 
 def transformer_lm_define(args):
@@ -156,5 +160,7 @@ def transformer_lm_define_wiki103(args):
     input and softmax with cutoffs 20000,60000 and factor 4, tied bands and projections) with the adaptive input
     at base width n=256 (bands 256/64/16 instead of 1024/256/64) feeding DeFINE N=3, k=4096 up to 1024. The output
     is projected 1024 -> 256 before the tied adaptive softmax."""
-    plugin_defaults(args, TransformerLMDefineConfig, define_n=256, define_k=4096)
+    args.define_n = safe_getattr(args, "define_n", 256)
+    args.define_k = safe_getattr(args, "define_k", 4096)
+    plugin_defaults(args, TransformerLMDefineConfig)
     transformer_lm_baevski_wiki103(args)

@@ -38,27 +38,20 @@ from typing import Dict, Optional
 
 import torch
 import torch.nn as nn
-from fairseq.dataclass import ChoiceEnum
 from fairseq.models import FairseqIncrementalDecoder, FairseqLanguageModel, register_model, register_model_architecture
 from fairseq.utils import safe_getattr
 from torch import Tensor
 
 from define_fairseq.models.carried_state import CarriedState
-from define_fairseq.models.compile import compile_static_parts
+from define_fairseq.models.compile import CompileConfig, compile_static_parts
 from define_fairseq.models.config_helpers import (
     MAX_POSITIONS,
     config_namespace,
     flag_names,
     parse_cutoff,
 )
-from define_fairseq.models.define_config import (
-    INPUT_LAYERS,
-    DeFINEConfig,
-    define_depth_field,
-    define_n_field,
-    input_layer_field,
-)
-from define_fairseq.models.input_layer import build_input_layer
+from define_fairseq.models.input_config import InputLayerConfig
+from define_fairseq.models.input_layer import InputLayer, InputLayerSpec, build_input_layer, resolve_input_layer
 from define_fairseq.modules.checks import check_cutoff
 from define_fairseq.modules.projected_adaptive_softmax import ProjectedAdaptiveSoftmax
 from define_fairseq.modules.transformer_xl import TransformerXLStack
@@ -67,9 +60,7 @@ TXL_WT103_CUTOFF = "20000,40000,200000"  # the adaptive softmax cutoffs of Trans
 
 
 @dataclass
-class TransformerXLConfig(DeFINEConfig):
-    define_n: int = define_n_field(128, "width n of the V x n table of the projective and DeFINE inputs")
-    define_depth: int = define_depth_field(3)
+class TransformerXLConfig(InputLayerConfig, CompileConfig):
     decoder_layers: int = field(default=16, metadata={"help": "number of Transformer-XL layers"})
     decoder_embed_dim: int = field(default=410, metadata={"help": "model width d (d_model)"})
     decoder_attention_heads: int = field(default=10, metadata={"help": "attention heads"})
@@ -85,7 +76,6 @@ class TransformerXLConfig(DeFINEConfig):
         },
     )
     attention_dropout: float = field(default=0.0, metadata={"help": "dropout on the attention probabilities"})
-    input_layer: ChoiceEnum(INPUT_LAYERS) = input_layer_field("table", "--decoder-embed-dim")
     txl_pre_norm: bool = field(default=False, metadata={"help": "LayerNorm before each sublayer (default: after)"})
     txl_mem_len: int = field(default=150, metadata={"help": "states kept per layer from the previous segments"})
     txl_clamp_len: int = field(
@@ -195,12 +185,19 @@ class TransformerXLDecoder(FairseqIncrementalDecoder):
         return MAX_POSITIONS
 
 
-def build_transformer_xl_decoder(cfg, dictionary) -> TransformerXLDecoder:
-    """The decoder described by ``cfg`` (a namespace of :class:`TransformerXLConfig` fields).
+def transformer_xl_input_spec(cfg, dictionary) -> InputLayerSpec:
+    """The input layer ``cfg`` describes, d wide (``--decoder-embed-dim``); a table is Transformer-XL's, scaled by
+    sqrt(d)."""
+    return resolve_input_layer(cfg, dictionary, cfg.decoder_embed_dim, "--decoder-embed-dim", scaled_table=True)
+
+
+def build_transformer_xl_decoder(cfg, dictionary, layer: InputLayer) -> TransformerXLDecoder:
+    """The decoder described by ``cfg`` (a namespace of :class:`TransformerXLConfig` fields) over the input layer
+    ``layer`` (of :func:`transformer_xl_input_spec`), its softmax tied to the layer's table.
 
     Raises ``ValueError`` naming the flag for every impossible setting.
     """
-    vocab, d, kind = len(dictionary), cfg.decoder_embed_dim, str(cfg.input_layer)
+    vocab, d, embed = len(dictionary), cfg.decoder_embed_dim, layer.embed
     for name in (
         "decoder_layers",
         "decoder_embed_dim",
@@ -223,9 +220,6 @@ def build_transformer_xl_decoder(cfg, dictionary) -> TransformerXLDecoder:
         raise ValueError(
             "--txl-same-length needs a memory (--txl-mem-len > 0): it makes every position attend to mem_len states"
         )
-    # input layer, and the projections of the softmax clusters tied to it
-    embed, table_dim, _ = build_input_layer(cfg, dictionary, d, "--decoder-embed-dim", kind=kind, scaled_table=True)
-
     cutoff = []
     if cfg.adaptive_softmax_cutoff:
         cutoff = check_cutoff(
@@ -233,15 +227,15 @@ def build_transformer_xl_decoder(cfg, dictionary) -> TransformerXLDecoder:
         )[:-1]
     clusters = len(cutoff) + 1
     projections = None
-    if kind == "projective":
+    if getattr(embed, "projection", None) is not None:  # a projective map: the head cluster ties to its projection
         projections = [embed.projection] + [None] * (clusters - 1)
     with flag_names(dropout="--adaptive-softmax-dropout"):
         adaptive_softmax = ProjectedAdaptiveSoftmax(
             vocab,
-            table_dim,
+            layer.tied_width,
             d,
             cutoff,
-            table=embed.weight,
+            table=layer.weight,
             projections=projections,
             dropout=cfg.adaptive_softmax_dropout,
         )
@@ -270,8 +264,14 @@ class TransformerXLLanguageModel(FairseqLanguageModel):
 
     @classmethod
     def build_model(cls, cfg, task):
-        args = config_namespace(cfg, TransformerXLConfig)
-        return compile_static_parts(cls(build_transformer_xl_decoder(args, task.target_dictionary)), args)
+        args = cls.resolved_config(cfg)
+        layer = build_input_layer(transformer_xl_input_spec(args, task.target_dictionary))
+        return compile_static_parts(cls(build_transformer_xl_decoder(args, task.target_dictionary, layer)), args)
+
+    @classmethod
+    def resolved_config(cls, cfg):
+        """``cfg`` (a DictConfig or namespace) as a namespace with every field set: the family's defaults."""
+        return config_namespace(cfg, TransformerXLConfig)
 
 
 @register_model_architecture("transformer_xl_lm", "transformer_xl_wt103")
