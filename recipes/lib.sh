@@ -1,8 +1,9 @@
 # shellcheck shell=bash
-# Shared shell helpers for the recipes under recipes/. Source it (`source "$HERE/../lib.sh"`) from a script that
-# runs under `set -euo pipefail`; besides defining functions and variables it only exports PYTHONWARNINGS and
-# LC_NUMERIC=C and installs the EXIT/INT/TERM traps that clean up after a failure. It brings in the data helpers
-# (lib_data.sh: download, unpack, prepare a corpus) and the evaluation helpers (lib_eval.sh: fairseq-eval-lm).
+# Shared shell helpers for the recipes under recipes/. Source it (`source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"`)
+# from a script that runs under `set -euo pipefail`; besides defining functions and variables it only exports
+# PYTHONWARNINGS and LC_NUMERIC=C and installs the EXIT/INT/TERM traps that clean up after a failure. It brings in
+# the data helpers (lib_data.sh: download, unpack, prepare a corpus) and the evaluation helpers (lib_eval.sh:
+# fairseq-eval-lm).
 #
 # What the helpers guarantee:
 #   * every output is written under a temporary name and renamed into place when complete, so an interrupted or
@@ -12,10 +13,14 @@
 #     step finished (e.g. the download failed);
 #   * errors say what failed and what to do, on stderr, and stop the script.
 #
-# Variables: LIB_REPO (the repository root), LIB_USER_DIR (the plugin folder given to --user-dir).
+# Variables: LIB_REPO (the repository root), LIB_USER_DIR (the plugin folder given to --user-dir), RECIPE_DIR and
+# RECIPE (the folder of the script that runs and its name, e.g. ptb: the recipes' default data and
+# checkpoint folders are data/RECIPE and checkpoints/RECIPE).
 
 LIB_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 LIB_USER_DIR="$LIB_REPO/define_fairseq"
+RECIPE_DIR=$(cd "$(dirname "$0")" && pwd)
+RECIPE=$(basename "$RECIPE_DIR")
 # torch's deprecation warnings about fairseq's own calls would drown the logs; PYTHONWARNINGS=default shows them.
 export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore}"
 # Numbers are read and printed with a decimal point whatever the user's locale (bash's printf follows LC_NUMERIC).
@@ -225,6 +230,51 @@ lib_train() {
     [[ -f $save_dir/checkpoint_last.pt ]] || die "training wrote no checkpoint to $save_dir"
     lib_mark_done "$save_dir" train
     log "done: $save_dir/checkpoint_best.pt, $save_dir/checkpoint_last.pt"
+}
+
+# lib_train_recipe ARGS... : the whole of a train.sh, whose command line is "[options] CONFIG [fairseq-train
+# arguments...]": -h, -n, -d DATA_DIR (default $DATA_DIR or data/RECIPE), -s SAVE_ROOT (default $SAVE_ROOT or
+# checkpoints/RECIPE) and the letters of RECIPE_OPTIONS (getopts' notation; the script's recipe_option takes them).
+# The script's function `recipe_args CONFIG` sets the array ARGS, the recipe's fairseq-train arguments (its case
+# for an unknown CONFIG runs lib_unknown_config); lib_train then trains SAVE_ROOT/CONFIG, the user's arguments last.
+lib_train_recipe() {
+    DATA_DIR=${DATA_DIR:-data/$RECIPE}
+    SAVE_ROOT=${SAVE_ROOT:-checkpoints/$RECIPE}
+    DRY_RUN=0
+    lib_parse_options "hnd:s:${RECIPE_OPTIONS:-}" CONFIG "$@"
+    shift "$LIB_SHIFT"
+    CONFIG=$1
+    shift
+    recipe_args "$CONFIG"
+    lib_train "$DRY_RUN" "$DATA_DIR/data-bin" "$SAVE_ROOT/$CONFIG" "${ARGS[@]}" "$@"
+}
+
+lib_unknown_config() { usage >&2; die "unknown CONFIG '$CONFIG' (see the list above)"; }
+
+# lib_train_usage CORPUS CONFIGS [NOTE]: the usage of a lib_train_recipe train.sh that trains on the binarized
+# CORPUS (its name in words); CONFIGS lists its configs, NOTE (one or more lines) ends the text. A script with
+# options of its own (RECIPE_OPTIONS) describes them in TRAIN_OPTIONS (its synopsis, e.g. "[-g GPUS]", then a
+# newline and their help lines).
+lib_train_usage() {
+    local synopsis=${TRAIN_OPTIONS:+ ${TRAIN_OPTIONS%%$'\n'*}} options=${TRAIN_OPTIONS:+${TRAIN_OPTIONS#*$'\n'}$'\n'}
+    cat <<USAGE
+Usage: $(basename "$0") [-h] [-n] [-d DATA_DIR] [-s SAVE_ROOT]$synopsis CONFIG [fairseq-train arguments...]
+
+Train CONFIG on the binarized $1 in DATA_DIR/data-bin (made by prepare.sh) and write the
+checkpoints to SAVE_ROOT/CONFIG (checkpoint_best.pt, checkpoint_last.pt, train.log). Arguments after CONFIG are
+appended to the fairseq-train command and win over the recipe's (e.g. --max-epoch 1, --cpu).
+
+$2
+
+Options:
+$options  -n            print the training command and exit
+  -d DATA_DIR   data directory of prepare.sh (default: \$DATA_DIR or data/$RECIPE)
+  -s SAVE_ROOT  checkpoint root (default: \$SAVE_ROOT or checkpoints/$RECIPE)
+  -h            this help
+
+A finished training is skipped on a rerun (SAVE_ROOT/CONFIG/.done/train); an interrupted one resumes from
+checkpoint_last.pt.${3:+ $3}
+USAGE
 }
 
 # The data and evaluation helpers (recipes/lib_data.sh, recipes/lib_eval.sh).

@@ -91,6 +91,59 @@ lib_listing() {
 
 # -------------------------------------------------------------------------------------- corpus preparation
 
+# lib_prepare_recipe ARGS... : the whole of a language-model prepare.sh, "[-h] [DATA_DIR]" (default data/RECIPE):
+# lib_prepare_corpus on the corpus that these variables and lib_prepare_corpus's optional ones describe:
+#   CORPUS_URL   where the archive is by default (its file name is CORPUS_ARCHIVE); <NAME>_URL overrides it, where
+#                NAME is the recipe's folder in capitals without dashes (e.g. WIKITEXT2 for wikitext-2)
+#   CORPUS_MD5   the archive's MD5, or empty when no checksum is known; <NAME>_MD5 overrides it (empty: no check)
+#   CORPUS_SIZE  the archive's size, for the usage
+#   CORPUS_MEMBER_DIR, CORPUS_SPLITS  as lib_prepare_corpus's; the three files are kept in DATA_DIR/RECIPE
+# A recipe whose splits are not three files of the archive gives its function `usage` (lib_prepare_usage TEXT).
+lib_prepare_recipe() {
+    local name=${RECIPE//-/}
+    CORPUS_URL_VAR=${name^^}_URL CORPUS_MD5_VAR=${name^^}_MD5 CORPUS_ARCHIVE=$(basename "$CORPUS_URL")
+    CORPUS_TEXT_DIR=$RECIPE
+    declare -F usage > /dev/null || usage() { lib_prepare_usage; }
+    [[ ${1:-} == -h || ${1:-} == --help ]] && { usage; exit 0; }
+    [[ ${1:-} == -* ]] && { usage >&2; die "unknown option $1"; }
+    (( $# <= 1 )) || { usage >&2; die "too many arguments"; }
+    local md5_default=$CORPUS_MD5
+    CORPUS_URL=${!CORPUS_URL_VAR:-$CORPUS_URL}
+    CORPUS_MD5=${!CORPUS_MD5_VAR-$md5_default}
+    lib_prepare_corpus "${1:-data/$RECIPE}"
+}
+
+# lib_prepare_usage [TEXT]: the usage of lib_prepare_recipe's prepare.sh; TEXT says what it does and writes
+# (default: the archive's three files binarized as they are).
+lib_prepare_usage() {
+    local first=${CORPUS_SPLITS[0]} files md5_help
+    files="${first%%.*}.{train,valid,test}.${first#*.*.}"
+    if [[ -n $CORPUS_MD5 ]]; then
+        md5_help="(default: $CORPUS_MD5, the original release);
+                      set it to an empty string to skip the check"
+    else
+        md5_help="(default: empty, no check: no published checksum is known
+                      to this recipe)"
+    fi
+    cat <<USAGE
+Usage: $(basename "$0") [-h] [DATA_DIR]
+
+${1:-"Download $CORPUS_ARCHIVE, check that it holds $CORPUS_MEMBER_DIR/$files,
+keep those three files and binarize them with 'fairseq-preprocess --only-source'. DATA_DIR
+(default: data/$RECIPE) receives
+  $(printf '%-26s' "$CORPUS_ARCHIVE") the archive ($CORPUS_SIZE)
+  $(printf '%-26s' "$RECIPE/") ${CORPUS_SPLITS[0]}, ${CORPUS_SPLITS[1]}, ${CORPUS_SPLITS[2]}
+  data-bin/                  dict.txt, {train,valid,test}.{bin,idx}: what train.sh and eval.sh read"}
+Finished steps are skipped on a rerun (markers in DATA_DIR/.done/).
+
+Environment:
+  $(printf '%-19s' "$CORPUS_URL_VAR") where to download from (default: $CORPUS_URL);
+                      an http(s):// or file:// URL, or a local path
+  $(printf '%-19s' "$CORPUS_MD5_VAR") expected MD5 of the archive $md5_help
+  PREPROCESS_WORKERS  fairseq-preprocess workers (default: the number of cores, at most 20)
+USAGE
+}
+
 # lib_prepare_corpus DATA_DIR: download, unpack, check and binarize a language-modelling corpus described by
 # these variables (set them before the call):
 #   CORPUS_ARCHIVE     file name of the archive, e.g. wikitext-103-v1.zip (kept as DATA_DIR/CORPUS_ARCHIVE)

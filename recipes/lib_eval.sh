@@ -117,6 +117,27 @@ lib_eval_target() {
     fi
 }
 
+# lib_eval_recipe ARGS... : the whole of a language-model eval.sh, whose command line is lib_eval_usage's (defaults
+# data/RECIPE and checkpoints/RECIPE; CONFIGS: the recipe's configs). The script's function `recipe_specs CONFIG`
+# sets SPECS, lib_eval's SPEC of each split, and may set EVAL_FORBID_SKIPPED=1 (lib_eval_split), or
+# EVAL_TEMPERATURE=1 for the Mogrifier's two perplexities (lib_eval_with_temperature).
+lib_eval_recipe() {
+    DATA_DIR=${DATA_DIR:-data/$RECIPE}
+    SAVE_ROOT=${SAVE_ROOT:-checkpoints/$RECIPE}
+    CONFIG=""
+    lib_parse_options hc:d:s: "CONFIG or CHECKPOINT" "$@"
+    shift "$LIB_SHIFT"
+    lib_eval_target "$1" "$CONFIG" "$CONFIGS" "$SAVE_ROOT" "$RECIPE_DIR/train.sh"
+    shift
+    EVAL_TEMPERATURE=0
+    recipe_specs "$CONFIG"
+    if [[ $EVAL_TEMPERATURE == 1 ]]; then
+        lib_eval_with_temperature "$DATA_DIR/data-bin" "$CHECKPOINT" "${SPECS[@]}" -- "$@"
+    else
+        lib_eval "$DATA_DIR/data-bin" "$CHECKPOINT" "${CHECKPOINT%.pt}.eval.txt" "${SPECS[@]}" -- "$@"
+    fi
+}
+
 # The official Mogrifier code's softmax-temperature grid (lamb/evaluation.py multiplies the logits by
 # t = 1.06 - 0.02 i down to 0.80); --mogrifier-softmax-temperature T divides them, so T = 1 / t.
 LIB_LAMB_TEMPERATURES=$(awk 'BEGIN { for (i = 0; i <= 13; i++) printf "%s%.4f", (i ? " " : ""), 1 / (1.06 - 0.02 * i) }')

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Perplexity of a Google Billion Word model of this recipe on the valid and test splits (fairseq-eval-lm).
 set -euo pipefail
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-source "$HERE/../lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 
 CONFIGS="gcnn_lm_13 gcnn_lm_14b gcnn_lm_8b"
 
@@ -18,20 +17,12 @@ HOW
 )"
 }
 
-DATA_DIR=${DATA_DIR:-data/gbw}
-SAVE_ROOT=${SAVE_ROOT:-checkpoints/gbw}
-CONFIG=""
-lib_parse_options hc:d:s: "CONFIG or CHECKPOINT" "$@"
-shift "$LIB_SHIFT"
-TARGET=$1
-shift
-
-lib_eval_target "$TARGET" "$CONFIG" "$CONFIGS" "$SAVE_ROOT" "$HERE/train.sh"
-
 # No --skip-invalid-size-inputs-valid-test here (fairseq-eval-lm has no such choice: it always skips what does
 # not fit the model's positions, and EVAL_FORBID_SKIPPED=1 turns that into an error).
-SENTENCES="--task language_modeling --sample-break-mode eos --tokens-per-sample 4096 --max-tokens 4096"
-SENTENCES+=" --softmax-batch 1024"
-SPECS=("valid|one sentence at a time|$SENTENCES" "test|one sentence at a time|$SENTENCES")
-EVAL_FORBID_SKIPPED=1
-lib_eval "$DATA_DIR/data-bin" "$CHECKPOINT" "${CHECKPOINT%.pt}.eval.txt" "${SPECS[@]}" -- "$@"
+recipe_specs() {
+    local sentences="--task language_modeling --sample-break-mode eos --tokens-per-sample 4096 --max-tokens 4096"
+    sentences+=" --softmax-batch 1024"
+    SPECS=("valid|one sentence at a time|$sentences" "test|one sentence at a time|$sentences")
+    EVAL_FORBID_SKIPPED=1
+}
+lib_eval_recipe "$@"

@@ -1,17 +1,10 @@
 #!/usr/bin/env bash
 # Train one of the gated convolutional LMs of Dauphin et al. (2017) on Google Billion Word (see README.md).
 set -euo pipefail
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-source "$HERE/../lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 
 usage() {
-    cat <<USAGE
-Usage: $(basename "$0") [-h] [-n] [-d DATA_DIR] [-s SAVE_ROOT] CONFIG [fairseq-train arguments...]
-
-Train CONFIG on the binarized Google Billion Word in DATA_DIR/data-bin (made by prepare.sh) and write the
-checkpoints to SAVE_ROOT/CONFIG (checkpoint_best.pt, checkpoint_last.pt, train.log). Arguments after CONFIG are
-appended to the fairseq-train command and win over the recipe's (e.g. --max-epoch 1, --update-freq 8, --cpu).
-
+    lib_train_usage "Google Billion Word" "$(cat <<CONFIGS
 CONFIG (= --arch; the gcnn_lm model, adaptive softmax with cutoffs 10000,50000,200000):
   gcnn_lm_13    GCNN-13: 13 x (1268 units, k=4), lookup 128       [paper: test 38.1]
   gcnn_lm_14b   GCNN-14 Bottleneck: (512, k=5) + 13 bottleneck blocks up to 4096 units, lookup 128
@@ -22,25 +15,9 @@ momentum 0.99, lr 1 (halved whenever the validation loss stalls), gradient norm 
 weight decay; 4096 tokens per GPU per update (our choice: the paper gives no batch size), at most 35 epochs (our
 choice: the paper gives no epoch count); validation and a checkpoint every 10,000 updates as well as at the end
 of each epoch (an epoch is about 200,000 updates on one GPU).
-
-Options:
-  -n            print the training command and exit
-  -d DATA_DIR   data directory of prepare.sh (default: \$DATA_DIR or data/gbw)
-  -s SAVE_ROOT  checkpoint root (default: \$SAVE_ROOT or checkpoints/gbw)
-  -h            this help
-
-A finished training is skipped on a rerun (SAVE_ROOT/CONFIG/.done/train); an interrupted one resumes from
-checkpoint_last.pt. fairseq-train uses every visible GPU, each with --max-tokens 4096 of its own.
-USAGE
+CONFIGS
+)" "fairseq-train uses every visible GPU, each with --max-tokens 4096 of its own."
 }
-
-DATA_DIR=${DATA_DIR:-data/gbw}
-SAVE_ROOT=${SAVE_ROOT:-checkpoints/gbw}
-DRY_RUN=0
-lib_parse_options hnd:s: CONFIG "$@"
-shift "$LIB_SHIFT"
-CONFIG=$1
-shift
 
 # From the paper (Dauphin et al. 2017): each GBW sequence is one sentence whose convolutions start from zero
 # padding, so no context crosses a sentence boundary (--sample-break-mode eos: one sentence per row, the row's
@@ -76,9 +53,10 @@ GBW_COMMON=(
     --seed 1 --no-epoch-checkpoints --log-format simple --log-interval 100
 )
 
-case $CONFIG in
-    gcnn_lm_13 | gcnn_lm_14b | gcnn_lm_8b) ARGS=(--arch "$CONFIG" "${GBW_COMMON[@]}") ;;
-    *) usage >&2; die "unknown CONFIG '$CONFIG' (see the list above)" ;;
-esac
-
-lib_train "$DRY_RUN" "$DATA_DIR/data-bin" "$SAVE_ROOT/$CONFIG" "${ARGS[@]}" "$@"
+recipe_args() {
+    case $1 in
+        gcnn_lm_13 | gcnn_lm_14b | gcnn_lm_8b) ARGS=(--arch "$1" "${GBW_COMMON[@]}") ;;
+        *) lib_unknown_config ;;
+    esac
+}
+lib_train_recipe "$@"

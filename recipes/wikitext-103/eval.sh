@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Perplexity of a WikiText-103 model of this recipe on the valid and test splits (fairseq-eval-lm).
 set -euo pipefail
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-source "$HERE/../lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 
 CONFIGS="lstm_lm_standard_wt103 lstm_lm_adaptive_wt103 lstm_lm_define_wt103_n3 lstm_lm_define_wt103_n7"
 CONFIGS+=" lstm_lm_define_wt103_n11 transformer_lm_wiki103 transformer_lm_define_wiki103 gcnn_lm_8 gcnn_lm_14"
@@ -35,46 +34,37 @@ HOW
 )"
 }
 
-DATA_DIR=${DATA_DIR:-data/wikitext-103}
-SAVE_ROOT=${SAVE_ROOT:-checkpoints/wikitext-103}
-CONFIG=""
-lib_parse_options hc:d:s: "CONFIG or CHECKPOINT" "$@"
-shift "$LIB_SHIFT"
-TARGET=$1
-shift
-
-lib_eval_target "$TARGET" "$CONFIG" "$CONFIGS" "$SAVE_ROOT" "$HERE/train.sh"
-
-case $CONFIG in
-    gcnn_lm_8 | gcnn_lm_14 | fconv_lm_dauphin_wikitext103)
-        # fairseq-eval-lm's --context-window C cuts rows of --tokens-per-sample minus C new tokens and puts the C
-        # tokens before each row in front of it as context (scored once, in order). C = 64 covers the receptive
-        # field of every one of these models (47 tokens at most, GCNN-14), so each token is scored exactly as in
-        # one pass over the whole split; 4 rows a batch, the log-probabilities of 1024 tokens at a time.
-        CONV="--task language_modeling --sample-break-mode none --tokens-per-sample 1024 --context-window 64"
-        CONV+=" --max-tokens 4096 --softmax-batch 1024"
-        SPECS=("valid|one stream, rows of 960 tokens after a 64-token context|$CONV"
-               "test|one stream, rows of 960 tokens after a 64-token context|$CONV")
-        EVAL_FORBID_SKIPPED=1
-        if [[ $CONFIG == fconv_lm_* ]]; then
-            # fconv_lm's checkpoints hold an argparse.Namespace, which torch >= 2.6 refuses to load by default; the
-            # unrestricted loader is for checkpoints you trust (e.g. those of train.sh)
-            export TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
-        fi ;;
-    transformer_xl_*)
-        # Transformer-XL's evaluation (its run_wt103_base.sh eval): segments of 64 with a memory of 640 states,
-        # relative distances clamped at 400, every position attending to the same number of states, batch 10
-        TXL="--task stateful_lm --tokens-per-sample 64 --batch-size 10"
-        TXL+=" --model-overrides {'txl_mem_len':640,'txl_clamp_len':400,'txl_same_length':True}"
-        SPECS=("valid|stateful, segments of 64, memory 640, clamp_len 400, same_length, 10 streams|$TXL"
-               "test|stateful, segments of 64, memory 640, clamp_len 400, same_length, 10 streams|$TXL") ;;
-    lstm_lm_*)
-        SPECS=("valid|stateful, BPTT 140, 10 streams|--task stateful_lm --tokens-per-sample 140 --batch-size 10"
-               "test|stateful, BPTT 140, 1 stream|--task stateful_lm --tokens-per-sample 140 --batch-size 1") ;;
-    *)
-        LM="--task language_modeling --sample-break-mode complete --tokens-per-sample 3072 --max-tokens 3072"
-        LM+=" --context-window 2560 --softmax-batch 1024"
-        SPECS=("valid|blocks of 3072, context 2560|$LM" "test|blocks of 3072, context 2560|$LM") ;;
-esac
-
-lib_eval "$DATA_DIR/data-bin" "$CHECKPOINT" "${CHECKPOINT%.pt}.eval.txt" "${SPECS[@]}" -- "$@"
+recipe_specs() {
+    case $1 in
+        gcnn_lm_8 | gcnn_lm_14 | fconv_lm_dauphin_wikitext103)
+            # fairseq-eval-lm's --context-window C cuts rows of --tokens-per-sample minus C new tokens and puts the C
+            # tokens before each row in front of it as context (scored once, in order). C = 64 covers the receptive
+            # field of every one of these models (47 tokens at most, GCNN-14), so each token is scored exactly as in
+            # one pass over the whole split; 4 rows a batch, the log-probabilities of 1024 tokens at a time.
+            CONV="--task language_modeling --sample-break-mode none --tokens-per-sample 1024 --context-window 64"
+            CONV+=" --max-tokens 4096 --softmax-batch 1024"
+            SPECS=("valid|one stream, rows of 960 tokens after a 64-token context|$CONV"
+                   "test|one stream, rows of 960 tokens after a 64-token context|$CONV")
+            EVAL_FORBID_SKIPPED=1
+            if [[ $1 == fconv_lm_* ]]; then
+                # fconv_lm's checkpoints hold an argparse.Namespace, which torch >= 2.6 refuses to load by default; the
+                # unrestricted loader is for checkpoints you trust (e.g. those of train.sh)
+                export TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1
+            fi ;;
+        transformer_xl_*)
+            # Transformer-XL's evaluation (its run_wt103_base.sh eval): segments of 64 with a memory of 640 states,
+            # relative distances clamped at 400, every position attending to the same number of states, batch 10
+            TXL="--task stateful_lm --tokens-per-sample 64 --batch-size 10"
+            TXL+=" --model-overrides {'txl_mem_len':640,'txl_clamp_len':400,'txl_same_length':True}"
+            SPECS=("valid|stateful, segments of 64, memory 640, clamp_len 400, same_length, 10 streams|$TXL"
+                   "test|stateful, segments of 64, memory 640, clamp_len 400, same_length, 10 streams|$TXL") ;;
+        lstm_lm_*)
+            SPECS=("valid|stateful, BPTT 140, 10 streams|--task stateful_lm --tokens-per-sample 140 --batch-size 10"
+                   "test|stateful, BPTT 140, 1 stream|--task stateful_lm --tokens-per-sample 140 --batch-size 1") ;;
+        *)
+            LM="--task language_modeling --sample-break-mode complete --tokens-per-sample 3072 --max-tokens 3072"
+            LM+=" --context-window 2560 --softmax-batch 1024"
+            SPECS=("valid|blocks of 3072, context 2560|$LM" "test|blocks of 3072, context 2560|$LM") ;;
+    esac
+}
+lib_eval_recipe "$@"

@@ -1,17 +1,10 @@
 #!/usr/bin/env bash
 # Train one of the DeFINE paper's WikiText-103 language models with fairseq-train (see README.md).
 set -euo pipefail
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-source "$HERE/../lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 
 usage() {
-    cat <<USAGE
-Usage: $(basename "$0") [-h] [-n] [-d DATA_DIR] [-s SAVE_ROOT] CONFIG [fairseq-train arguments...]
-
-Train CONFIG on the binarized WikiText-103 in DATA_DIR/data-bin (made by prepare.sh) and write the checkpoints to
-SAVE_ROOT/CONFIG (checkpoint_best.pt, checkpoint_last.pt, train.log). Arguments after CONFIG are appended to the
-fairseq-train command and win over the recipe's (e.g. --max-epoch 1, --batch-size 30, --cpu).
-
+    lib_train_usage WikiText-103 "$(cat <<CONFIGS
 CONFIG (Table 1a of the paper: LSTM LMs; SGD lr 20, BPTT 140, batch 60, 20 epochs, lr / 10 after epoch 15):
   lstm_lm_standard_wt103     R1: standard V x 256 input, full softmax (tied)  [paper: 2 GPUs]
   lstm_lm_adaptive_wt103     R2: adaptive input 256 + adaptive softmax (tied)
@@ -29,26 +22,10 @@ per GPU, lr halved when the validation loss stalls, 35 epochs):
   fconv_lm_dauphin_wikitext103    fairseq's own GCNN-14 (the baseline), README.conv.md's command as it is
                                   (dropout 0.2, weight decay 5e-6); its checkpoints need
                                   TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1, which this script sets for it
-
-Options:
-  -n            print the training command and exit
-  -d DATA_DIR   data directory of prepare.sh (default: \$DATA_DIR or data/wikitext-103)
-  -s SAVE_ROOT  checkpoint root (default: \$SAVE_ROOT or checkpoints/wikitext-103)
-  -h            this help
-
-A finished training is skipped on a rerun (SAVE_ROOT/CONFIG/.done/train); an interrupted one resumes from
-checkpoint_last.pt. fairseq-train uses every visible GPU: the LSTM rows are single-GPU settings
-(CUDA_VISIBLE_DEVICES=0), except lstm_lm_standard_wt103 (the paper used 2 GPUs: add --batch-size 30 to keep 60 streams in all).
-USAGE
+CONFIGS
+)" "fairseq-train uses every visible GPU: the LSTM rows are single-GPU settings (CUDA_VISIBLE_DEVICES=0), except
+lstm_lm_standard_wt103 (the paper used 2 GPUs: add --batch-size 30 to keep 60 streams in all)."
 }
-
-DATA_DIR=${DATA_DIR:-data/wikitext-103}
-SAVE_ROOT=${SAVE_ROOT:-checkpoints/wikitext-103}
-DRY_RUN=0
-lib_parse_options hnd:s: CONFIG "$@"
-shift "$LIB_SHIFT"
-CONFIG=$1
-shift
 
 # Table 9: SGD, lr 20 for epochs 1-15 and 2 for epochs 16-20 (fairseq's `fixed` scheduler reads one lr per
 # epoch from the --lr list and keeps the last one), BPTT 140, 60 streams, no weight decay. Where the paper
@@ -57,10 +34,7 @@ shift
 # embedding dropout, no AR/TAR, gradient norm clipped at 0.25 (its default), AWD-LSTM's variable-length BPTT.
 # That command's weight drop (0.5) acts on the QRNN's convolution weights, which an LSTM does not have: weight
 # drop stays off. Validation during training: 10 streams.
-# Plain SGD is fairseq's `nag` optimizer with --momentum 0: its update is then exactly SGD's,
-# p <- p * (1 - lr * weight_decay) - lr * grad. fairseq's own `sgd` would store its settings in the checkpoint as
-# an argparse.Namespace, which torch >= 2.6 refuses to unpickle by default, so neither a resumed training nor
-# fairseq-eval-lm could load the checkpoint.
+# Plain SGD is fairseq's `nag` optimizer with --momentum 0 (../lstm_lm.sh says why not fairseq's `sgd`).
 LSTM_LR="$(printf '20,%.0s' {1..15})2"
 LSTM_COMMON=(
     --task stateful_lm --tokens-per-sample 140 --variable-bptt --batch-size 60 --batch-size-valid 10
@@ -104,19 +78,20 @@ FCONV_COMMON=(
     --seed 1 --no-epoch-checkpoints --log-format simple --log-interval 100
 )
 
-case $CONFIG in
-    lstm_lm_standard_wt103) ARGS=(--arch "$CONFIG" "${LSTM_COMMON[@]}" --criterion cross_entropy) ;;
-    lstm_lm_adaptive_wt103 | lstm_lm_define_wt103_n3 | lstm_lm_define_wt103_n7 | lstm_lm_define_wt103_n11)
-        ARGS=(--arch "$CONFIG" "${LSTM_COMMON[@]}" "${LSTM_ADAPTIVE[@]}") ;;
-    transformer_lm_wiki103 | transformer_lm_define_wiki103) ARGS=(--arch "$CONFIG" "${TRANSFORMER_COMMON[@]}") ;;
-    gcnn_lm_8 | gcnn_lm_14) ARGS=(--arch "$CONFIG" "${GCNN_COMMON[@]}") ;;
-    fconv_lm_dauphin_wikitext103)
-        ARGS=(--arch "$CONFIG" "${FCONV_COMMON[@]}")
-        # fairseq's fconv_lm keeps its settings as an argparse.Namespace in the checkpoint, which torch >= 2.6
-        # refuses to load by default: resuming from checkpoint_last.pt needs the unrestricted loader. Only for the
-        # checkpoints this recipe wrote itself.
-        export TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 ;;
-    *) usage >&2; die "unknown CONFIG '$CONFIG' (see the list above)" ;;
-esac
-
-lib_train "$DRY_RUN" "$DATA_DIR/data-bin" "$SAVE_ROOT/$CONFIG" "${ARGS[@]}" "$@"
+recipe_args() {
+    case $1 in
+        lstm_lm_standard_wt103) ARGS=(--arch "$1" "${LSTM_COMMON[@]}" --criterion cross_entropy) ;;
+        lstm_lm_adaptive_wt103 | lstm_lm_define_wt103_n3 | lstm_lm_define_wt103_n7 | lstm_lm_define_wt103_n11)
+            ARGS=(--arch "$1" "${LSTM_COMMON[@]}" "${LSTM_ADAPTIVE[@]}") ;;
+        transformer_lm_wiki103 | transformer_lm_define_wiki103) ARGS=(--arch "$1" "${TRANSFORMER_COMMON[@]}") ;;
+        gcnn_lm_8 | gcnn_lm_14) ARGS=(--arch "$1" "${GCNN_COMMON[@]}") ;;
+        fconv_lm_dauphin_wikitext103)
+            ARGS=(--arch "$1" "${FCONV_COMMON[@]}")
+            # fairseq's fconv_lm keeps its settings as an argparse.Namespace in the checkpoint, which torch >= 2.6
+            # refuses to load by default: resuming from checkpoint_last.pt needs the unrestricted loader. Only for
+            # the checkpoints this recipe wrote itself.
+            export TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 ;;
+        *) lib_unknown_config ;;
+    esac
+}
+lib_train_recipe "$@"

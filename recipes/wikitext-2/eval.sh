@@ -1,9 +1,6 @@
 #!/usr/bin/env bash
 # Perplexity of a WikiText-2 model of this recipe on the valid and test splits (fairseq-eval-lm); the script is
-# shared with the other LSTM recipe (../lstm_eval.sh).
+# shared with the other LSTM recipe (../lstm_lm.sh).
 set -euo pipefail
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-source "$HERE/../lib.sh"
-source "$HERE/../lstm_eval.sh"
-
-lstm_eval wikitext-2 wt2 "$@"
+source "$(dirname "${BASH_SOURCE[0]}")/../lstm_lm.sh"
+lstm_eval wt2 "$@"
