@@ -4,9 +4,11 @@ A script runs with this environment's fairseq programs first on PATH and one thr
 recipes read come from the test only, never from the caller's environment."""
 
 import hashlib
+import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 from conftest import BIN, REPO
@@ -49,6 +51,21 @@ def ok(proc):
     """``proc``, after asserting that it succeeded (its output's end in the message when not)."""
     assert proc.returncode == 0, f"exit code {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     return proc
+
+
+def parse_commands(program, commands, timeout=300):
+    """What the Python ``program`` prints last (JSON) when given ``commands`` (JSON) on its standard input: the
+    recipes' fairseq commands parsed by fairseq's own parser, in a fresh process."""
+    proc = subprocess.run(
+        [sys.executable, "-c", program],
+        input=json.dumps(commands),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def md5(path):

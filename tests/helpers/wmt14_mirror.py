@@ -184,38 +184,28 @@ def write_wmt14(directory: Path, seed: int = 0) -> dict:
         rows = pairs[name] if rows is None else rows
         return _text(en for en, _ in rows), _text(de for _, de in rows)
 
-    archives = {}
-    en, de = sides("europarl")
-    archives["europarl"] = _write_tgz(
-        directory / "training-parallel-europarl-v7.tgz",
-        {
-            "training/europarl-v7.de-en.en": en,
-            "training/europarl-v7.de-en.de": de,
-            "training/europarl-v7.fr-en.en": decoy,
-            "training/europarl-v7.fr-en.fr": decoy,
-        },
-    )
-    en, de = sides("commoncrawl", crawl)
-    archives["commoncrawl"] = _write_tgz(
-        directory / "training-parallel-commoncrawl.tgz",
-        {
-            "commoncrawl.de-en.annotation": _text(["http://example.org/stand-in"] * len(crawl)),
-            "commoncrawl.de-en.en": en,
-            "commoncrawl.de-en.de": de,
-            "commoncrawl.fr-en.en": decoy,
-            "commoncrawl.fr-en.fr": decoy,
-        },
-    )
-    en, de = sides("news_commentary")
-    archives["news_commentary"] = _write_tgz(
-        directory / "training-parallel-nc-v9.tgz",
-        {
-            "training/news-commentary-v9.cs-en.cs": decoy,
-            "training/news-commentary-v9.cs-en.en": decoy,
-            "training/news-commentary-v9.de-en.de": de,
-            "training/news-commentary-v9.de-en.en": en,
-        },
-    )
+    def bitext(prefix, name, decoy_pair, rows=None):
+        """PREFIX.de-en.{en,de}: ``name``'s pairs (or ``rows``); and PREFIX.DECOY_PAIR's two files, decoys."""
+        en, de = sides(name, rows)
+        files = {f"{prefix}.de-en.en": en, f"{prefix}.de-en.de": de}
+        return files | {f"{prefix}.{decoy_pair}.{lang}": decoy for lang in decoy_pair.split("-")}
+
+    archives = {
+        "europarl": _write_tgz(
+            directory / "training-parallel-europarl-v7.tgz", bitext("training/europarl-v7", "europarl", "fr-en")
+        ),
+        "commoncrawl": _write_tgz(
+            directory / "training-parallel-commoncrawl.tgz",
+            {
+                "commoncrawl.de-en.annotation": _text(["http://example.org/stand-in"] * len(crawl)),
+                **bitext("commoncrawl", "commoncrawl", "fr-en", crawl),
+            },
+        ),
+        "news_commentary": _write_tgz(
+            directory / "training-parallel-nc-v9.tgz",
+            bitext("training/news-commentary-v9", "news_commentary", "cs-en"),
+        ),
+    }
     en, de = sides("newstest2013")
     en12, de12 = sides("newstest2012")
     archives["dev"] = _write_tgz(
@@ -228,27 +218,21 @@ def write_wmt14(directory: Path, seed: int = 0) -> dict:
             "dev/newstest2013-src.en.sgm": _sgm("src", "newstest2013", "en", [e for e, _ in pairs["newstest2013"]]),
         },
     )
-    test14 = pairs["newstest2014"]
-    archives["test"] = _write_tgz(
-        directory / "test-full.tgz",
-        {
-            "test-full/newstest2014-deen-src.en.sgm": _sgm("src", "newstest2014", "en", [e for e, _ in test14]),
-            "test-full/newstest2014-deen-ref.de.sgm": _sgm("ref", "newstest2014", "de", [d for _, d in test14]),
-            "test-full/newstest2014-deen-src.de.sgm": _sgm("src", "newstest2014", "de", [d for _, d in test14]),
-            "test-full/newstest2014-deen-ref.en.sgm": _sgm("ref", "newstest2014", "en", [e for e, _ in test14]),
-            "test-full/newstest2014-fren-src.en.sgm": _sgm("src", "newstest2014", "en", ["decoy"]),
-        },
-    )
-    test17 = pairs["newstest2017"]
-    archives["test17"] = _write_tgz(
-        directory / "test.tgz",
-        {
-            "test/newstest2017-deen-src.de.sgm": _sgm("src", "newstest2017", "de", [d for _, d in test17]),
-            "test/newstest2017-deen-ref.en.sgm": _sgm("ref", "newstest2017", "en", [e for e, _ in test17]),
-            "test/newstest2017-ende-src.en.sgm": _sgm("src", "newstest2017", "en", [e for e, _ in test17]),
-            "test/newstest2017-ende-ref.de.sgm": _sgm("ref", "newstest2017", "de", [d for _, d in test17]),
-        },
-    )
+
+    def sgm_files(folder, test, *members):
+        """``folder``'s SGML files of ``test``: each member PAIR-KIND.LANG (e.g. deen-src.en) holds that side."""
+        side = dict(zip(("en", "de"), map(list, zip(*pairs[test]))))
+        files = {}
+        for member in members:
+            kind, lang = member.split("-")[1].split(".")
+            files[f"{folder}/{test}-{member}.sgm"] = _sgm(kind, test, lang, side[lang])
+        return files
+
+    test14 = sgm_files("test-full", "newstest2014", "deen-src.en", "deen-ref.de", "deen-src.de", "deen-ref.en")
+    test14["test-full/newstest2014-fren-src.en.sgm"] = _sgm("src", "newstest2014", "en", ["decoy"])
+    archives["test"] = _write_tgz(directory / "test-full.tgz", test14)
+    test17 = sgm_files("test", "newstest2017", "deen-src.de", "deen-ref.en", "ende-src.en", "ende-ref.de")
+    archives["test17"] = _write_tgz(directory / "test.tgz", test17)
     return archives
 
 

@@ -4,15 +4,13 @@ eval.sh, whose BLEU files are checked against the hypotheses and references they
 SentencePiece option; the recipe's model from Python and fairseq-interactive."""
 
 import json
-import os
 import re
 import subprocess
-import sys
 
 import pytest
 import torch
 from conftest import BIN, REPO, training_arguments
-from recipe_runs import leftovers, ok
+from recipe_runs import leftovers, ok, parse_commands
 from wmt14_recipe import BPE_SIZE, TESTSETS, TINY, TINY_DEFINE, binarized, mirror_env, normalize, read_lines, run_script
 
 # ------------------------------------------------------------------------------------------ train.sh commands
@@ -48,16 +46,7 @@ def test_train_commands_keep_the_batch_and_the_papers_settings():
     }
     commands["bf16"] = dry_run("-g", 2, "-p", "bf16", "transformer_define")
     commands["fp32"] = dry_run("-g", 1, "-p", "fp32", "transformer_define", "--max-update", "7", "--lr", "0.002")
-    proc = subprocess.run(
-        [sys.executable, "-c", PARSE],
-        input=json.dumps(commands),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    parsed = json.loads(proc.stdout.strip().splitlines()[-1])
+    parsed = parse_commands(PARSE, commands)
     for name, info in parsed.items():
         config = name.rsplit("-", 1)[0] if name not in ("bf16", "fp32") else "transformer_define"
         assert info["arch"] == config and info["save_dir"] == f"ck/{config}"

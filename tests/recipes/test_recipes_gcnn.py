@@ -9,12 +9,8 @@ perplexity must cover every token of the split and equal a plain re-computation 
 describes (GBW: each sentence on its own; WikiText-103: the split as one stream).
 """
 
-import json
 import math
-import os
 import re
-import subprocess
-import sys
 import tarfile
 from collections import Counter
 from pathlib import Path
@@ -31,7 +27,7 @@ from recipe_mirror import (
     write_gbw_tgz,
     write_wikitext_zip,
 )
-from recipe_runs import leftovers, md5, ok, run_recipe
+from recipe_runs import leftovers, md5, ok, parse_commands, run_recipe
 
 GBW_ARCHIVE = f"{GBW_TOP}.tar.gz"
 
@@ -213,16 +209,7 @@ def test_every_config_carries_the_papers_settings():
     commands = {f"wikitext-103/{c}": dry_run("wikitext-103", c) for c in WT103_CONFIGS}
     commands.update({f"gbw/{c}": dry_run("gbw", c) for c in GBW_CONFIGS})
     commands["override"] = dry_run("gbw", "gcnn_lm_13", "--max-tokens", "2048", "--lr", "2", "--update-freq", "8")
-    proc = subprocess.run(
-        [sys.executable, "-c", PARSE_COMMANDS],
-        input=json.dumps(commands),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    parsed = json.loads(proc.stdout.strip().splitlines()[-1])
+    parsed = parse_commands(PARSE_COMMANDS, commands)
     layers = {
         "gcnn_lm_8": (280, gcnn_lm.GCNN_8),
         "gcnn_lm_14": (280, gcnn_lm.GCNN_14),
@@ -291,6 +278,8 @@ TINY = [
 
 def load_model(checkpoint):
     from fairseq import checkpoint_utils
+
+    import define_fairseq  # noqa: F401  (registers the architectures the checkpoint names)
 
     (model,), _, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)])
     return model.eval(), task.target_dictionary

@@ -2,16 +2,12 @@
 and eval.sh end to end on the stand-in corpora (lm_recipe.py): one config per recipe shrunk to a few seconds,
 scored on valid and test as the papers evaluate, and the Mogrifier's tuned softmax temperature."""
 
-import json
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 from conftest import training_arguments
 from lm_recipe import CORPORA, raw_token_count
-from recipe_runs import leftovers, ok, run_recipe
+from recipe_runs import leftovers, ok, parse_commands, run_recipe
 
 # ------------------------------------------------------------------------------------------ train.sh configs
 
@@ -85,23 +81,10 @@ def dry_run(config, *extra, save_root="ck"):
     return training_arguments(proc.stdout)
 
 
-def parse_commands(commands):
-    proc = subprocess.run(
-        [sys.executable, "-c", PARSE_COMMANDS],
-        input=json.dumps(commands),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def test_every_config_is_a_valid_fairseq_command_with_the_papers_settings():
     commands = {config: dry_run(config) for config in CONFIGS}
     commands["override"] = dry_run("ptb/awd_lstm_lm", "--max-epoch", "3", "--lr", "7", save_root="elsewhere")
-    parsed = parse_commands(commands)
+    parsed = parse_commands(PARSE_COMMANDS, commands)
     errors = {config: info["error"] for config, info in parsed.items() if "error" in info}
     assert not errors, errors
     for config, info in parsed.items():
@@ -183,99 +166,29 @@ def test_nag_without_momentum_is_plain_sgd():
 
 # Tiny models: the arch's structure with small widths, the recipe's optimisation settings, one epoch on CPU.
 TINY = {
-    "wikitext-103/lstm_lm_define_wt103_n3": [
-        "--define-n",
-        "16",
-        "--decoder-embed-dim",
-        "16",
-        "--define-k",
-        "32",
-        "--decoder-hidden-size",
-        "32",
-        "--decoder-layers",
-        "2",
-        "--adaptive-input-cutoff",
-        "20,40",
-        "--adaptive-softmax-cutoff",
-        "20,40",
-        "--batch-size",
-        "4",
-        "--tokens-per-sample",
-        "35",
-        "--max-epoch",
-        "1",
-    ],
-    "wikitext-103/transformer_lm_define_wiki103": [
-        "--decoder-layers",
-        "1",
-        "--decoder-embed-dim",
-        "32",
-        "--decoder-ffn-embed-dim",
-        "64",
-        "--decoder-attention-heads",
-        "2",
-        "--define-n",
-        "16",
-        "--define-k",
-        "32",
-        "--adaptive-input-cutoff",
-        "20,40",
-        "--adaptive-softmax-cutoff",
-        "20,40",
-        "--tokens-per-sample",
-        "64",
-        "--max-tokens",
-        "256",
-        "--update-freq",
-        "1",
-        "--max-update",
-        "2",
-        "--warmup-updates",
-        "1",
-    ],
-    "ptb/awd_lstm_lm": [
-        "--define-n",
-        "16",
-        "--decoder-embed-dim",
-        "16",
-        "--decoder-hidden-size",
-        "32",
-        "--decoder-layers",
-        "2",
-        "--max-epoch",
-        "1",
-    ],
-    "wikitext-2/awd_lstm_lm_define": [
-        "--define-n",
-        "16",
-        "--define-k",
-        "32",
-        "--define-depth",
-        "3",
-        "--decoder-embed-dim",
-        "16",
-        "--decoder-hidden-size",
-        "32",
-        "--decoder-layers",
-        "2",
-        "--batch-size",
-        "10",
-        "--max-epoch",
-        "1",
-    ],
+    "wikitext-103/lstm_lm_define_wt103_n3": (
+        "--define-n 16 --decoder-embed-dim 16 --define-k 32 --decoder-hidden-size 32 --decoder-layers 2 "
+        "--adaptive-input-cutoff 20,40 --adaptive-softmax-cutoff 20,40 --batch-size 4 --tokens-per-sample 35 "
+        "--max-epoch 1"
+    ).split(),
+    "wikitext-103/transformer_lm_define_wiki103": (
+        "--decoder-layers 1 --decoder-embed-dim 32 --decoder-ffn-embed-dim 64 --decoder-attention-heads 2 "
+        "--define-n 16 --define-k 32 --adaptive-input-cutoff 20,40 --adaptive-softmax-cutoff 20,40 "
+        "--tokens-per-sample 64 --max-tokens 256 --update-freq 1 --max-update 2 --warmup-updates 1"
+    ).split(),
+    "ptb/awd_lstm_lm": (
+        "--define-n 16 --decoder-embed-dim 16 --decoder-hidden-size 32 --decoder-layers 2 --max-epoch 1"
+    ).split(),
+    "wikitext-2/awd_lstm_lm_define": (
+        "--define-n 16 --define-k 32 --define-depth 3 --decoder-embed-dim 16 --decoder-hidden-size 32 "
+        "--decoder-layers 2 --batch-size 10 --max-epoch 1"
+    ).split(),
 }
 # (--data-buffer-size 0: batches collated in the main thread, see SHUTDOWN_ABORT in conftest.py)
 CPU = ["--cpu", "--num-workers", "0", "--data-buffer-size", "0"]
 # the transformer's evaluation blocks (3072 tokens, context 2560) shrunk to the tiny model's 64 positions
 EVAL_EXTRA = {
-    "wikitext-103/transformer_lm_define_wiki103": [
-        "--tokens-per-sample",
-        "64",
-        "--context-window",
-        "32",
-        "--max-tokens",
-        "256",
-    ]
+    "wikitext-103/transformer_lm_define_wiki103": "--tokens-per-sample 64 --context-window 32 --max-tokens 256".split()
 }
 
 
@@ -335,20 +248,10 @@ def test_train_then_eval(config, lm_prepared, tmp_path):
 
 
 # A Mogrifier config, tiny: train.sh, then eval.sh with and without the softmax temperature tuned on valid.
-MOGRIFIER_TINY = [
-    "--mogrifier-hidden-size",
-    "16",
-    "--mogrifier-rank",
-    "4",
-    "--batch-size",
-    "8",
-    "--batch-size-valid",
-    "8",
-    "--tokens-per-sample",
-    "35",
-    "--max-update",
-    "3",
-]
+MOGRIFIER_TINY = (
+    "--mogrifier-hidden-size 16 --mogrifier-rank 4 --batch-size 8 --batch-size-valid 8 --tokens-per-sample 35 "
+    "--max-update 3"
+).split()
 
 
 @pytest.mark.slow
