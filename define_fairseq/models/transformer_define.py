@@ -6,7 +6,8 @@ The decoder output is tied to the n-dimensional table (unless ``--define-untie-o
 code does the same). ``--share-all-embeddings`` shares the whole embedding (table and DeFINE unit) between
 encoder and decoder; with ``--define-separate-units`` only the table is shared and each side has its own unit (the
 authors' code); with ``--define-untie-output`` the decoder gets its own ``V x d_model`` output layer.
-DeFINE's output is not multiplied by sqrt(d_model) (``--no-scale-embedding`` is implied).
+DeFINE's output is not multiplied by sqrt(d_model) (``--no-scale-embedding`` is implied). DeFINE is the input
+layer this family chooses (``--input-layer define``); ``table`` and ``projective`` are the other kinds it offers.
 """
 
 import dataclasses
@@ -16,7 +17,7 @@ from typing import Any, List, Tuple
 from fairseq.dataclass import FairseqDataclass
 from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import register_model, register_model_architecture
-from fairseq.models.transformer import TransformerConfig, TransformerModel
+from fairseq.models.transformer import DEFAULT_MIN_PARAMS_TO_WRAP, TransformerConfig, TransformerModel
 from fairseq.models.transformer.transformer_legacy import (
     DEFAULT_MAX_SOURCE_POSITIONS,
     DEFAULT_MAX_TARGET_POSITIONS,
@@ -102,7 +103,17 @@ class TransformerDefineModel(TransformerModel):
         # A DictConfig (Hydra, checkpoints) or a namespace becomes a namespace; a "${model...}" placeholder that
         # nothing resolved (a namespace built without fairseq-train's parser) is left for the arch to fill in.
         args = cls.resolved_config(args)
-        if str(args.input_layer) != "table":  # the map scales itself (DeFINE by sqrt(n), a projective map by sqrt(d))
+        src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
+        for path in (args.encoder_embed_path, args.decoder_embed_path):
+            if path:
+                raise ValueError(
+                    f"transformer_define builds its embeddings with its input layer; --encoder-embed-path / "
+                    f"--decoder-embed-path ({path}) cannot be used with it"
+                )
+        # both input layers, resolved and checked before anything is built
+        encoder_spec = resolve_input_layer(args, src_dict, args.encoder_embed_dim, "--encoder-embed-dim")
+        decoder_spec = resolve_input_layer(args, tgt_dict, args.decoder_embed_dim, "--decoder-embed-dim")
+        if encoder_spec.kind != "table":  # the map scales itself (DeFINE by sqrt(n), a projective map by sqrt(d))
             args.no_scale_embedding = True
         args.share_decoder_input_output_embed = not args.define_untie_output
         if args.define_separate_units and not args.share_all_embeddings:
@@ -112,54 +123,53 @@ class TransformerDefineModel(TransformerModel):
             )
         if args.share_decoder_input_output_embed:
             # The tied output layer is the V x n table; the decoder projects d_model -> n before it.
-            n = resolve_input_layer(args, task.target_dictionary, args.decoder_embed_dim, "--decoder-embed-dim").n
-            if args.decoder_output_dim not in (args.decoder_embed_dim, n):
+            if args.decoder_output_dim not in (args.decoder_embed_dim, decoder_spec.n):
                 raise ValueError(
                     f"--decoder-output-dim={args.decoder_output_dim}: with a tied output layer "
-                    f"transformer_define projects the decoder output to --define-n={n}; "
+                    f"transformer_define projects the decoder output to --define-n={decoder_spec.n}; "
                     f"drop the flag, or untie with --define-untie-output"
                 )
-            args.decoder_output_dim = n
-        if args.share_all_embeddings and (args.define_untie_output or args.define_separate_units):
-            return compile_static_parts(cls.build_shared_embeddings(args, task), args)
-        return compile_static_parts(super().build_model(args, task), args)
+            args.decoder_output_dim = decoder_spec.n
+        if args.share_all_embeddings:
+            if src_dict != tgt_dict:
+                raise ValueError(
+                    "--share-all-embeddings needs one dictionary for both languages: binarise with "
+                    "fairseq-preprocess --joined-dictionary"
+                )
+            if args.encoder_embed_dim != args.decoder_embed_dim:
+                raise ValueError(
+                    f"--share-all-embeddings needs --encoder-embed-dim ({args.encoder_embed_dim}) equal to "
+                    f"--decoder-embed-dim ({args.decoder_embed_dim})"
+                )
+        cfg = cls.transformer_config(args)
+        # fairseq's order: the embeddings, then the encoder and the decoder
+        embed = decoder_embed = build_input_layer(encoder_spec).embed
+        if not args.share_all_embeddings or args.define_separate_units:
+            decoder_embed = build_input_layer(decoder_spec).embed
+        if args.share_all_embeddings and args.define_separate_units:
+            decoder_embed.table = embed.table  # one V x n table (and tied output layer), two units
+        model = cls(cfg, cls.build_encoder(cfg, src_dict, embed), cls.build_decoder(cfg, tgt_dict, decoder_embed))
+        return compile_static_parts(model, args)
 
-    @classmethod
-    def build_shared_embeddings(cls, args, task):
-        """``--share-all-embeddings`` with ``--define-separate-units`` (one table, a unit per side) or
-        ``--define-untie-output`` (one embedding, and a separate ``V x d_model`` output layer), which fairseq's
-        ``--share-all-embeddings`` alone cannot build."""
-        src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
-        if src_dict != tgt_dict:
-            raise ValueError(
-                "--share-all-embeddings needs one dictionary for both languages: binarise with "
-                "fairseq-preprocess --joined-dictionary"
-            )
-        if args.encoder_embed_dim != args.decoder_embed_dim:
-            raise ValueError(
-                f"--share-all-embeddings needs --encoder-embed-dim ({args.encoder_embed_dim}) equal to "
-                f"--decoder-embed-dim ({args.decoder_embed_dim})"
-            )
+    @staticmethod
+    def transformer_config(args) -> TransformerConfig:
+        """fairseq's ``TransformerConfig`` of ``args``, with what fairseq's ``TransformerModel.build_model`` sets
+        before it builds (the kept layers, the position limits, the activation offloading)."""
+        if args.encoder_layers_to_keep:
+            args.encoder_layers = len(args.encoder_layers_to_keep.split(","))
+        if args.decoder_layers_to_keep:
+            args.decoder_layers = len(args.decoder_layers_to_keep.split(","))
         if getattr(args, "max_source_positions", None) is None:
             args.max_source_positions = DEFAULT_MAX_SOURCE_POSITIONS
         if getattr(args, "max_target_positions", None) is None:
             args.max_target_positions = DEFAULT_MAX_TARGET_POSITIONS
+        if getattr(args, "offload_activations", False):
+            args.checkpoint_activations = True  # offloading implies checkpointing
+        if not args.share_all_embeddings:
+            args.min_params_to_wrap = getattr(args, "min_params_to_wrap", DEFAULT_MIN_PARAMS_TO_WRAP)
         cfg = TransformerConfig.from_namespace(args)
-        embed = decoder_embed = cls.build_embedding(cfg, src_dict, cfg.encoder.embed_dim)
-        if args.define_separate_units:
-            decoder_embed = cls.build_embedding(cfg, tgt_dict, cfg.decoder.embed_dim)
-            decoder_embed.table = embed.table  # one V x n table (and tied output layer), two units
-        return cls(args, cls.build_encoder(cfg, src_dict, embed), cls.build_decoder(cfg, tgt_dict, decoder_embed))
-
-    @classmethod
-    def build_embedding(cls, cfg, dictionary, embed_dim, path=None):
-        if path:
-            raise ValueError(
-                f"transformer_define builds its embeddings with DeFINE; --encoder-embed-path / "
-                f"--decoder-embed-path ({path}) cannot be used with it"
-            )
-        spec = resolve_input_layer(cfg, dictionary, embed_dim, "--encoder-embed-dim / --decoder-embed-dim")
-        return build_input_layer(spec).embed
+        cfg.decoder.input_dim, cfg.decoder.output_dim = int(cfg.decoder.input_dim), int(cfg.decoder.output_dim)
+        return cfg
 
     @classmethod
     def resolved_config(cls, cfg):
