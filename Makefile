@@ -207,9 +207,10 @@ gpu-round:
 
 # Every results table of README.md and examples/*/README.md, rendered from the data beside each example
 # (examples/*/results/*.json; docs/results.md), and benchmarks/README.md's goal, launch and data-parallel tables
-# (benchmarks/pages.py); tests/tools/test_render_results.py and test_benchmark_pages.py fail when one differs.
+# (benchmarks/pages.py); tests/scripts/test_render_results.py and tests/tools/test_benchmark_pages.py fail when one
+# differs.
 results: install
-	$(VENV_PY) -m define_fairseq.tools.render_results
+	$(VENV_PY) -m scripts.render_results
 	$(VENV_PY) -m benchmarks.pages
 
 demo: install

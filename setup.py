@@ -17,6 +17,7 @@ setup(
     long_description_content_type="text/markdown",
     license="MIT",
     python_requires=">=3.8",
+    # The plugin alone: scripts/, benchmarks/ and tests/ are the repository's own (docs/development.md, "Layout").
     packages=find_packages(include=["define_fairseq", "define_fairseq.*"]),
     # What the plugin itself imports, as ranges. torch 2.4 brought torch.serialization.add_safe_globals, which the
     # plugin calls when it is imported with fairseq; omegaconf 2.0.5 is the oldest that fairseq 0.12.2 accepts.

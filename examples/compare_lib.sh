@@ -128,7 +128,7 @@ compare_check_points() {
 # before the reference's time gets its last checkpoint, with a warning). The reference is the first model of
 # MODELS, or what the script's function time_reference NAME prints (several families, each against its own
 # baseline). With a learning-rate schedule and data order that do not depend on --max-update
-# (define_fairseq.tools.run_points), each is the checkpoint of a run stopped there. The script defines
+# (scripts.run_points), each is the checkpoint of a run stopped there. The script defines
 # run_args NAME SEED, which sets the array RUN_ARGS (fairseq-train's arguments, the data folder first), and
 # score_checkpoint CHECKPOINT DIR, which prints the point's score (it may leave its files in DIR).
 compare_run_all() {
@@ -164,12 +164,12 @@ compare_run() {
         train_run "$dir" "${RUN_ARGS[@]}" --max-update "$target" --validate-interval-updates "$SAVE_EVERY" \
             --save-interval-updates "$SAVE_EVERY"
         python -m define_fairseq.tools.params "${RUN_ARGS[@]}" > "$dir/params.txt" 2> "$dir/params.log"
-        python -m define_fairseq.tools.run_points "$dir" index
+        python -m scripts.run_points "$dir" index
     elif (( $(trained_updates "$dir") < target )); then
         echo "==> $name, seed $seed: on from $(trained_updates "$dir") to $target updates"
         train_more "$dir" "${RUN_ARGS[@]}" --max-update "$target" --validate-interval-updates "$SAVE_EVERY" \
             --save-interval-updates "$SAVE_EVERY"
-        python -m define_fairseq.tools.run_points "$dir" index
+        python -m scripts.run_points "$dir" index
     fi
     compare_point updates "$name" "$seed" at-updates "$UPDATES"
     if (( LONG && seed <= LONG_SEEDS )); then
@@ -197,7 +197,7 @@ compare_point() {
     local regime=$1 name=$2 seed=$3 query=$4 value=$5 run=$OUT/runs/train/$2.s$3 found checkpoint updates seconds
     local dir=$OUT/runs/$regime/$name.s$seed
     [[ -f $dir/score ]] && return 0
-    found=$(python -m define_fairseq.tools.run_points "$run" "$query" "$value")
+    found=$(python -m scripts.run_points "$run" "$query" "$value")
     [[ $found != *$'\n'* ]] || echo "${found%$'\n'*}" >&2  # its warnings: the last line is the point
     IFS=$'\t' read -r checkpoint updates seconds <<< "${found##*$'\n'}"
     [[ -f $checkpoint ]] || { echo "error: $checkpoint was deleted once $run's points were scored; remove $run" \
@@ -212,14 +212,14 @@ compare_point() {
 
 # equal_size FILE BUDGET SIZE LOW HIGH STEP ARGS...: set EQUAL_SIZE to the largest multiple of STEP in [LOW, HIGH]
 # at which fairseq-train's ARGS then SIZE (its {} replaced by the size) build a model with no more parameters than
-# ARGS then BUDGET (define_fairseq.tools.equal_params). FILE keeps the answer and the arguments it answers; a rerun
+# ARGS then BUDGET (scripts.equal_params). FILE keeps the answer and the arguments it answers; a rerun
 # with other arguments into the same OUT stops with an error.
 equal_size() {
     local file=$1 budget=$2 size=$3 low=$4 high=$5 step=$6 key
     shift 6
     key=$(printf '%s' "$* | $budget | $size | $low $high $step" | tr -s '[:space:]' ' ')
     if [[ ! -s $file ]]; then
-        python -m define_fairseq.tools.equal_params --budget "$budget" --size "$size" --low "$low" --high "$high" \
+        python -m scripts.equal_params --budget "$budget" --size "$size" --low "$low" --high "$high" \
             --step "$step" -- "$@" > "$file.tmp"
         echo "$key" >> "$file.tmp"
         mv "$file.tmp" "$file"
@@ -230,7 +230,7 @@ equal_size() {
     EQUAL_SIZE=$(head -1 "$file" | cut -f1)
 }
 
-# compare_report METRIC [NOTE...]: define_fairseq.tools.compare_runs over every scored run under OUT/runs (those
+# compare_report METRIC [NOTE...]: scripts.compare_runs over every scored run under OUT/runs (those
 # of MODELS first, in its order, then any other model's that a process filling the same OUT scored: the union, so
 # that processes with different -m or -s lose none of each other's runs). Under a lock it merges them into
 # OUT/results.json (per model, regime and seed: score, parameters, updates, seconds, the command, the revision,
@@ -244,7 +244,7 @@ compare_report() {
     models=$(IFS=,; echo "${names[*]}")
     python -c "import matplotlib" 2>/dev/null \
         || { plot=(); echo "note: no matplotlib, so no curves.png (pip install matplotlib)" >&2; }
-    python -m define_fairseq.tools.compare_runs "$OUT" --metric "$metric" --models "$models" "${plot[@]}" \
+    python -m scripts.compare_runs "$OUT" --metric "$metric" --models "$models" "${plot[@]}" \
         --group "$(basename "${CORPUS:-default corpus}")" --command "${COMPARE_COMMAND:-not recorded}" \
         --device "${COMPARE_DEVICE:-not recorded}" --report "$OUT/results.md" --note "$*" > /dev/null
     cat "$OUT/results.md"

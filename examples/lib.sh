@@ -52,13 +52,13 @@ require_tools() {
 }
 
 # demo_corpus OUT [DIR]: OUT/corpus/{train,valid,test}.{en,de}, the demo corpus built from this machine's gettext
-# catalogs (define_fairseq.tools.demo_corpus), or a copy of DIR's files of those names (your own corpus).
+# catalogs (scripts.demo_corpus), or a copy of DIR's files of those names (your own corpus).
 demo_corpus() {
     local out=$1 dir=${2:-} split lang
     [[ -d $out/corpus ]] && return 0
     rm -rf "$out/corpus.tmp"
     if [[ -z $dir ]]; then
-        python -m define_fairseq.tools.demo_corpus "$out/corpus.tmp"
+        python -m scripts.demo_corpus "$out/corpus.tmp"
     else
         mkdir -p "$out/corpus.tmp"
         for split in train valid test; do

@@ -43,6 +43,10 @@ WITHOUT_FAIRSEQ = (
 )
 
 
+# the repository's packages that setup.py leaves out of the installation, copied into the build's source all the same
+NOT_INSTALLED = ["scripts", "benchmarks"]
+
+
 class Installed:
     """The plugin installed with ``pip install --target SITE`` from a copy of the repository's package files (the
     build writes into its source folder), a virtual environment ``ENV`` that reaches this one's site-packages, and
@@ -55,9 +59,8 @@ class Installed:
         self.work.mkdir()
         for name in ("setup.py", "README.md", "LICENSE"):
             shutil.copy2(REPO / name, source / name)
-        shutil.copytree(
-            REPO / "define_fairseq", source / "define_fairseq", ignore=shutil.ignore_patterns("__pycache__")
-        )
+        for package in ("define_fairseq", *NOT_INSTALLED):
+            shutil.copytree(REPO / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
         pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "install", "--quiet", "--no-index"]
         pip += ["--no-deps", "--no-build-isolation", "--use-pep517", "--target", str(self.site), str(source)]
         proc = subprocess.run(pip, capture_output=True, text=True)
@@ -101,6 +104,8 @@ def test_python_m_prints_the_installed_folder_and_the_repository_is_out_of_reach
     other = installed.python("-c", find).stdout.strip()  # another copy installed in this environment may be found
     assert other == "None" or REPO not in Path(other).parents, f"the repository's copy is in reach: {other}"
     assert (installed.site / f"define_fairseq-{define_fairseq.__version__}.dist-info").is_dir()
+    packages = sorted(p.name for p in installed.site.iterdir() if (p / "__init__.py").is_file())
+    assert packages == ["define_fairseq"], f"installed beside the plugin, out of {NOT_INSTALLED}: {packages}"
 
 
 def test_help_and_console_scripts(installed):

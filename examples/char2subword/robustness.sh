@@ -186,8 +186,8 @@ PY
     python - "$OUT" "$UPDATES" "$MORE_UPDATES" "${NAMES[*]}" "${TESTS[*]}" "${COMMAND% }" <<'PY'
 import statistics, sys
 from pathlib import Path
-from define_fairseq.tools.compare_runs import machine, revision, save_data
-from define_fairseq.tools.render_results import locked
+from scripts.compare_runs import machine, revision, save_data
+from scripts.render_results import locked
 
 out, updates, more, names, tests = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4].split(), sys.argv[5].split()
 seeds = sorted(int(d.name[4:]) for d in out.glob("seed*") if d.name[4:].isdigit()

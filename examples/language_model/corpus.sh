@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# An English language-modelling corpus from the HTML manuals of Debian packages (define_fairseq.tools.doc_corpus):
+# An English language-modelling corpus from the HTML manuals of Debian packages (scripts.doc_corpus):
 # Python's, PostgreSQL's, Git's and the Debian Administrator's Handbook. Downloaded and unpacked, not installed.
 set -euo pipefail
 PACKAGES="python3.11-doc postgresql-doc-15 git-doc debian-handbook"
@@ -26,7 +26,7 @@ require_tools python apt-get dpkg-deb
 debian_packages "$OUT/packages" $PACKAGES
 if [[ ! -d $OUT/docs ]]; then
     rm -rf "$OUT/docs.tmp"
-    python -m define_fairseq.tools.doc_corpus "$OUT/packages/root" "$OUT/docs.tmp"
+    python -m scripts.doc_corpus "$OUT/packages/root" "$OUT/docs.tmp"
     mv "$OUT/docs.tmp" "$OUT/docs"
 fi
 cat "$OUT/packages/versions.txt"

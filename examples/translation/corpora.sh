@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The English-German corpora beside the demo's, from Debian packages: the Ding dictionary's example sentences and
-# LibreOffice's help (define_fairseq.tools.package_corpus). Downloaded and unpacked, not installed.
+# LibreOffice's help (scripts.package_corpus). Downloaded and unpacked, not installed.
 set -euo pipefail
 usage() {
     cat <<EOF
@@ -26,7 +26,7 @@ root=$OUT/packages/root
 for source in ding libreoffice-help; do
     [[ -d $OUT/$source ]] && continue
     rm -rf "$OUT/$source.tmp"
-    python -m define_fairseq.tools.package_corpus "$source" "$OUT/$source.tmp" \
+    python -m scripts.package_corpus "$source" "$OUT/$source.tmp" \
         --dictionary "$root/usr/share/trans/de-en" --help-dir "$root/usr/share/libreoffice/help"
     mv "$OUT/$source.tmp" "$OUT/$source"
 done

@@ -2,8 +2,8 @@
 
 import pytest
 
-from define_fairseq.tools.demo_corpus import CorpusError, split_of
-from define_fairseq.tools.package_corpus import build_corpus, ding_pairs, help_pairs, help_texts, main
+from scripts.demo_corpus import CorpusError, split_of
+from scripts.package_corpus import build_corpus, ding_pairs, help_pairs, help_texts, main
 
 DING = [
     "# Version :: devel 2023-01-30\n",

@@ -1,13 +1,13 @@
 """The results table and learning curves of a comparison: models trained with several seeds, for equal updates
 and for equal wall time (``examples/translation/compare.sh``, ``examples/language_model/compare.sh``)::
 
-    python -m define_fairseq.tools.compare_runs OUT_DIR --metric BLEU [--plot OUT_DIR/curves.png]
+    python -m scripts.compare_runs OUT_DIR --metric BLEU [--plot OUT_DIR/curves.png]
 
 reads ``OUT_DIR/runs/{updates,time,long}/MODEL.sSEED/`` (any of the regimes), each holding ``params.txt``
 (``define_fairseq.tools.params``), ``score`` (the test metric, one number) and either ``train.log`` (fairseq-train
 with ``--log-format json``) or ``point.json``: ``{"run": DIR, "updates": U, "seconds": T}``, a checkpoint of the
 training run in DIR (relative to the point's directory) after U updates and T seconds
-(``define_fairseq.tools.run_points``). It prints a Markdown table: parameters, the metric's mean, standard
+(``scripts.run_points``). It prints a Markdown table: parameters, the metric's mean, standard
 deviation and per-seed values, the training time and the updates done, per regime. ``--plot`` draws the
 validation loss against updates and against wall-clock time, each seed's longest curve (matplotlib needed for the
 plot only). Models keep the order of their first appearance in ``--models`` (default: alphabetical).
@@ -26,7 +26,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from define_fairseq.tools.render_results import ROOT, load as load_data, locked, merge, write_atomic
+from scripts.render_results import ROOT, load as load_data, locked, merge, write_atomic
 
 RUN_NAME = re.compile(r"^(?P<model>.+)\.s(?P<seed>\d+)$")
 LOG_ENTRY = re.compile(r"\| (?P<kind>train_inner|valid|train) \| (?P<json>\{.*\})\s*$")

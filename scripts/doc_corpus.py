@@ -1,6 +1,6 @@
 """Build an English word-level language-modelling corpus, offline, from the HTML manuals in Debian packages.
 
-    python -m define_fairseq.tools.doc_corpus ROOT OUTDIR [--min-train-tokens N] [--min-vocabulary N]
+    python -m scripts.doc_corpus ROOT OUTDIR [--min-train-tokens N] [--min-vocabulary N]
 
 ``ROOT`` is a folder the packages were unpacked into (``dpkg-deb -x``; ``examples/language_model/corpus.sh`` does
 that), so that ``ROOT/usr/share/doc`` holds the manuals of :data:`SOURCES`: Python's (``python3.11-doc``),
@@ -30,7 +30,7 @@ import os
 import re
 from typing import Dict, Iterator, List, Optional, Tuple
 
-from define_fairseq.tools.demo_corpus import SPLITS, CorpusError, _write_atomic
+from scripts.demo_corpus import SPLITS, CorpusError, _write_atomic
 
 # name -> (Debian package, folder of its English HTML under ROOT)
 SOURCES: Dict[str, Tuple[str, str]] = {
@@ -170,7 +170,7 @@ def build_corpus(
 
 def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m define_fairseq.tools.doc_corpus",
+        prog="python -m scripts.doc_corpus",
         description="Build an English language-modelling corpus from the HTML manuals of Debian packages.",
     )
     parser.add_argument("root", help="the folder the packages were unpacked into (holding usr/share/doc)")

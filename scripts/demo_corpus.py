@@ -1,6 +1,6 @@
 """Build a small English-German parallel corpus, offline, from the gettext catalogs installed on this machine.
 
-    python -m define_fairseq.tools.demo_corpus OUTDIR [--locale-dir DIR] [--min-pairs N]
+    python -m scripts.demo_corpus OUTDIR [--locale-dir DIR] [--min-pairs N]
 
 Source: the compiled gettext message catalogs in ``/usr/share/locale/de/LC_MESSAGES/*.mo`` (by default). Each
 one pairs a program's English messages (``msgid``) with their German translation (``msgstr``), written by the
@@ -218,7 +218,7 @@ def write_splits(outdir: str, pairs: Dict[str, str], held_out: int = TEST_BUCKET
 
 def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m define_fairseq.tools.demo_corpus",
+        prog="python -m scripts.demo_corpus",
         description="Build an English-German corpus from the German gettext catalogs installed on this machine.",
     )
     parser.add_argument("outdir", help="where to write {train,valid,test}.{en,de}")

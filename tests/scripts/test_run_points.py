@@ -1,4 +1,4 @@
-"""define_fairseq.tools.run_points: a comparison's points (equal updates, equal time, longer training) taken from
+"""scripts.run_points: a comparison's points (equal updates, equal time, longer training) taken from
 the checkpoints of one training run."""
 
 import json
@@ -8,7 +8,7 @@ import torch
 from arch_cases import case_argv
 from conftest import run_cli
 
-from define_fairseq.tools.run_points import at_updates, index, main, within_seconds
+from scripts.run_points import at_updates, index, main, within_seconds
 
 
 def fake_checkpoint(path, updates, seconds):
@@ -105,6 +105,6 @@ def test_the_checkpoint_after_u_updates_of_a_longer_run_is_the_run_stopped_at_u(
 def main_output(run_dir, query, value):
     from conftest import run_module
 
-    line = run_module("define_fairseq.tools.run_points", run_dir, query, value).stdout.strip().splitlines()[-1]
+    line = run_module("scripts.run_points", run_dir, query, value).stdout.strip().splitlines()[-1]
     path, updates, seconds = line.split("\t")
     return path, int(updates), float(seconds)

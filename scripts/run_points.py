@@ -1,8 +1,8 @@
 """The checkpoints of a training run as points of a comparison: after so many updates, or within so much time.
 
-    python -m define_fairseq.tools.run_points RUN_DIR index
-    python -m define_fairseq.tools.run_points RUN_DIR at-updates U
-    python -m define_fairseq.tools.run_points RUN_DIR within-seconds T
+    python -m scripts.run_points RUN_DIR index
+    python -m scripts.run_points RUN_DIR at-updates U
+    python -m scripts.run_points RUN_DIR within-seconds T
 
 A run trained with ``--save-interval-updates`` keeps ``checkpoint_E_U.pt`` every so many updates (and, at the ends
 of epochs, where fairseq writes no such file, ``checkpointE.pt``; and ``checkpoint_last.pt``); each records its
@@ -80,9 +80,7 @@ def within_seconds(points, seconds: float) -> Tuple[int, float, str]:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m define_fairseq.tools.run_points", description=__doc__.split("\n\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m scripts.run_points", description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir")
     parser.add_argument("query", choices=("index", "at-updates", "within-seconds"))
     parser.add_argument("value", nargs="?", type=float)

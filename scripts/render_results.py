@@ -1,8 +1,8 @@
 """Every published comparison from its per-seed data, with one rule for verdicts (``docs/results.md``)::
 
-    python -m define_fairseq.tools.render_results            # rewrite the tables of README.md and examples/*/README.md
-    python -m define_fairseq.tools.render_results --check    # exit 1, naming each table that differs from its data
-    python -m define_fairseq.tools.render_results --print OUT/results.json   # one data file's tables, to stdout
+    python -m scripts.render_results            # rewrite the tables of README.md and examples/*/README.md
+    python -m scripts.render_results --check    # exit 1, naming each table that differs from its data
+    python -m scripts.render_results --print OUT/results.json   # one data file's tables, to stdout
 
 A data file (``examples/NAME/results/TABLE.json``, or ``OUT/results.json`` that ``compare_runs`` writes) holds one
 comparison: ``metric``, ``better`` (``lower`` or ``higher``), ``digits``, ``points`` (the table's value columns:
@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"(<!-- results:(?P<name>[\w./-]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=name) -->)", re.S)
 RUN_KEY = ("group", "model", "point", "seed")
 OWN = "the project's own comparison"

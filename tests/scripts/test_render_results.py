@@ -1,23 +1,21 @@
-"""define_fairseq.tools.render_results: the rule for verdicts, the committed tables against their data, and two
+"""scripts.render_results: the rule for verdicts, the committed tables against their data, and two
 processes writing one comparison's report."""
 
 import json
 import multiprocessing
 import statistics
-from pathlib import Path
 
 import pytest
+from conftest import REPO
 from test_compare_runs import write_run
 
-from define_fairseq.tools import render_results
-from define_fairseq.tools.compare_runs import main as compare_main
-
-ROOT = Path(render_results.__file__).resolve().parents[2]
+from scripts import render_results
+from scripts.compare_runs import main as compare_main
 
 
 def test_every_committed_table_matches_its_data():
     """A number edited by hand in a rendered block (or data changed without `make results`) fails here."""
-    assert render_results.update(ROOT, check=True) == []
+    assert render_results.update(REPO, check=True) == []
 
 
 def test_a_table_edited_by_hand_is_named(tmp_path):

@@ -1,7 +1,7 @@
 """Build English-German corpora of other kinds than the demo's, offline, from translated text in Debian packages.
 
-    python -m define_fairseq.tools.package_corpus ding OUTDIR [--dictionary FILE]
-    python -m define_fairseq.tools.package_corpus libreoffice-help OUTDIR [--help-dir DIR]
+    python -m scripts.package_corpus ding OUTDIR [--dictionary FILE]
+    python -m scripts.package_corpus libreoffice-help OUTDIR [--help-dir DIR]
 
 Two sources, each a different kind of text from the demo's software messages:
 
@@ -18,7 +18,7 @@ Two sources, each a different kind of text from the demo's software messages:
   ``par_id...``) in both; the text of each such element (hidden platform variants left out) pairs with its
   namesake in the German page.
 
-Then, as for the demo corpus (:mod:`define_fairseq.tools.demo_corpus`): whitespace normalised; a side without a
+Then, as for the demo corpus (:mod:`scripts.demo_corpus`): whitespace normalised; a side without a
 letter or longer than 50 words, and a translation equal to its source, skipped; deduplicated by the English
 side (the first met wins; files and lines are read in sorted order); split by the SHA-1 of the English text
 (about 2% test and 2% valid, 5% each for ``ding``). The packages need not be installed: ``apt-get download``
@@ -33,7 +33,7 @@ import os
 import re
 from typing import Dict, Iterator, List, Optional, Tuple
 
-from define_fairseq.tools.demo_corpus import (
+from scripts.demo_corpus import (
     MAX_WORDS,
     SPLITS,
     TEST_BUCKETS,
@@ -182,7 +182,7 @@ def build_corpus(
 
 def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m define_fairseq.tools.package_corpus",
+        prog="python -m scripts.package_corpus",
         description="Build an English-German corpus from the Ding dictionary's example sentences or from "
         "LibreOffice's help.",
     )

@@ -5,8 +5,8 @@ import struct
 
 import pytest
 
-from define_fairseq.tools import demo_corpus
-from define_fairseq.tools.demo_corpus import (
+from scripts import demo_corpus
+from scripts.demo_corpus import (
     CorpusError,
     build_corpus,
     catalog_pairs,

@@ -4,7 +4,7 @@ import pytest
 from arch_cases import TRANSLATION as TINY_MODEL
 
 import define_fairseq  # noqa: F401  (registers the models)
-from define_fairseq.tools.equal_params import count, largest_within, main
+from scripts.equal_params import count, largest_within, main
 
 
 def test_largest_within_is_the_last_size_inside_the_budget():

@@ -1,6 +1,6 @@
 """The largest size at which one model has no more parameters than another, for comparisons at equal parameters::
 
-    python -m define_fairseq.tools.equal_params --budget "--input-layer define --define-n 64" \\
+    python -m scripts.equal_params --budget "--input-layer define --define-n 64" \\
         --size "--input-layer projective --define-n {}" -- data-bin --user-dir define_fairseq --arch ...
 
 prints the largest integer (a multiple of ``--step``) that, put for ``{}`` in ``--size``'s arguments, builds a
@@ -43,9 +43,7 @@ def largest_within(budget: int, count_at: Callable[[int], int], low: int, high: 
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m define_fairseq.tools.equal_params", description=__doc__.split("\n\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m scripts.equal_params", description=__doc__.split("\n\n")[0])
     parser.add_argument("--budget", required=True, help="the arguments of the model whose count is the budget")
     parser.add_argument("--size", required=True, help="the arguments of the other model, with {} for the size")
     parser.add_argument("--low", type=int, default=1, help="the smallest size tried (default: 1)")

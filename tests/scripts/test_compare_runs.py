@@ -1,4 +1,4 @@
-"""define_fairseq.tools.compare_runs: the comparison table and learning curves from run directories."""
+"""scripts.compare_runs: the comparison table and learning curves from run directories."""
 
 import json
 import statistics
@@ -6,7 +6,7 @@ import statistics
 import pytest
 from conftest import run_module
 
-from define_fairseq.tools.compare_runs import main
+from scripts.compare_runs import main
 
 
 def write_run(root, regime, model, seed, score, valid, seconds, total="2.37"):
@@ -55,7 +55,7 @@ def test_an_unfinished_run_is_named(tmp_path):
     write_run(tmp_path, "updates", "baseline", 1, 26.0, [(200, 8.0)], 100)
     log = tmp_path / "runs" / "updates" / "baseline.s1" / "train.log"
     log.write_text(log.read_text().replace("done training", "stopped"))
-    proc = run_module("define_fairseq.tools.compare_runs", tmp_path, check=False)
+    proc = run_module("scripts.compare_runs", tmp_path, check=False)
     assert proc.returncode != 0 and f"{log} has no 'done training' line" in proc.stderr
 
 
@@ -81,7 +81,7 @@ def test_models_limits_the_table_to_their_runs_while_others_still_train(tmp_path
 
 
 def write_point(root, regime, model, seed, score, updates, seconds):
-    """A point cut from the run under runs/train (define_fairseq.tools.run_points)."""
+    """A point cut from the run under runs/train (scripts.run_points)."""
     point = root / "runs" / regime / f"{model}.s{seed}"
     point.mkdir(parents=True)
     train = root / "runs" / "train" / f"{model}.s{seed}"
@@ -101,7 +101,7 @@ def test_points_of_one_run_give_each_regime_its_updates_time_and_curve(tmp_path,
     main([str(tmp_path), "--metric", "BLEU", "--models", "define", "--plot", str(tmp_path / "c.png")])
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| `define`"))
     assert "| 25.00 (25.00) | 202 | 400 | 25.50 (25.50) | 299 | 600 | 27.00 (27.00) | 400 | 800 |" in row
-    from define_fairseq.tools.compare_runs import load
+    from scripts.compare_runs import load
 
     cut = load(tmp_path, "updates")[0]
     assert cut.valid == curve[:2] and max(cut.wall) == 400
@@ -120,7 +120,7 @@ def test_a_run_trained_on_keeps_one_clock(tmp_path):
             for time, u in more
         )
     )
-    from define_fairseq.tools.compare_runs import load
+    from scripts.compare_runs import load
 
     run = load(tmp_path, "updates")[0]
     assert run.wall == {100: 50.0, 200: 100.0, 300: 100.0, 400: 130.0}

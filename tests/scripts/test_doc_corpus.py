@@ -2,8 +2,8 @@
 
 import pytest
 
-from define_fairseq.tools.demo_corpus import CorpusError
-from define_fairseq.tools.doc_corpus import SOURCES, build_corpus, main, page_paragraphs, split_of, tokenise
+from scripts.demo_corpus import CorpusError
+from scripts.doc_corpus import SOURCES, build_corpus, main, page_paragraphs, split_of, tokenise
 
 
 def test_tokens_keep_names_numbers_and_contractions_and_split_punctuation():
