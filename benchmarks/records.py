@@ -1,0 +1,195 @@
+"""Speed figures as data: one record per figure, in a ``.json`` file beside each Markdown report of ``results/``.
+
+A benchmark writes its records itself (``Bench.finish``, :func:`record`); for the reports committed before it did,
+this module reads them back from the Markdown (the header's command, revision, machine and precision; the figures of
+the ``Targets`` lines, of the ``gpu_report`` summary table and of the columns that give a ratio of medians or a
+median step time)::
+
+    python -m benchmarks.records           # rewrite results/<report>.json from results/<report>.md
+    python -m benchmarks.records --check   # exit 1, naming each .json that differs from its report
+
+Every ratio is a ratio of medians (:data:`benchmarks.targets.RATIO_METHOD`); a figure whose report gives only
+another (the median of per-round ratios) says so in ``ratio_method``. A target comes from
+:data:`benchmarks.targets.GOALS` where the figure is a goal's; the target the report printed is kept beside it.
+A report that does not record its revision gives ``"revision": null``.
+"""
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+from benchmarks.targets import ABSOLUTE_METHOD, GOALS, RATIO_METHOD, goal_of
+
+RESULTS = Path(__file__).resolve().parent / "results"
+# reports that are not speed figures of a benchmark run, or whose .json their benchmark writes in its own form
+NOT_RECORDS = {"data_parallel.md", "launch_count.md", "translation-corpora.md"}
+PER_ROUND = "median of per-round ratios (as the report states it; not recomputed as a ratio of medians)"
+FIELDS = ("benchmark", "what", "value", "unit", "target", "at_most", "goal", "met", "ratio_method", "report_target")
+FIELDS += ("revision", "machine", "precision", "batch", "command", "report")
+
+
+def record(benchmark: str, what: str, value: Optional[float], unit: str, target=None, at_most=False, **context):
+    """One figure as a record: ``target`` is the goal's (:data:`GOALS`, on the record's device) where ``what`` is
+    a goal's figure, else ``target``, which is kept as ``report_target`` either way."""
+    goal = context.pop("goal", None)
+    goal = goal_of(what) if goal is None else goal  # None: the goal whose pattern finds ``what``; "": none
+    gpu = "CPU" not in (context.get("machine") or "CPU")
+    chosen = target
+    if goal:
+        goal_target = GOALS[goal].gpu if gpu else GOALS[goal].cpu
+        chosen = goal_target if goal_target is not None else target
+    value = None if value is None or value != value else value
+    met = None if value is None or chosen is None else (value <= chosen if at_most else value >= chosen)
+    method = context.pop("ratio_method", None) or {"x": RATIO_METHOD, "ms": "median"}.get(unit, ABSOLUTE_METHOD)
+    out = dict(benchmark=benchmark, what=what, value=value, unit=unit, target=chosen, at_most=at_most, goal=goal)
+    out.update(met=met, ratio_method=method, report_target=target)
+    out.update({k: context.get(k) for k in FIELDS if k not in out})
+    return out
+
+
+def write(path, records: List[dict]) -> None:
+    Path(path).write_text(json.dumps(records, indent=1, sort_keys=True) + "\n")
+
+
+def json_path(md) -> Path:
+    return Path(str(md)[: -len(".md")] + ".json")
+
+
+def header(text: str) -> dict:
+    """Command, revision, machine and precision from a report's header (the lines before its first table)."""
+    head = text.split("\n|", 1)[0]
+    command = re.search(r"^- Command: `([^`]*)`", head, re.M)
+    rev = re.search(r"^- Command: `[^`]*`; revision (\S+)", head, re.M) or re.search(r"at revision (\w+)", head)
+    gpu = re.search(r"^- GPU: (.+?) \(", head, re.M) or re.search(r"^# Benchmarks on (.+?): figures", head, re.M)
+    cpu = re.search(r"^- Machine: (\d+-core CPU, [^,]+)", head, re.M)
+    precision = re.search(r"Python [\d.]+, (float32|bf16|fp16)", text)
+    return dict(
+        command=command.group(1) if command else None,
+        revision=rev.group(1) if rev else None,
+        machine=gpu.group(1) if gpu else cpu.group(1) if cpu else None,
+        precision=("fp32" if precision.group(1) == "float32" else precision.group(1)) if precision else None,
+        batch=(re.search(r"^- Batch[^:]*: (.+)$", head, re.M) or [None, None])[1],
+    )
+
+
+CHECK = re.compile(
+    r"^- (?:PASS|FAIL|n/a)(?P<qual>[^:]*): (?P<what>.+?): (?P<value>[\d.,]+|n/a) ?(?P<unit>x|×|tokens/s)"
+    r"(?: \((?P<paren>[^)]*)\))?",
+    re.M,
+)
+
+
+def check_record(match, benchmark: str, context: dict) -> dict:
+    what, paren = match.group("what"), match.group("paren") or ""
+    qual = match.group("qual").strip()
+    bound = re.search(r"target (>=|<=) ([\d.,]+)", paren) or re.search(r"(>=|<=) ([\d.,]+)x", what)
+    method = None
+    if "ratio of median" not in paren and "per-round" in paren:
+        method = PER_ROUND
+    value = None if match.group("value") == "n/a" else float(match.group("value").replace(",", ""))
+    unit = "x" if match.group("unit") in ("x", "×") else match.group("unit")
+    return record(
+        benchmark,
+        f"{what} ({qual.strip('()')})" if qual else what,
+        value,
+        unit,
+        float(bound.group(2).replace(",", "")) if bound else None,
+        at_most=bool(bound) and bound.group(1) == "<=",
+        ratio_method=method,
+        **context,
+    )
+
+
+def table_records(text: str, benchmark: str, context: dict) -> List[dict]:
+    """A record per model of each table of models with a ``(ratio of medians)`` or ``step ms (median)`` column."""
+    out = []
+    for block in re.findall(r"((?:^\|.*\|\n)+)", text, re.M):
+        lines = block.strip("\n").split("\n")
+        cols = [c.strip() for c in lines[0].strip("|").split("|")]
+        if cols[0] != "model":
+            continue
+        for line in lines[2:]:
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            for i, col in enumerate(cols[1:], 1):
+                kind = re.match(r"vs (.+) \(ratio of medians\)$", col)
+                if kind and cells[i].endswith("x") and cells[0].strip("`") != kind.group(1):
+                    what = f"{cells[0].strip('`')} vs {kind.group(1)}"
+                    out.append(record(benchmark, what, number(cells[i][:-1]), "x", **context, goal=""))
+                elif col == "step ms (median)":
+                    out.append(record(benchmark, f"{cells[0].strip('`')} step", number(cells[i]), "ms", **context))
+    return out
+
+
+def number(cell: str) -> Optional[float]:
+    try:
+        return float(cell.replace(",", ""))
+    except ValueError:
+        return None
+
+
+def summary_records(text: str, context: dict) -> List[dict]:
+    """The figures of a ``gpu_report`` summary table (benchmark | figure | measured | target | met)."""
+    out = []
+    for m in re.finditer(r"^\| `([\w ,=.-]+)` \| (.+?) \| ([\d.,]+)(x| tokens/s) \| (>=|<=) ([\d.,]+)", text, re.M):
+        bench, what, value, unit, sign, bound = m.groups()
+        bench = bench.split(",")[0].split(" ")[0]
+        out.append(record(bench, what, number(value), unit.strip(), number(bound.rstrip("x")), sign == "<=", **context))
+    return out
+
+
+def from_report(md: Path) -> List[dict]:
+    """The records of one committed Markdown report."""
+    text = md.read_text()
+    context = dict(header(text), report=f"results/{md.name}")
+    if md.name.startswith("gpu-") and "| benchmark | figure |" in text:
+        return summary_records(text, context)
+    benchmark = re.sub(r"(-tcmalloc.*|-nvidia.*)$", "", md.stem)
+    records = table_records(text, benchmark, context)
+    records += [check_record(m, benchmark, context) for m in CHECK.finditer(text)]
+    return records
+
+
+def reports() -> List[Path]:
+    own = {p.name for p in RESULTS.glob("gpu-round-*.md")}  # gpu_round writes its own records
+    return [p for p in sorted(RESULTS.glob("*.md")) if p.name not in NOT_RECORDS | own]
+
+
+def load(report: str) -> List[dict]:
+    """The records of ``report`` (a path under ``results/``, ``.md`` or ``.json``)."""
+    path = RESULTS / Path(report).name
+    try:
+        return json.loads(json_path(path.with_suffix(".md")).read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path}: {error}; write it with python -m benchmarks.records") from error
+
+
+def stale() -> List[str]:
+    """The ``.json`` files that differ from what their reports give."""
+    out = []
+    for md in reports():
+        path = json_path(md)
+        if not path.exists() or json.loads(path.read_text()) != from_report(md):
+            out.append(str(path.relative_to(RESULTS.parent.parent)))
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 when a .json differs from its report")
+    args = parser.parse_args(argv)
+    if args.check:
+        names = stale()
+        for name in names:
+            print(f"{name} differs from its report; run python -m benchmarks.records")
+        return 1 if names else 0
+    for md in reports():
+        write(json_path(md), from_report(md))
+        print(f"wrote {json_path(md).relative_to(RESULTS.parent.parent)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
