@@ -54,6 +54,10 @@ __all__ = [
 ]
 
 
+# the bands of the adaptive input and softmax in the DeFINE paper's WikiText-103 LSTMs (Table 1a)
+DEFINE_WT103_CUTOFF = "20000,40000,200000"
+
+
 @dataclass
 class LSTMLMDefineConfig(input_layer_config(input_layer="define", define_n=256), AdaptiveInputConfig, CompileConfig):
     """Options of ``lstm_lm_define``. Defaults: a V x 256 table, DeFINE (N = 3, k = 1024) to m = 256, 4 LSTM layers
@@ -155,8 +159,8 @@ def lstm_lm_standard_wt103(args):
 def lstm_lm_adaptive_wt103(args):
     """Table 1a R2: adaptive input / tied adaptive softmax of width 256, no DeFINE."""
     args.adaptive_input = safe_getattr(args, "adaptive_input", True)
-    args.adaptive_input_cutoff = safe_getattr(args, "adaptive_input_cutoff", "20000,40000,200000")
-    args.adaptive_softmax_cutoff = safe_getattr(args, "adaptive_softmax_cutoff", "20000,40000,200000")
+    args.adaptive_input_cutoff = safe_getattr(args, "adaptive_input_cutoff", DEFINE_WT103_CUTOFF)
+    args.adaptive_softmax_cutoff = safe_getattr(args, "adaptive_softmax_cutoff", DEFINE_WT103_CUTOFF)
     args.tie_adaptive_weights = safe_getattr(args, "tie_adaptive_weights", True)
     args.tie_adaptive_proj = safe_getattr(args, "tie_adaptive_proj", True)
     args.share_decoder_input_output_embed = safe_getattr(args, "share_decoder_input_output_embed", False)
