@@ -1,4 +1,4 @@
-"""An input kind added at the seam (``models/input_layer.py``'s ``INPUT_KINDS``) is built by every family, as
+"""Every family offers every input kind; an input kind added at the seam (``models/input_layer.py``'s ``INPUT_KINDS``) is built by every family, as
 ``docs/development.md`` ("Adding an input kind") says: here a throwaway kind, a ``V x d`` table whose output is
 multiplied by a fixed scale."""
 
@@ -69,3 +69,15 @@ def test_every_family_builds_a_kind_added_at_the_seam(arch, scaled_kind, lm_data
     assert len(scaled) == (2 if arch == "transformer_define" else 1)  # the translation model's encoder too
     tokens = torch.tensor([[4, 5, 6]])
     assert torch.equal(scaled[0](tokens), SCALE * scaled[0].table(tokens))
+
+
+@pytest.mark.parametrize("kind", ["table", "projective", "define"])
+@pytest.mark.parametrize("arch", sorted(FAMILIES))
+def test_every_family_offers_every_kind(arch, kind, lm_data, translation_data):
+    data = lm_data if CASES[arch][0] == LM else translation_data
+    flag = "--" + FAMILIES[arch].replace("_", "-")
+    cfg, _, model = setup_from_train_args(case_argv(data, arch, flag, kind, "--cpu"))
+    assert getattr(cfg.model, FAMILIES[arch]) == kind
+    # Transformer-XL's table is a projective embedding without a projection (scaled by sqrt(d))
+    expected = {"table": {"Embedding", "ProjectiveEmbedding"}, "projective": {"ProjectiveEmbedding"}}
+    assert type(model.decoder.embed_tokens).__name__ in expected.get(kind, {"DeFINEEmbedding"})
