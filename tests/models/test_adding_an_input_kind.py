@@ -1,6 +1,6 @@
-"""Every family offers every input kind; an input kind added at the seam (``models/input_layer.py``'s ``INPUT_KINDS``) is built by every family, as
-``docs/development.md`` ("Adding an input kind") says: here a throwaway kind, a ``V x d`` table whose output is
-multiplied by a fixed scale."""
+"""Every family offers every input kind, and an input kind added at the seam (``models/input_layer.py``'s
+``INPUT_KINDS``) is built by every family, as ``docs/development.md`` ("Adding an input kind") says: here a
+throwaway kind, a ``V x d`` table whose output is multiplied by a fixed scale."""
 
 from argparse import Namespace
 
