@@ -22,6 +22,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence
 import torch
 
 from benchmarks.precision import LOSS_SCALE, MasterWeights
+from benchmarks.records import json_path, of_checks, write
 from benchmarks.targets import Check, figure_line, revision
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -317,6 +318,11 @@ class Bench:
         if path:
             write_result(path, text)
             print(f"wrote {os.path.relpath(path)}")
+            if checks and path.endswith(".md"):
+                rev = revision(os.path.dirname(os.path.dirname(RESULTS_DIR)))
+                name, report = self.module.rsplit(".", 1)[-1], f"results/{os.path.basename(path)}"
+                write(json_path(path), of_checks(checks, name, report, dict(context, revision=rev), self.cuda))
+                print(f"wrote {os.path.relpath(json_path(path))}")
         return Result(text, list(checks), self.failed)
 
     def result_path(self) -> Optional[str]:

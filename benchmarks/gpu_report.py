@@ -23,6 +23,7 @@ import numpy
 import torch
 
 from benchmarks.common import RESULTS_DIR, error_text, slug, table, write_result
+from benchmarks.records import json_path, of_checks, write
 from benchmarks.targets import revision, show, show_target
 
 # (benchmark, its options): each a few tens of seconds on one H100 (the Mogrifier's torch.compile about a minute)
@@ -56,7 +57,7 @@ def main(argv=None) -> int:
         parser.error(f"--only {args.only}: choose from {', '.join(n for n, _ in RUNS)}")
     device = torch.cuda.get_device_name() if cuda else "CPU"
     rev = revision(os.path.dirname(RESULTS_DIR))
-    start, rows, sections, failed = time.perf_counter(), [], [], False
+    start, rows, sections, failed, checks = time.perf_counter(), [], [], False, []
     for name, extra in RUNS:
         if name not in only:
             continue
@@ -67,6 +68,7 @@ def main(argv=None) -> int:
                 ["--device", args.device, "--out", "-", *extra] + (["--quick"] if args.quick else [])
             )
             failed |= result.failed
+            checks.append((name, result.checks))
             rows += [
                 [
                     f"`{label}`",
@@ -114,6 +116,10 @@ def main(argv=None) -> int:
     if out and out != "-":
         write_result(out, text)
         print(f"wrote {os.path.relpath(out)}")
+        context = dict(command=f"python -m benchmarks.gpu_report {command}", revision=rev, device=device)
+        context["precision"] = "bf16" if cuda else "fp32"  # each benchmark's default on the device
+        report = f"results/{os.path.basename(out)}"
+        write(json_path(out), [r for name, c in checks for r in of_checks(c, name, report, context, cuda)])
     return 1 if failed else 0
 
 

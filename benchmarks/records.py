@@ -28,15 +28,18 @@ RESULTS = Path(__file__).resolve().parent / "results"
 NOT_RECORDS = {"data_parallel.md", "launch_count.md", "translation-corpora.md"}
 PER_ROUND = "median of per-round ratios (as the report states it; not recomputed as a ratio of medians)"
 FIELDS = ("benchmark", "what", "value", "unit", "target", "at_most", "goal", "met", "ratio_method", "report_target")
-FIELDS += ("revision", "machine", "precision", "batch", "command", "report")
+FIELDS += ("revision", "machine", "precision", "batch", "command", "report", "origin")
+# ``origin``: "run" for the records a benchmark wrote as it ran, "report" for those read back from its Markdown
 
 
-def record(benchmark: str, what: str, value: Optional[float], unit: str, target=None, at_most=False, **context):
-    """One figure as a record: ``target`` is the goal's (:data:`GOALS`, on the record's device) where ``what`` is
-    a goal's figure, else ``target``, which is kept as ``report_target`` either way."""
+def record(
+    benchmark: str, what: str, value: Optional[float], unit: str, target=None, at_most=False, gpu=None, **context
+):
+    """One figure as a record: ``target`` is the goal's (:data:`GOALS`, on a GPU or not: ``gpu``, else as the
+    machine's name says) where ``what`` is a goal's figure, else ``target``; ``report_target`` keeps ``target``."""
     goal = context.pop("goal", None)
     goal = goal_of(what) if goal is None else goal  # None: the goal whose pattern finds ``what``; "": none
-    gpu = "CPU" not in (context.get("machine") or "CPU")
+    gpu = "CPU" not in (context.get("machine") or "CPU") if gpu is None else gpu
     chosen = target
     if goal:
         goal_target = GOALS[goal].gpu if gpu else GOALS[goal].cpu
@@ -48,6 +51,27 @@ def record(benchmark: str, what: str, value: Optional[float], unit: str, target=
     out.update(met=met, ratio_method=method, report_target=target)
     out.update({k: context.get(k) for k in FIELDS if k not in out})
     return out
+
+
+def of_checks(checks, benchmark: str, report: str, context: dict, gpu: bool) -> List[dict]:
+    """The records of a run's checks (:class:`benchmarks.targets.Check`) on a GPU or not; ``context``: the run's
+    command, revision, precision and device (as ``machine``)."""
+    context = dict(context, machine=context.get("device"), report=report, origin="run")
+    context = {k: v for k, v in context.items() if k in FIELDS}
+    return [
+        record(
+            benchmark,
+            c.what,
+            c.value,
+            c.unit,
+            c.target,
+            c.at_most,
+            goal=goal_of(c.what, c.goal),
+            batch=c.batch or None,
+            **context,
+        )  # fmt: skip
+        for c in checks
+    ]
 
 
 def write(path, records: List[dict]) -> None:
@@ -104,22 +128,31 @@ def check_record(match, benchmark: str, context: dict) -> dict:
 
 
 def table_records(text: str, benchmark: str, context: dict) -> List[dict]:
-    """A record per model of each table of models with a ``(ratio of medians)`` or ``step ms (median)`` column."""
+    """A record per row and figure of each table of models or shapes: its ``vs X (ratio of medians)``, ``X /
+    GroupLinear`` (a ratio of medians too), ``step ms (median)``, ``batch ms (median)`` and ``X ms`` cells."""
     out = []
     for block in re.findall(r"((?:^\|.*\|\n)+)", text, re.M):
         lines = block.strip("\n").split("\n")
         cols = [c.strip() for c in lines[0].strip("|").split("|")]
-        if cols[0] != "model":
+        if cols[0] not in ("model", "shape"):
             continue
         for line in lines[2:]:
             cells = [c.strip() for c in line.strip("|").split("|")]
-            for i, col in enumerate(cols[1:], 1):
-                kind = re.match(r"vs (.+) \(ratio of medians\)$", col)
-                if kind and cells[i].endswith("x") and cells[0].strip("`") != kind.group(1):
-                    what = f"{cells[0].strip('`')} vs {kind.group(1)}"
-                    out.append(record(benchmark, what, number(cells[i][:-1]), "x", **context, goal=""))
-                elif col == "step ms (median)":
-                    out.append(record(benchmark, f"{cells[0].strip('`')} step", number(cells[i]), "ms", **context))
+            row = cells[0].strip("`")
+            for col, cell in zip(cols[1:], cells[1:]):
+                vs, over = re.match(r"vs (.+) \(ratio of medians\)$", col), re.match(r"(\w+) / (\w+)$", col)
+                timed = re.match(r"(step|batch) ms \(median\)$", col) or re.match(r"(\w+) ms$", col)
+                if vs and cell.endswith("x") and row != vs.group(1):
+                    what, unit, value = f"{row} vs {vs.group(1)}", "x", number(cell[:-1])
+                elif over and cell.endswith("x"):
+                    what, unit, value = f"{over.group(2)} vs {over.group(1)} at {row}", "x", number(cell[:-1])
+                elif timed and cols[0] == "model":
+                    what, unit, value = f"{row} {timed.group(1)}", "ms", number(cell)
+                elif timed:
+                    what, unit, value = f"{timed.group(1)} at {row}", "ms", number(cell)
+                else:
+                    continue
+                out.append(record(benchmark, what, value, unit, **context, goal=""))
     return out
 
 
@@ -143,18 +176,31 @@ def summary_records(text: str, context: dict) -> List[dict]:
 def from_report(md: Path) -> List[dict]:
     """The records of one committed Markdown report."""
     text = md.read_text()
-    context = dict(header(text), report=f"results/{md.name}")
+    context = dict(header(text), report=f"results/{md.name}", origin="report")
     if md.name.startswith("gpu-") and "| benchmark | figure |" in text:
-        return summary_records(text, context)
+        records = summary_records(text, context)
+        for section in text.split("\n## ")[1:]:
+            name = re.search(r"^- Command: `[^`]*benchmarks\.(\w+)", section, re.M)
+            records += table_records(section, name.group(1), context) if name else []
+        return records
     benchmark = re.sub(r"(-tcmalloc.*|-nvidia.*)$", "", md.stem)
     records = table_records(text, benchmark, context)
     records += [check_record(m, benchmark, context) for m in CHECK.finditer(text)]
     return records
 
 
+def written_by_run(md: Path) -> bool:
+    try:
+        records = json.loads(json_path(md).read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return isinstance(records, list) and any(r.get("origin") == "run" for r in records)
+
+
 def reports() -> List[Path]:
+    """The reports whose records are read from their Markdown: not those whose benchmark wrote its own."""
     own = {p.name for p in RESULTS.glob("gpu-round-*.md")}  # gpu_round writes its own records
-    return [p for p in sorted(RESULTS.glob("*.md")) if p.name not in NOT_RECORDS | own]
+    return [p for p in sorted(RESULTS.glob("*.md")) if p.name not in NOT_RECORDS | own and not written_by_run(p)]
 
 
 def load(report: str) -> List[dict]:
