@@ -1,23 +1,29 @@
-"""The speed tables of ``benchmarks/README.md``, rendered from data: the goals (:data:`benchmarks.targets.GOALS`), the
-launches per step (``results/launch_count.json``) and the data-parallel step on paper (``results/data_parallel.json``)::
+"""The speed tables of the pages (:data:`PAGES`), rendered from data: the goals (:data:`benchmarks.targets.GOALS`), the
+launches per step (``results/launch_count.json``), the data-parallel step on paper (``results/data_parallel.json``)
+and the measured figures (:data:`FIGURES`, from the records beside each report: ``benchmarks.records``)::
 
-    python -m benchmarks.pages            # rewrite the tables between their markers
+    python -m benchmarks.pages            # rewrite the tables between their markers, on every page
     python -m benchmarks.pages --check    # exit 1, naming each table that differs from its data
 
-A table lies between ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->``; ``make results`` runs this beside the
-comparison tables' renderer, and ``tests/tools/test_benchmark_pages.py`` fails when a committed table differs.
+A table lies between ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->``, on any page; ``make results`` runs this
+beside the comparison tables' renderer, and ``tests/tools/test_benchmark_pages.py`` fails when a committed table
+differs.
 """
 
 import argparse
 import json
+import os
 import re
 import sys
 from pathlib import Path
+from typing import NamedTuple, Tuple
 
-from benchmarks.targets import GOALS, RATIO_METHOD, show_target
+from benchmarks import records
+from benchmarks.targets import GOALS, RATIO_METHOD, show, show_target
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "benchmarks" / "README.md"
+PAGES = ("benchmarks/README.md", "README.md", "docs/*.md", "examples/*/README.md")
 RESULTS = ROOT / "benchmarks" / "results"
 BLOCK = re.compile(r"(<!-- bench:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /bench:(?P=name) -->)", re.S)
 # the data-parallel columns: (GPUs, link, overlapped with backward)
@@ -101,23 +107,80 @@ def data_parallel_table(path: Path = RESULTS / "data_parallel.json") -> str:
     return note + table(header, rows) + after
 
 
-RENDERERS = {"targets": targets_table, "launch_count": launch_count_table, "data_parallel": data_parallel_table}
+class Figures(NamedTuple):
+    """A table of measured figures: the records of ``reports`` (names under ``results/``) whose text ``pattern``
+    finds, in the reports' order; ``targeted``: only those the report stated against a target."""
+
+    reports: Tuple[str, ...]
+    pattern: str
+    targeted: bool = False
 
 
-def render(text: str) -> str:
+GPU_REPORTS = ("gpu-nvidia-h100-80gb-hbm3.md", "gpu-nvidia-h200.md")
+H200_RUNS = ("train_speed-nvidia-h200-4k-tokens.md", "train_speed-nvidia-h200-26k-tokens.md")
+TOKEN_PATHS = tuple(f"train_speed-nvidia-h200-{r}.md" for r in ("4k-tokens-token-paths", "26k-tokens-token-paths"))
+CPU_LATEST = ("train_speed-tcmalloc.md", "generate_speed.md", "lstm_lm_speed-tcmalloc.md", "txl_speed-tcmalloc.md")
+CPU_LATEST += ("mogrifier_speed.md", "gcnn_speed.md", "group_linear.md")
+FIGURES = {
+    "gpu-goals": Figures(GPU_REPORTS, r"^(?!.* (at|step)$)(?!.* at [a-z0-9_ >-]+, \d groups$)(?!.* at transformer)"),
+    "gpu-translation": Figures(GPU_REPORTS + H200_RUNS, r"^transformer_define(, unique_tokens=False)? vs transformer"),
+    "gpu-token-paths": Figures(TOKEN_PATHS + ("train_speed-nvidia-h200-4k-tokens-fp16.md",), r" vs transformer$"),
+    "gpu-group-linear": Figures(GPU_REPORTS + ("group_linear-nvidia-h200-fp16.md",), r"at 1024 -> 2048, 4 groups$"),
+    "cpu-latest": Figures(CPU_LATEST, r" vs ", targeted=True),
+    "cpu-steps": Figures(CPU_LATEST[:5], r" (step|batch)$"),
+    "gpu-steps": Figures(GPU_REPORTS, r" step$"),
+}
+
+
+def figures_table(spec: Figures, page: Path) -> str:
+    rows = []
+    for report in spec.reports:
+        link = f"[{report}]({os.path.relpath(RESULTS / report, page.parent)})"
+        for r in records.load(report):
+            if not re.search(spec.pattern, r["what"]) or spec.targeted and r["report_target"] is None:
+                continue
+            value = show(float("nan") if r["value"] is None else r["value"], r["unit"]) if r["unit"] != "ms" else \
+                f"{r['value']:g} ms"  # fmt: skip
+            if r["unit"] == "x" and r["ratio_method"] != RATIO_METHOD:
+                value += " (median of per-round ratios)"
+            target = "-" if r["target"] is None else show_target(r["target"], r["unit"], r["at_most"])
+            met = "-" if r["met"] is None else "yes" if r["met"] else "**no**"
+            revision = r["revision"] or "revision not recorded"
+            rows.append((r["what"], value, target, met, link, f"{r['machine']}, {r['precision']}", revision))
+    if not rows:
+        raise ValueError(f"no record of {', '.join(spec.reports)} matches {spec.pattern!r}")
+    note = (
+        f"Rendered from the records beside each report (`python -m benchmarks.records`); ratios: {RATIO_METHOD} "
+        "unless the figure says otherwise; targets from [targets.py]"
+        f"({os.path.relpath(ROOT / 'benchmarks' / 'targets.py', page.parent)}) where the figure is a goal's.\n\n"
+    )
+    return note + table(("figure", "measured", "target", "met", "report", "machine, precision", "revision"), rows)
+
+
+RENDERERS = {
+    "targets": lambda page: targets_table(),
+    "launch_count": lambda page: launch_count_table(),
+    "data_parallel": lambda page: data_parallel_table(),
+}
+RENDERERS.update({name: (lambda page, spec=spec: figures_table(spec, page)) for name, spec in FIGURES.items()})
+
+
+def render(text: str, page: Path = PAGE) -> str:
+    """``text`` with each table rendered afresh; ``page``: where it lies (its links are relative to it)."""
+
     def one(match):
         name = match.group("name")
         if name not in RENDERERS:
-            raise ValueError(f"{PAGE}: a table named {name!r}; the names are {', '.join(RENDERERS)}")
-        return match.group(1) + RENDERERS[name]() + match.group(4)
+            raise ValueError(f"{page}: a table named {name!r}; the names are {', '.join(RENDERERS)}")
+        return match.group(1) + RENDERERS[name](page) + match.group(4)
 
     return BLOCK.sub(one, text)
 
 
-def stale(page: Path = PAGE) -> list:
-    """The names of the tables of ``page`` that differ from their data."""
-    text = page.read_text()
-    fresh = render(text)
+def stale(page: Path = PAGE, at: Path = None) -> list:
+    """The names of the tables of ``page`` that differ from their data (its links as if it lay at ``at``)."""
+    text = Path(page).read_text()
+    fresh = render(text, Path(at or page))
     old, new = dict(), dict()
     for source, into in ((text, old), (fresh, new)):
         for m in BLOCK.finditer(source):
@@ -125,18 +188,27 @@ def stale(page: Path = PAGE) -> list:
     return [name for name in old if old[name] != new[name]]
 
 
+def pages() -> list:
+    """The pages that hold at least one table."""
+    found = sorted({p for pattern in PAGES for p in ROOT.glob(pattern)})
+    return [p for p in found if BLOCK.search(p.read_text())]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="exit 1 when a table differs from its data")
     args = parser.parse_args(argv)
-    if args.check:
-        names = stale()
-        for name in names:
-            print(f"{PAGE.relative_to(ROOT)}: bench:{name} differs from its data; run python -m benchmarks.pages")
-        return 1 if names else 0
-    PAGE.write_text(render(PAGE.read_text()))
-    print(f"rendered: {', '.join(m.group('name') for m in BLOCK.finditer(PAGE.read_text()))}")
-    return 0
+    status = 0
+    for page in pages():
+        if args.check:
+            for name in stale(page):
+                print(f"{page.relative_to(ROOT)}: bench:{name} differs from its data; run python -m benchmarks.pages")
+                status = 1
+            continue
+        page.write_text(render(page.read_text(), page))
+        names = ", ".join(m.group("name") for m in BLOCK.finditer(page.read_text()))
+        print(f"{page.relative_to(ROOT)}: rendered {names}")
+    return status
 
 
 if __name__ == "__main__":

@@ -100,7 +100,8 @@ def header(text: str) -> dict:
 
 
 CHECK = re.compile(
-    r"^- (?:PASS|FAIL|n/a)(?P<qual>[^:]*): (?P<what>.+?): (?P<value>[\d.,]+|n/a) ?(?P<unit>x|×|tokens/s)"
+    r"^- (?:PASS|FAIL|n/a)(?P<qual>[^:]*): (?P<what>.+?): "
+    r"(?:\w+/\w+ = (?P<over>[\d.]+)$|(?P<value>[\d.,]+|n/a) ?(?P<unit>x|×|tokens/s))"
     r"(?: \((?P<paren>[^)]*)\))?",
     re.M,
 )
@@ -113,8 +114,10 @@ def check_record(match, benchmark: str, context: dict) -> dict:
     method = None
     if "ratio of median" not in paren and "per-round" in paren:
         method = PER_ROUND
-    value = None if match.group("value") == "n/a" else float(match.group("value").replace(",", ""))
-    unit = "x" if match.group("unit") in ("x", "×") else match.group("unit")
+    value = match.group("over") or match.group("value")  # older reports: "what: dense/GroupLinear = 2.80"
+    value = None if value == "n/a" else float(value.replace(",", ""))
+    unit = "x" if match.group("unit") in ("x", "×", None) else match.group("unit")
+    what = re.sub(r"(>=|<=) [\d.,]+x (faster than )?", "vs ", what)  # the target is a field of its own
     return record(
         benchmark,
         f"{what} ({qual.strip('()')})" if qual else what,

@@ -37,7 +37,10 @@ GOALS = {
     "txl_define_train": Goal("Transformer-XL DeFINE n=128 vs standard 384 (Table 2 sizes), training", 1.15, 1.3),
     "txl_define_eval": Goal("Transformer-XL DeFINE n=128 vs standard 384 (Table 2 sizes), evaluation", 1.3, 1.3),
     "group_linear_dense": Goal(
-        "GroupLinear g=4 vs dense, 1024 -> 2048 at 8192 tokens", 1.5, 1.5, pattern=r"GroupLinear.* vs dense at 1024"
+        "GroupLinear g=4 vs dense, 1024 -> 2048 at 8192 tokens",
+        1.5,
+        1.5,
+        pattern=r"GroupLinear.* (vs|than) dense at 1024",
     ),
     "mogrifier_lstm": Goal(
         "MogrifierLSTM r=5 at the PTB shape, as fairseq-train builds it, vs nn.LSTM",

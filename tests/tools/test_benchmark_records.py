@@ -47,7 +47,7 @@ def test_a_report_is_read_into_records(tmp_path):
     dense = rows["GroupLinear vs dense at 1024 -> 2048, g=4, 8192 tokens"]
     assert (dense["goal"], dense["target"], dense["report_target"]) == ("group_linear_dense", GOALS[
         "group_linear_dense"].gpu, 2.5)  # fmt: skip
-    per_round = rows["ours evaluation tokens/s >= 1.3x theirs"]
+    per_round = rows["ours evaluation tokens/s vs theirs"]  # the target moves out of the text into its field
     assert per_round["ratio_method"] == records.PER_ROUND and per_round["target"] == 1.3
 
 
