@@ -249,3 +249,37 @@ compare_report() {
         --device "${COMPARE_DEVICE:-not recorded}" --report "$OUT/results.md" --note "$*" > /dev/null
     cat "$OUT/results.md"
 }
+
+# ------------------------------------------------------------------------------------ language-model comparisons
+
+# lm_compare_usage MODELS_TEXT SCORE REFERENCE: the usage of a language-model comparison: its options, the text it
+# reads (lm_corpus_usage), MODELS_TEXT on its models, then compare_usage_points SCORE REFERENCE.
+lm_compare_usage() {
+    compare_usage_line
+    echo
+    lm_corpus_usage
+    printf '\n%s\n' "$1"
+    compare_usage_points "$2" "$3"
+}
+
+# lm_compare_start ARGS...: once a language-model comparison has set its defaults and its MODEL array, parse its
+# command line ARGS (compare_options), check the models and points, and make OUT's word-level data (lm_data); V is
+# the vocabulary's size.
+lm_compare_start() {
+    compare_options "$@"
+    require_tools python fairseq-preprocess fairseq-eval-lm
+    compare_check_models
+    compare_check_points
+    mkdir -p "$OUT"
+    lm_data "$OUT" "$CORPUS"
+    V=$(vocabulary_size "$OUT")
+}
+
+# lm_compare_report REFERENCE [NOTE]: run a language-model comparison (compare_run_all) and report its test
+# perplexities (compare_report); REFERENCE says whose time the equal time is, NOTE follows the vocabulary's size.
+lm_compare_report() {
+    compare_run_all
+    compare_report "test perplexity" "Vocabulary: $V symbols (words seen at least 3 times in train, plus fairseq's" \
+        "specials).${2:+ $2} Every point comes from one run per model and seed (OUT/runs/train), checkpointed every" \
+        "$SAVE_EVERY updates; equal time: the last checkpoint within $1's time.${EXTRA:+ Every model with: $EXTRA.}"
+}

@@ -42,6 +42,21 @@ debian_packages() {
     mv "$dir.tmp" "$dir"
 }
 
+# debian_corpus_options DEFAULT_OUT ARGS...: the command line "[-o OUT] [-h]" of a script that builds corpora from
+# Debian packages: OUT (default DEFAULT_OUT) made absolute from the repository root, where it then runs, with the
+# tools it needs checked.
+debian_corpus_options() {
+    local opt OPTARG OPTIND=1
+    OUT=$1
+    shift
+    while getopts "o:h" opt; do
+        case $opt in o) OUT=$OPTARG ;; h) usage; exit 0 ;; *) usage >&2; exit 2 ;; esac
+    done
+    cd "$(dirname "${BASH_SOURCE[0]}")/.."
+    OUT=$(realpath -m "$OUT")
+    require_tools python apt-get dpkg-deb
+}
+
 # require_tools TOOL...: stop with a message when one is not on PATH.
 require_tools() {
     local tool

@@ -2,12 +2,17 @@
 # gcnn_lm (the paper's layout) against fairseq's fconv_lm at the same shape, on any word-level corpus, several
 # seeds, equal updates and equal time.
 set -euo pipefail
-usage() {
-    compare_usage_line
-    echo
-    lm_corpus_usage
-    cat <<EOF
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+source examples/lib.sh
 
+SAVE_EVERY=100 TIME_MARGIN=120
+OUT=gcnn_compare_output SEEDS=3 UPDATES=1000 MODELS="fconv_lm gcnn_lm_8"
+declare -A MODEL=(
+    [gcnn_lm_8]="--arch gcnn_lm_8 --decoder-embed-dim 128 --gcnn-layers [(256,4)]*8"
+    [fconv_lm]="--arch fconv_lm --decoder-embed-dim 128 --decoder-layers [(256,4)]*8"
+)
+usage() {
+    lm_compare_usage "$(cat <<EOF
 Models, GCNN-8's shape (8 gated convolutions of kernel 4) at a small size (lookup 128, width 256), the same
 adaptive softmax (clusters at a quarter and three quarters of the vocabulary) and dropout 0.1 for both:
   fconv_lm     fairseq's (an input projection, residuals scaled by sqrt(0.5) around every layer)
@@ -15,26 +20,9 @@ adaptive softmax (clusters at a quarter and three quarters of the vocabulary) an
 The paper's optimiser for both: Nesterov momentum 0.99, lr 1, gradient norm clipped at 0.1; blocks of 128 tokens,
 2048 tokens a batch.
 EOF
-    compare_usage_points "test perplexity, every token after 32 tokens of context (more than the receptive field)" \
-        "the first model"
+)" "test perplexity, every token after 32 tokens of context (more than the receptive field)" "the first model"
 }
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-source examples/lib.sh
-
-SAVE_EVERY=100 TIME_MARGIN=120
-OUT=gcnn_compare_output SEEDS=3 UPDATES=1000 MODELS="fconv_lm gcnn_lm_8"
-compare_options "$@"
-require_tools python fairseq-preprocess fairseq-eval-lm
-declare -A MODEL=(
-    [gcnn_lm_8]="--arch gcnn_lm_8 --decoder-embed-dim 128 --gcnn-layers [(256,4)]*8"
-    [fconv_lm]="--arch fconv_lm --decoder-embed-dim 128 --decoder-layers [(256,4)]*8"
-)
-compare_check_models
-compare_check_points
-
-mkdir -p "$OUT"
-lm_data "$OUT" "$CORPUS"
-V=$(vocabulary_size "$OUT")
+lm_compare_start "$@"
 COMMON=(--user-dir define_fairseq --task language_modeling --tokens-per-sample 128 --sample-break-mode none
         --max-tokens 2048 --criterion adaptive_loss --adaptive-softmax-cutoff "$((V / 4)),$((V * 3 / 4))"
         --dropout 0.1 --optimizer nag --momentum 0.99 --lr 1.0 --clip-norm 0.1 --weight-decay 0
@@ -58,7 +46,4 @@ score_checkpoint() {
     test_perplexity "$2"
 }
 
-compare_run_all
-compare_report "test perplexity" "Vocabulary: $V symbols (words seen at least 3 times in train, plus fairseq's" \
-    "specials). Every point comes from one run per model and seed (OUT/runs/train), checkpointed every $SAVE_EVERY" \
-    "updates; equal time: the last checkpoint within the first model's time.${EXTRA:+ Every model with: $EXTRA.}"
+lm_compare_report "the first model"

@@ -2,32 +2,12 @@
 # The DeFINE paper's Table 1a at a small scale (the adaptive-input LSTM with and without DeFINE, R2 against R3), and
 # transformer_lm_define against transformer_lm, on any word-level corpus, several seeds, equal updates and time.
 set -euo pipefail
-usage() {
-    compare_usage_line
-    echo
-    lm_corpus_usage
-    cat <<EOF
-
-Models (Adam at a constant lr 0.001, dropout 0.1, the gradient norm clipped at 0.25, for all):
-  lstm_adaptive           Table 1a R2 at a small size: 2 LSTM layers (512, 256), adaptive input and softmax of
-                          width 256, tied, clusters at a quarter and three quarters of the vocabulary
-                          (--task stateful_lm, 20 streams x BPTT 35, scored with the state carried, batch 1)
-  lstm_adaptive_define    R3: the same with DeFINE (N = 3, k = 1024, n = m = 256) on the adaptive input
-  transformer_lm          2 layers, d 256, FFN 1024, 4 heads, softmax tied to the V x 256 table (64-token
-                          blocks, scored with 32 tokens of context)
-  transformer_lm_define   the same with a V x 64 table and DeFINE (N = 3, k = 512) to 256, softmax tied to it
-  transformer_lm_define_eq  DeFINE at the largest n whose model has no more parameters than transformer_lm
-EOF
-    compare_usage_points "test perplexity" "its family's baseline"
-}
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source examples/lib.sh
 
 SAVE_EVERY=200 TIME_MARGIN=200
 OUT=lm_compare_output SEEDS=3 UPDATES=3000
 MODELS="lstm_adaptive lstm_adaptive_define transformer_lm transformer_lm_define transformer_lm_define_eq"
-compare_options "$@"
-require_tools python fairseq-preprocess fairseq-eval-lm
 declare -A MODEL=(
     [lstm_adaptive]="--arch lstm_lm_adaptive_wt103"
     [lstm_adaptive_define]="--arch lstm_lm_define_wt103_n3 --define-k 1024"
@@ -39,13 +19,21 @@ declare -A MODEL=(
 time_reference() {
     case $1 in transformer*) echo transformer_lm ;; *) echo lstm_adaptive ;; esac
 }
-
-compare_check_models
-compare_check_points
-
-mkdir -p "$OUT"
-lm_data "$OUT" "$CORPUS"
-V=$(vocabulary_size "$OUT")
+usage() {
+    lm_compare_usage "$(cat <<EOF
+Models (Adam at a constant lr 0.001, dropout 0.1, the gradient norm clipped at 0.25, for all):
+  lstm_adaptive           Table 1a R2 at a small size: 2 LSTM layers (512, 256), adaptive input and softmax of
+                          width 256, tied, clusters at a quarter and three quarters of the vocabulary
+                          (--task stateful_lm, 20 streams x BPTT 35, scored with the state carried, batch 1)
+  lstm_adaptive_define    R3: the same with DeFINE (N = 3, k = 1024, n = m = 256) on the adaptive input
+  transformer_lm          2 layers, d 256, FFN 1024, 4 heads, softmax tied to the V x 256 table (64-token
+                          blocks, scored with 32 tokens of context)
+  transformer_lm_define   the same with a V x 64 table and DeFINE (N = 3, k = 512) to 256, softmax tied to it
+  transformer_lm_define_eq  DeFINE at the largest n whose model has no more parameters than transformer_lm
+EOF
+)" "test perplexity" "its family's baseline"
+}
+lm_compare_start "$@"
 # --required-batch-size-multiple 1: fairseq's default 8 drops a split's last batch when it is smaller (examples/lib.sh)
 COMMON=(--user-dir define_fairseq --optimizer adam --adam-betas '(0.9, 0.98)' --lr 0.001 --clip-norm 0.25
         --dropout 0.1 --required-batch-size-multiple 1 --num-workers 0 --max-epoch 1000 --ddp-backend legacy_ddp)
@@ -89,7 +77,4 @@ score_checkpoint() {
     test_perplexity "$dir"
 }
 
-compare_run_all
-compare_report "test perplexity" "Vocabulary: $V symbols (words seen at least 3 times in train, plus fairseq's" \
-    "specials). Every point comes from one run per model and seed (OUT/runs/train), checkpointed every $SAVE_EVERY" \
-    "updates; equal time: the last checkpoint within the family's baseline's time.${EXTRA:+ Every model with: $EXTRA.}"
+lm_compare_report "the family's baseline"

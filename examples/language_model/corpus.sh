@@ -2,6 +2,7 @@
 # An English language-modelling corpus from the HTML manuals of Debian packages (scripts.doc_corpus):
 # Python's, PostgreSQL's, Git's and the Debian Administrator's Handbook. Downloaded and unpacked, not installed.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 PACKAGES="python3.11-doc postgresql-doc-15 git-doc debian-handbook"
 usage() {
     cat <<EOF2
@@ -13,14 +14,7 @@ Downloads the Debian packages $PACKAGES (apt-get download; run
 lm_corpora. OUT/packages/versions.txt names the package versions read. A rerun skips what is done.
 EOF2
 }
-OUT=lm_corpora
-while getopts "o:h" opt; do
-    case $opt in o) OUT=$OPTARG ;; h) usage; exit 0 ;; *) usage >&2; exit 2 ;; esac
-done
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-OUT=$(realpath -m "$OUT")
-source examples/lib.sh
-require_tools python apt-get dpkg-deb
+debian_corpus_options lm_corpora "$@"
 
 # shellcheck disable=SC2086
 debian_packages "$OUT/packages" $PACKAGES

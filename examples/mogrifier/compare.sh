@@ -2,12 +2,19 @@
 # The Mogrifier paper's Table 1 at a small scale: the Mogrifier LSTM against the LSTM with the same parameter count,
 # on any word-level corpus, several seeds, equal updates and equal time.
 set -euo pipefail
-usage() {
-    compare_usage_line
-    echo
-    lm_corpus_usage
-    cat <<EOF
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+source examples/lib.sh
 
+HIDDEN=256 ROUNDS=5 RANK=32 STREAMS=20 BPTT=35
+SAVE_EVERY=200 TIME_MARGIN=110
+OUT=mogrifier_compare_output SEEDS=3 UPDATES=4000 MODELS="lstm mogrifier"
+declare -A MODEL=(
+    [mogrifier]="--mogrifier-rounds $ROUNDS --mogrifier-rank $RANK --mogrifier-hidden-size $HIDDEN
+                 --mogrifier-embed-dim $HIDDEN"
+    [lstm]="--mogrifier-rounds 0 --mogrifier-hidden-size {} --mogrifier-embed-dim {}"
+)
+usage() {
+    lm_compare_usage "$(cat <<EOF
 Models (mogrifier_lstm_lm, 2 layers, embeddings as wide as the hidden state and tied to the softmax, the two
 layers' outputs summed, lamb's capped input gate; the paper's protocol: equal parameter counts):
   lstm        rounds 0, the largest hidden size whose model has no more parameters than the Mogrifier
@@ -17,26 +24,9 @@ Both train alike: variational dropout 0.3 on the input, 0.2 between the layers, 
 at a constant lr 0.002, the gradient norm clipped at 10 (lamb's setting); --task stateful_lm, $STREAMS streams x BPTT
 $BPTT, the state carried across batches.
 EOF
-    compare_usage_points "test perplexity, the state carried, batch 1, temperature 1" "the first model"
+)" "test perplexity, the state carried, batch 1, temperature 1" "the first model"
 }
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-source examples/lib.sh
-
-HIDDEN=256 ROUNDS=5 RANK=32 STREAMS=20 BPTT=35
-SAVE_EVERY=200 TIME_MARGIN=110
-OUT=mogrifier_compare_output SEEDS=3 UPDATES=4000 MODELS="lstm mogrifier"
-compare_options "$@"
-require_tools python fairseq-preprocess fairseq-eval-lm
-declare -A MODEL=(
-    [mogrifier]="--mogrifier-rounds $ROUNDS --mogrifier-rank $RANK --mogrifier-hidden-size $HIDDEN
-                 --mogrifier-embed-dim $HIDDEN"
-    [lstm]="--mogrifier-rounds 0 --mogrifier-hidden-size {} --mogrifier-embed-dim {}"
-)
-compare_check_models
-compare_check_points
-
-mkdir -p "$OUT"
-lm_data "$OUT" "$CORPUS"
+lm_compare_start "$@"
 # shellcheck disable=SC2054
 MOGRIFIER=(--user-dir define_fairseq --task stateful_lm --arch mogrifier_lstm_lm --mogrifier-layers 2
            --mogrifier-sum-layer-outputs --tokens-per-sample "$BPTT" --batch-size "$STREAMS"
@@ -65,10 +55,6 @@ score_checkpoint() {
     test_perplexity "$2"
 }
 
-compare_run_all
 lstm_note=""
-[[ " $MODELS " != *" lstm "* ]] || lstm_note=" lstm: ${MODEL[lstm]}."
-compare_report "test perplexity" "Vocabulary: $(vocabulary_size "$OUT") symbols (words seen at least 3 times in" \
-    "train, plus fairseq's specials).$lstm_note Every point comes from one run per model and seed" \
-    "(OUT/runs/train), checkpointed every $SAVE_EVERY updates; equal time: the last checkpoint within the first" \
-    "model's time.${EXTRA:+ Every model with: $EXTRA.}"
+[[ " $MODELS " != *" lstm "* ]] || lstm_note="lstm: ${MODEL[lstm]}."
+lm_compare_report "the first model" "$lstm_note"

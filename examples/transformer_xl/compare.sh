@@ -2,12 +2,20 @@
 # The DeFINE paper's Table 2 at a small scale: Transformer-XL with the standard, the projective and the DeFINE input
 # at the same n, and the projective input at DeFINE's parameter count, on any word-level corpus, several seeds.
 set -euo pipefail
-usage() {
-    compare_usage_line
-    echo
-    lm_corpus_usage
-    cat <<EOF
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+source examples/lib.sh
 
+LAYERS=4 D=128 HEADS=4 FFN=512 SEGMENT=64 EVAL_MEMORY=256 N=64 K=1024 LR=1e-3 WARMUP=400 BATCH=16
+SAVE_EVERY=200 TIME_MARGIN=130
+OUT=txl_compare_output SEEDS=3 UPDATES=3000 MODELS="define projective standard projective_eq"
+declare -A MODEL=(
+    [standard]="--input-layer table"
+    [projective]="--input-layer projective --define-n $N"
+    [define]="--input-layer define --define-n $N --define-k $K --define-depth 3"
+    [projective_eq]="--input-layer projective --define-n PROJECTIVE_EQ_N"
+)
+usage() {
+    lm_compare_usage "$(cat <<EOF
 Model, the same for all but the input layer: transformer_xl_lm, $LAYERS layers, d $D, $HEADS heads, FFN $FFN,
 segments of $SEGMENT tokens with a memory of $SEGMENT, dropout 0.1; Transformer-XL's projected adaptive softmax with
 clusters at 10% and 30% of the vocabulary, tied to the V x n table. Adam, lr $LR, $WARMUP warm-up updates then
@@ -18,30 +26,10 @@ inverse square root, gradient norm clipped at 0.25, $BATCH streams a batch.
   projective_eq   the projective input at DeFINE's parameter count (the largest such n below d; the vocabulary
                   must be large enough for the unit's parameters to fit in d - $N - 1 more table columns)
 EOF
-    compare_usage_points "test perplexity, the memory carried, a memory of $EVAL_MEMORY (longer, as Transformer-XL \
-evaluates)" \
+)" "test perplexity, the memory carried, a memory of $EVAL_MEMORY (longer, as Transformer-XL evaluates)" \
         "the first model"
 }
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-source examples/lib.sh
-
-LAYERS=4 D=128 HEADS=4 FFN=512 SEGMENT=64 EVAL_MEMORY=256 N=64 K=1024 LR=1e-3 WARMUP=400 BATCH=16
-SAVE_EVERY=200 TIME_MARGIN=130
-OUT=txl_compare_output SEEDS=3 UPDATES=3000 MODELS="define projective standard projective_eq"
-compare_options "$@"
-require_tools python fairseq-preprocess fairseq-eval-lm
-declare -A MODEL=(
-    [standard]="--input-layer table"
-    [projective]="--input-layer projective --define-n $N"
-    [define]="--input-layer define --define-n $N --define-k $K --define-depth 3"
-    [projective_eq]="--input-layer projective --define-n PROJECTIVE_EQ_N"
-)
-compare_check_models
-compare_check_points
-
-mkdir -p "$OUT"
-lm_data "$OUT" "$CORPUS"
-V=$(vocabulary_size "$OUT")
+lm_compare_start "$@"
 # shellcheck disable=SC2054
 TXL=(--user-dir define_fairseq --task stateful_lm --arch transformer_xl_lm --decoder-layers "$LAYERS"
      --decoder-embed-dim "$D" --decoder-attention-heads "$HEADS" --txl-head-dim $((D / HEADS))
@@ -72,7 +60,4 @@ score_checkpoint() {
     test_perplexity "$2"
 }
 
-compare_run_all
-compare_report "test perplexity" "Vocabulary: $V symbols (words seen at least 3 times in train, plus fairseq's" \
-    "specials). Every point comes from one run per model and seed (OUT/runs/train), checkpointed every $SAVE_EVERY" \
-    "updates; equal time: the last checkpoint within the first model's time.${EXTRA:+ Every model with: $EXTRA.}"
+lm_compare_report "the first model"

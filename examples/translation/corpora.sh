@@ -2,6 +2,7 @@
 # The English-German corpora beside the demo's, from Debian packages: the Ding dictionary's example sentences and
 # LibreOffice's help (scripts.package_corpus). Downloaded and unpacked, not installed.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 usage() {
     cat <<EOF
 Usage: $(basename "$0") [-o OUT]
@@ -12,14 +13,7 @@ OUT/libreoffice-help, each {train,valid,test}.{en,de}, for examples/translation/
 translation_corpora. OUT/packages/versions.txt names the package versions read. A rerun skips what is done.
 EOF
 }
-OUT=translation_corpora
-while getopts "o:h" opt; do
-    case $opt in o) OUT=$OPTARG ;; h) usage; exit 0 ;; *) usage >&2; exit 2 ;; esac
-done
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-OUT=$(realpath -m "$OUT")
-source examples/lib.sh
-require_tools python apt-get dpkg-deb
+debian_corpus_options translation_corpora "$@"
 
 debian_packages "$OUT/packages" trans-de-en libreoffice-help-en-us libreoffice-help-de
 root=$OUT/packages/root

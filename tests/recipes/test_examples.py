@@ -32,23 +32,8 @@ def toy_corpus(tmp_path_factory):
 
 def test_translation_compare_writes_its_table_and_curves(toy_corpus, tmp_path):
     out = tmp_path / "out"
-    run_script(
-        "examples/translation/compare.sh",
-        "-o",
-        out,
-        "-s",
-        2,
-        "-u",
-        40,
-        "-L",
-        60,
-        "-i",
-        20,
-        "-m",
-        "baseline define",
-        "-c",
-        toy_corpus,
-    )
+    points = ("-s", 2, "-u", 40, "-L", 60, "-i", 20)
+    run_script("examples/translation/compare.sh", "-o", out, *points, "-m", "baseline define", "-c", toy_corpus)
     results = (out / "results.md").read_text()
     rows = {m: line for line in results.splitlines() for m in ("baseline", "define") if line.startswith(f"| `{m}`")}
     assert set(rows) == {"baseline", "define"}
@@ -83,20 +68,9 @@ def test_translation_compare_refuses_an_unknown_model_and_a_missing_corpus_file(
 
 def test_language_model_compare_writes_its_table_and_curves(toy_corpus, tmp_path):
     out = tmp_path / "out"
+    models = "transformer_lm transformer_lm_define lstm_adaptive"
     run_script(
-        "examples/language_model/compare.sh",
-        "-o",
-        out,
-        "-s",
-        2,
-        "-u",
-        20,
-        "-i",
-        10,
-        "-m",
-        "transformer_lm transformer_lm_define lstm_adaptive",
-        "-c",
-        toy_corpus,
+        "examples/language_model/compare.sh", "-o", out, "-s", 2, "-u", 20, "-i", 10, "-m", models, "-c", toy_corpus
     )
     rows = [line for line in (out / "results.md").read_text().splitlines() if line.startswith("| `")]
     assert [row.split("`")[1] for row in rows] == ["transformer_lm", "transformer_lm_define", "lstm_adaptive"]
@@ -139,23 +113,9 @@ def test_transformer_xl_compare_puts_the_projective_input_at_defines_count(tmp_p
         text = "".join(" ".join(f"w{rng.randrange(400)}" for _ in range(12)) + "\n" for _ in range(lines))
         (corpus / f"{split}.txt").write_text(text)
     out = tmp_path / "out"
+    models = ("-m", "projective define projective_eq", "-x", "--define-k 64")
     run_script(
-        "examples/transformer_xl/compare.sh",
-        "-o",
-        out,
-        "-s",
-        1,
-        "-u",
-        20,
-        "-i",
-        10,
-        "-T",
-        "-m",
-        "projective define projective_eq",
-        "-x",
-        "--define-k 64",
-        "-c",
-        corpus,
+        "examples/transformer_xl/compare.sh", "-o", out, "-s", 1, "-u", 20, "-i", 10, "-T", *models, "-c", corpus
     )
     rows = {
         line.split("`")[1]: line for line in (out / "results.md").read_text().splitlines() if line.startswith("| `")
