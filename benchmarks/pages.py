@@ -119,16 +119,23 @@ class Figures(NamedTuple):
 GPU_REPORTS = ("gpu-nvidia-h100-80gb-hbm3.md", "gpu-nvidia-h200.md")
 H200_RUNS = ("train_speed-nvidia-h200-4k-tokens.md", "train_speed-nvidia-h200-26k-tokens.md")
 TOKEN_PATHS = tuple(f"train_speed-nvidia-h200-{r}.md" for r in ("4k-tokens-token-paths", "26k-tokens-token-paths"))
+FP16_RUN = ("train_speed-nvidia-h200-4k-tokens-fp16.md",)
 CPU_LATEST = ("train_speed-tcmalloc.md", "generate_speed.md", "lstm_lm_speed-tcmalloc.md", "txl_speed-tcmalloc.md")
 CPU_LATEST += ("mogrifier_speed.md", "gcnn_speed.md", "group_linear.md")
 FIGURES = {
     "gpu-goals": Figures(GPU_REPORTS, r"^(?!.* (at|step)$)(?!.* at [a-z0-9_ >-]+, \d groups$)(?!.* at transformer)"),
-    "gpu-translation": Figures(GPU_REPORTS + H200_RUNS, r"^transformer_define(, unique_tokens=False)? vs transformer"),
-    "gpu-token-paths": Figures(TOKEN_PATHS + ("train_speed-nvidia-h200-4k-tokens-fp16.md",), r" vs transformer$"),
+    "gpu-translation": Figures(
+        GPU_REPORTS + H200_RUNS + TOKEN_PATHS[:1] + FP16_RUN + TOKEN_PATHS[1:], r"^transformer_define vs transformer$"
+    ),
+    "gpu-token-paths": Figures(TOKEN_PATHS + FP16_RUN, r" vs transformer$"),
     "gpu-group-linear": Figures(GPU_REPORTS + ("group_linear-nvidia-h200-fp16.md",), r"at 1024 -> 2048, 4 groups$"),
     "cpu-latest": Figures(CPU_LATEST, r" vs ", targeted=True),
     "cpu-steps": Figures(CPU_LATEST[:5], r" (step|batch)$"),
     "gpu-steps": Figures(GPU_REPORTS, r" step$"),
+    "lstm-lm": Figures(
+        ("lstm_lm_speed-tcmalloc.md",) + GPU_REPORTS,
+        r"^(R3|lstm_lm_define .*vs|its 3 LSTM layers alone.* vs )|^lstm_lm_(adaptive_wt103|define_wt103_n3) step$",
+    ),
 }
 
 
@@ -146,15 +153,20 @@ def figures_table(spec: Figures, page: Path) -> str:
             target = "-" if r["target"] is None else show_target(r["target"], r["unit"], r["at_most"])
             met = "-" if r["met"] is None else "yes" if r["met"] else "**no**"
             revision = r["revision"] or "revision not recorded"
-            rows.append((r["what"], value, target, met, link, f"{r['machine']}, {r['precision']}", revision))
+            tokens = re.search(r"([\d,]+) target tokens", r["batch"] or "")
+            batch = f"{int(tokens.group(1).replace(',', '')):,} target tokens" if tokens else ""
+            rows.append((r["what"], batch, value, target, met, link, f"{r['machine']}, {r['precision']}", revision))
     if not rows:
         raise ValueError(f"no record of {', '.join(spec.reports)} matches {spec.pattern!r}")
+    header = ["figure", "batch", "measured", "target", "met", "report", "machine, precision", "revision"]
+    if not any(row[1] for row in rows):  # a batch column only where a report names its batch's tokens
+        header, rows = header[:1] + header[2:], [row[:1] + row[2:] for row in rows]
     note = (
         f"Rendered from the records beside each report (`python -m benchmarks.records`); ratios: {RATIO_METHOD} "
         "unless the figure says otherwise; targets from [targets.py]"
         f"({os.path.relpath(ROOT / 'benchmarks' / 'targets.py', page.parent)}) where the figure is a goal's.\n\n"
     )
-    return note + table(("figure", "measured", "target", "met", "report", "machine, precision", "revision"), rows)
+    return note + table(header, rows)
 
 
 RENDERERS = {

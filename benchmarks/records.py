@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from benchmarks.targets import ABSOLUTE_METHOD, GOALS, RATIO_METHOD, goal_of
+from benchmarks.targets import ABSOLUTE_METHOD, GOALS, RATIO_METHOD, define_train_goal, goal_of
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # reports that are not speed figures of a benchmark run, or whose .json their benchmark writes in its own form
@@ -133,29 +133,36 @@ def check_record(match, benchmark: str, context: dict) -> dict:
 def table_records(text: str, benchmark: str, context: dict) -> List[dict]:
     """A record per row and figure of each table of models or shapes: its ``vs X (ratio of medians)``, ``X /
     GroupLinear`` (a ratio of medians too), ``step ms (median)``, ``batch ms (median)`` and ``X ms`` cells."""
-    out = []
+    out, goal = [], ""
+    tokens = re.search(r"(\d+) target tokens", context.get("batch") or "")
+    tokens = int(tokens.group(1)) if tokens and benchmark == "train_speed" else None
     for block in re.findall(r"((?:^\|.*\|\n)+)", text, re.M):
         lines = block.strip("\n").split("\n")
         cols = [c.strip() for c in lines[0].strip("|").split("|")]
-        if cols[0] not in ("model", "shape"):
+        if cols[0] not in ("model", "arch", "shape", "regime") or cols[0] == "regime" and cols[1] != "model":
             continue
+        keys = 2 if cols[0] == "regime" else 1  # a regime's rows name their model in the second column
+        regime = ""
         for line in lines[2:]:
             cells = [c.strip() for c in line.strip("|").split("|")]
-            row = cells[0].strip("`")
-            for col, cell in zip(cols[1:], cells[1:]):
+            regime = cells[0] or regime  # a regime's first row names it, the rows after leave it empty
+            row = cells[keys - 1].replace("`", "").strip("*") + (f", {regime}" if keys == 2 else "")
+            for col, cell in zip(cols[keys:], cells[keys:]):
                 vs, over = re.match(r"vs (.+) \(ratio of medians\)$", col), re.match(r"(\w+) / (\w+)$", col)
-                timed = re.match(r"(step|batch) ms \(median\)$", col) or re.match(r"(\w+) ms$", col)
-                if vs and cell.endswith("x") and row != vs.group(1):
+                timed = re.match(r"(step|batch) ms \(median\)$|ms per (batch) \(median\)$", col)
+                timed = timed or re.match(r"(\w+) ms$", col)
+                if vs and cell.endswith("x") and not row.split(",")[0].endswith(vs.group(1)):
                     what, unit, value = f"{row} vs {vs.group(1)}", "x", number(cell[:-1])
+                    goal = define_train_goal(tokens) if what == "transformer_define vs transformer" else ""
                 elif over and cell.endswith("x"):
                     what, unit, value = f"{over.group(2)} vs {over.group(1)} at {row}", "x", number(cell[:-1])
-                elif timed and cols[0] == "model":
-                    what, unit, value = f"{row} {timed.group(1)}", "ms", number(cell)
+                elif timed and cols[0] != "shape":
+                    what, unit, value = f"{row} {timed.group(1) or timed.group(2)}", "ms", number(cell)
                 elif timed:
                     what, unit, value = f"{timed.group(1)} at {row}", "ms", number(cell)
                 else:
                     continue
-                out.append(record(benchmark, what, value, unit, **context, goal=""))
+                out.append(record(benchmark, what, value, unit, **context, goal=goal if unit == "x" else ""))
     return out
 
 
@@ -184,7 +191,8 @@ def from_report(md: Path) -> List[dict]:
         records = summary_records(text, context)
         for section in text.split("\n## ")[1:]:
             name = re.search(r"^- Command: `[^`]*benchmarks\.(\w+)", section, re.M)
-            records += table_records(section, name.group(1), context) if name else []
+            batch = header(section)["batch"]
+            records += table_records(section, name.group(1), dict(context, batch=batch)) if name else []
         return records
     benchmark = re.sub(r"(-tcmalloc.*|-nvidia.*)$", "", md.stem)
     records = table_records(text, benchmark, context)

@@ -53,6 +53,13 @@ GOALS = {
 }
 
 
+def define_train_goal(tokens) -> str:
+    """The translation training goal that a batch of about ``tokens`` target tokens measures, or ""."""
+    if tokens is None:
+        return ""
+    return "define_train_4k" if 3000 <= tokens <= 5000 else "define_train_26k" if 20000 <= tokens <= 32000 else ""
+
+
 def target(key: str, cuda: bool, default: float) -> float:
     """Goal ``key``'s target on the device (``default`` where ``key`` is empty or not a goal on that device)."""
     goal = GOALS.get(key)

@@ -18,6 +18,7 @@ import shlex
 import torch
 
 from benchmarks.common import Bench, Check, millions, options, ratio, run_main, table
+from benchmarks.targets import define_train_goal as goal_key
 from benchmarks.workloads import build_model, count_params, zipf_tokens
 from define_fairseq.modules.define_embedding import TOKEN_PATHS
 
@@ -26,13 +27,6 @@ BASELINE, DEFINE = "transformer", "transformer_define"
 
 def variant(path: str) -> str:
     return f"{DEFINE}, token_path={path}"
-
-
-def goal_key(tokens) -> str:
-    """The goal that a batch of about ``tokens`` target tokens measures (``benchmarks/targets.py``), or ""."""
-    if tokens is None:
-        return ""
-    return "define_train_4k" if 3000 <= tokens <= 5000 else "define_train_26k" if 20000 <= tokens <= 32000 else ""
 
 
 def translation_models(layers: int, vocab: int = 32000, define_args=()):
