@@ -26,7 +26,7 @@ from benchmarks.targets import ABSOLUTE_METHOD, GOALS, RATIO_METHOD, define_trai
 RESULTS = Path(__file__).resolve().parent / "results"
 # reports that are not speed figures of a benchmark run, or whose .json their benchmark writes in its own form
 NOT_RECORDS = {"data_parallel.md", "launch_count.md", "translation-corpora.md"}
-PER_ROUND = "median of per-round ratios (as the report states it; not recomputed as a ratio of medians)"
+PER_ROUND = "median of per-round ratios (the report gives no ratio of medians for this figure)"
 FIELDS = ("benchmark", "what", "value", "unit", "target", "at_most", "goal", "met", "ratio_method", "report_target")
 FIELDS += ("revision", "machine", "precision", "batch", "command", "report", "origin")
 # ``origin``: "run" for the records a benchmark wrote as it ran, "report" for those read back from its Markdown
@@ -111,9 +111,9 @@ def check_record(match, benchmark: str, context: dict) -> dict:
     what, paren = match.group("what"), match.group("paren") or ""
     qual = match.group("qual").strip()
     bound = re.search(r"target (>=|<=) ([\d.,]+)", paren) or re.search(r"(>=|<=) ([\d.,]+)x", what)
-    method = None
-    if "ratio of median" not in paren and "per-round" in paren:
-        method = PER_ROUND
+    # "(median of per-round ratios 1.33x)" gives a second estimate beside a ratio of medians; without a number the
+    # figure itself is the median of per-round ratios
+    method = PER_ROUND if re.fullmatch(r"median of per-round ratios", paren.strip()) else None
     value = match.group("over") or match.group("value")  # older reports: "what: dense/GroupLinear = 2.80"
     value = None if value == "n/a" else float(value.replace(",", ""))
     unit = "x" if match.group("unit") in ("x", "×", None) else match.group("unit")

@@ -22,7 +22,8 @@ REPORT = """# Training speed: transformer_define vs transformer
 ## Targets
 
 - FAIL: GroupLinear vs dense at 1024 -> 2048, g=4, 8192 tokens: 0.51x (target >= 2.5x)
-- PASS: ours evaluation tokens/s >= 1.3x theirs: 1.33x (median of per-round ratios 1.33x)
+- PASS: ours evaluation tokens/s >= 1.3x theirs: 1.31x (median of per-round ratios 1.33x)
+- PASS: ours folded vs theirs: 1.29x (median of per-round ratios)
 """
 
 
@@ -47,8 +48,9 @@ def test_a_report_is_read_into_records(tmp_path):
     dense = rows["GroupLinear vs dense at 1024 -> 2048, g=4, 8192 tokens"]
     assert (dense["goal"], dense["target"], dense["report_target"]) == ("group_linear_dense", GOALS[
         "group_linear_dense"].gpu, 2.5)  # fmt: skip
-    per_round = rows["ours evaluation tokens/s vs theirs"]  # the target moves out of the text into its field
-    assert per_round["ratio_method"] == records.PER_ROUND and per_round["target"] == 1.3
+    second = rows["ours evaluation tokens/s vs theirs"]  # the target moves out of the text into its field
+    assert (second["value"], second["ratio_method"], second["target"]) == (1.31, RATIO_METHOD, 1.3)
+    assert rows["ours folded vs theirs"]["ratio_method"] == records.PER_ROUND  # the report's only estimate
 
 
 def test_a_revision_in_the_header_is_kept(tmp_path):
