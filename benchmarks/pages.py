@@ -131,7 +131,6 @@ FIGURES = {
     "gpu-group-linear": Figures(GPU_REPORTS + ("group_linear-nvidia-h200-fp16.md",), r"at 1024 -> 2048, 4 groups$"),
     "cpu-latest": Figures(CPU_LATEST, r" vs ", targeted=True),
     "cpu-steps": Figures(CPU_LATEST[:5], r" (step|batch)$"),
-    "gpu-steps": Figures(GPU_REPORTS, r" step$"),
     "gcnn": Figures(("gcnn_speed.md",) + GPU_REPORTS, r"^gcnn_lm_14 (tokens/s )?vs fconv", targeted=True),
     "mogrifier": Figures(("mogrifier_speed.md",) + GPU_REPORTS, r"MogrifierLSTM|mogrifier_lstm_lm_ptb", targeted=True),
     "txl": Figures(

@@ -54,3 +54,8 @@ def test_a_missing_data_file_is_named(tmp_path):
 def test_every_goal_has_a_row():
     table = pages.targets_table()
     assert all(f"| `{key}` |" in table for key in pages.GOALS)
+
+
+def test_every_table_is_rendered_on_some_page():
+    used = {m.group("name") for page in pages.pages() for m in pages.BLOCK.finditer(page.read_text())}
+    assert set(pages.RENDERERS) <= used
