@@ -153,9 +153,10 @@ def table_records(text: str, benchmark: str, context: dict) -> List[dict]:
                 timed = timed or re.match(r"(\w+) ms$", col)
                 if vs and cell.endswith("x") and not row.split(",")[0].endswith(vs.group(1)):
                     what, unit, value = f"{row} vs {vs.group(1)}", "x", number(cell[:-1])
-                    goal = define_train_goal(tokens) if what == "transformer_define vs transformer" else ""
+                    goal = define_train_goal(tokens) if what == "transformer_define vs transformer" else None
                 elif over and cell.endswith("x"):
                     what, unit, value = f"{over.group(2)} vs {over.group(1)} at {row}", "x", number(cell[:-1])
+                    goal = None  # a goal's pattern finds its figure
                 elif timed and cols[0] != "shape":
                     what, unit, value = f"{row} {timed.group(1) or timed.group(2)}", "ms", number(cell)
                 elif timed:
