@@ -17,8 +17,9 @@ USER_DIR = str(REPO / "define_fairseq")
 BIN = Path(sys.executable).parent
 # the shared test modules, importable by their bare names (pytest.ini's pythonpath)
 HELPERS = Path(__file__).resolve().parent / "helpers"
-# the recipe tests' fixtures (a served mirror of each corpus, and the data its prepare.sh makes of it)
-pytest_plugins = ["lm_recipe", "wmt14_recipe"]
+# the recipe tests' fixtures (a served mirror of each corpus, and the data its prepare.sh makes of it), and the
+# Triton kernels interpreted for the tests that run them on the CPU
+pytest_plugins = ["lm_recipe", "wmt14_recipe", "triton_interpreter"]
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -141,46 +142,46 @@ def make_words(count, seed=0):
 def translation_data(tmp_path_factory) -> Path:
     raw = tmp_path_factory.mktemp("raw")
     write_tiny_corpus(raw)
-    dest = tmp_path_factory.mktemp("data-bin")
-    run_cli(
-        "fairseq-preprocess",
-        "--source-lang",
-        "en",
-        "--target-lang",
-        "de",
-        "--trainpref",
-        raw / "train",
-        "--validpref",
-        raw / "valid",
-        "--testpref",
-        raw / "test",
-        "--destdir",
-        dest,
-        "--joined-dictionary",
-        "--workers",
-        "1",
+    flags = ("--source-lang", "en", "--target-lang", "de", "--joined-dictionary")
+    return binarize(raw, "", tmp_path_factory.mktemp("data-bin"), *flags)
+
+
+# What every fairseq-train run of the tests shares: the CPU, batches loaded in the main process, plain logs, seed 1.
+RUN_FLAGS = ["--cpu", "--num-workers", "0", "--no-progress-bar", "--log-format", "simple", "--seed", "1"]
+ADAM = ["--optimizer", "adam", "--lr", "0.005"]
+# the translation runs: Adam, batches of 400 tokens, no dropout
+TRAIN_FLAGS = [*ADAM, "--max-tokens", "400", *RUN_FLAGS, "--dropout", "0.0"]
+
+
+def plugin_args(data, arch, *flags, task=None):
+    """fairseq's arguments for the plugin's ``arch`` on ``data`` (``arch`` None: ``flags`` name it), with ``--task
+    task`` where given, then ``flags``."""
+    named = (["--task", task] if task else []) + (["--arch", arch] if arch else [])
+    return [str(arg) for arg in (data, "--user-dir", USER_DIR, *named, *flags)]
+
+
+def setup_model(data, arch, *flags, task="language_modeling"):
+    """``(cfg, task, model)`` of ``arch`` on ``data`` as fairseq-train builds them on the CPU, without training;
+    ``flags`` come last."""
+    from define_fairseq.tools.params import setup_from_train_args
+
+    return setup_from_train_args(
+        plugin_args(data, arch, "--optimizer", "adam", "--lr", "0.001", "--cpu", *flags, task=task)
     )
+
+
+def fairseq_train(data, save_dir, arch, *flags, task=None, check=True):
+    """fairseq-train of the plugin's ``arch`` on ``data`` into ``save_dir`` with ``RUN_FLAGS``, then ``flags``."""
+    return run_cli(
+        "fairseq-train", *plugin_args(data, arch, *RUN_FLAGS, *flags, task=task), "--save-dir", save_dir, check=check
+    )
+
+
+def binarize(raw: Path, suffix: str, dest: Path, *flags, splits=("train", "valid", "test")):
+    """fairseq-preprocess of the ``splits`` of ``raw`` (the files ``{split}{suffix}``) into ``dest``."""
+    prefixes = [arg for split in splits for arg in (f"--{split}pref", f"{raw / split}{suffix}")]
+    run_cli("fairseq-preprocess", *flags, *prefixes, "--destdir", dest, "--workers", "1")
     return dest
-
-
-TRAIN_FLAGS = [
-    "--optimizer",
-    "adam",
-    "--lr",
-    "0.005",
-    "--max-tokens",
-    "400",
-    "--cpu",
-    "--num-workers",
-    "0",
-    "--no-progress-bar",
-    "--log-format",
-    "simple",
-    "--seed",
-    "1",
-    "--dropout",
-    "0.0",
-]
 
 
 def write_tiny_lm_corpus(directory: Path, seed: int = 0, vocab: int = 60):
@@ -205,19 +206,4 @@ def lm_data(tmp_path_factory) -> Path:
     """A binarized toy LM corpus (``fairseq-preprocess --only-source``): train/valid/test, ~64 symbols."""
     raw = tmp_path_factory.mktemp("lm-raw")
     write_tiny_lm_corpus(raw)
-    dest = tmp_path_factory.mktemp("lm-data-bin")
-    run_cli(
-        "fairseq-preprocess",
-        "--only-source",
-        "--trainpref",
-        raw / "train.txt",
-        "--validpref",
-        raw / "valid.txt",
-        "--testpref",
-        raw / "test.txt",
-        "--destdir",
-        dest,
-        "--workers",
-        "1",
-    )
-    return dest
+    return binarize(raw, ".txt", tmp_path_factory.mktemp("lm-data-bin"), "--only-source")

@@ -6,11 +6,12 @@ of softmaxes, Char2Subword) and shrink only its sizes. ``family(arch)`` is the r
 ``FAMILIES`` names one representative arch per family, the one with the most of the family's structure.
 
 The other tests that train or build these models take their tiny flags from here too (``TRANSLATION`` is the
-tests' small transformer_define; ``GCNN_TINY`` and ``TXL_TINY`` are the gcnn_lm and transformer_xl_lm sizes without
-their cases' criterion and memory flags): the suite has one source of tiny configurations.
+tests' small transformer_define; ``GCNN_TINY``, ``TXL_TINY`` and ``C2S_TINY`` are the gcnn_lm, transformer_xl_lm
+and Char2Subword sizes without their cases' criterion, memory and noise flags): the suite has one source of tiny
+configurations.
 """
 
-from conftest import USER_DIR
+from conftest import RUN_FLAGS, plugin_args
 
 LM_ADAPTIVE = ["--adaptive-input-cutoff", "10,30", "--adaptive-softmax-cutoff", "10,30"]
 ADAPTIVE_LOSS = ["--criterion", "adaptive_loss", "--ddp-backend", "legacy_ddp"]
@@ -19,87 +20,27 @@ AWD = ["--decoder-embed-dim", "24", "--decoder-hidden-size", "32"]
 AWD_DEFINE = AWD + ["--define-n", "16", "--define-k", "32"]
 GCNN_TINY = ["--decoder-embed-dim", "16", "--gcnn-layers", "[(16, 3)] * 2 + [[(8, 1), (8, 3), (24, 1)]]"]
 GCNN = [*GCNN_TINY, "--adaptive-softmax-cutoff", "20,40", *ADAPTIVE_LOSS]
-TRANSFORMER_LM = [
-    "--decoder-layers",
-    "1",
-    "--decoder-embed-dim",
-    "32",
-    "--decoder-ffn-embed-dim",
-    "64",
-    "--decoder-attention-heads",
-    "2",
-    "--define-n",
-    "16",
-    "--define-k",
-    "64",
-    "--tokens-per-sample",
-    "16",
-]
+TRANSFORMER_LM = ["--decoder-layers", "1", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64"]
+TRANSFORMER_LM += ["--decoder-attention-heads", "2", "--define-n", "16", "--define-k", "64"]
+TRANSFORMER_LM += ["--tokens-per-sample", "16"]
 MOGRIFIER = ["--mogrifier-hidden-size", "16", "--mogrifier-embed-dim", "8", "--mogrifier-rank", "4"]
 # a 1+1-layer Transformer of width 32, and with a small DeFINE unit the small transformer_define; arch-specific
 # defaults are checked separately
-TRANSFORMER = [
-    "--encoder-layers",
-    "1",
-    "--decoder-layers",
-    "1",
-    "--encoder-embed-dim",
-    "32",
-    "--decoder-embed-dim",
-    "32",
-    "--encoder-ffn-embed-dim",
-    "64",
-    "--decoder-ffn-embed-dim",
-    "64",
-    "--encoder-attention-heads",
-    "2",
-    "--decoder-attention-heads",
-    "2",
-]
+TRANSFORMER = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32"]
+TRANSFORMER += ["--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64"]
+TRANSFORMER += ["--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
 DEFINE_SMALL = ["--define-n", "16", "--define-k", "64"]
 TRANSLATION = TRANSFORMER + DEFINE_SMALL
-C2S = TRANSLATION + [
-    "--c2s-char-dim",
-    "16",
-    "--c2s-ffn-dim",
-    "32",
-    "--c2s-heads",
-    "2",
-    "--c2s-max-chars",
-    "12",
-    "--c2s-noise-rate",
-    "0.1",
-]
+C2S_TINY = ["--c2s-char-dim", "16", "--c2s-ffn-dim", "32", "--c2s-heads", "2", "--c2s-max-chars", "12"]
+C2S = [*TRANSLATION, *C2S_TINY, "--c2s-noise-rate", "0.1"]
 
 LM, MT, MT_C2S = "language_modeling", "translation", "translation_c2s"
 REGULARIZED = ["--criterion", "lm_regularized_loss"]
 MOGRIFIER_LSTM = MOGRIFIER[:4]  # the plain LSTM baselines: no --mogrifier-rank
-TXL_TINY = [
-    "--decoder-layers",
-    "2",
-    "--decoder-embed-dim",
-    "16",
-    "--decoder-attention-heads",
-    "2",
-    "--txl-head-dim",
-    "6",
-    "--decoder-ffn-embed-dim",
-    "24",
-    "--adaptive-softmax-cutoff",
-    "20,40",
-    "--define-n",
-    "8",
-    "--define-k",
-    "32",
-]
-TRANSFORMER_XL = [
-    *TXL_TINY,
-    "--txl-mem-len",
-    "8",
-    *REGULARIZED,
-    "--ddp-backend",
-    "legacy_ddp",
-]
+TXL_TINY = ["--decoder-layers", "2", "--decoder-embed-dim", "16", "--decoder-attention-heads", "2"]
+TXL_TINY += ["--txl-head-dim", "6", "--decoder-ffn-embed-dim", "24", "--adaptive-softmax-cutoff", "20,40"]
+TXL_TINY += ["--define-n", "8", "--define-k", "32"]
+TRANSFORMER_XL = [*TXL_TINY, "--txl-mem-len", "8", *REGULARIZED, "--ddp-backend", "legacy_ddp"]
 TXL_ARCHS = [
     "transformer_xl_lm",
     "transformer_xl_wt103",
@@ -150,77 +91,30 @@ FAMILIES = {
 # the families whose state (LSTM state, Transformer-XL memory) --task stateful_lm carries from batch to batch
 STATEFUL = {"awd_lstm_lm", "lstm_lm_define", "mogrifier_lstm_lm", "transformer_xl_lm"}
 
+
+def zeros(*flags):
+    """``flag 0`` for each of ``flags``."""
+    return [arg for flag in flags for arg in (flag, "0")]
+
+
 # family -> the flags that turn off every dropout of its models (--c2s-noise-rate is no dropout: it noises the
 # batches on the CPU)
+AWD_DROPOUTS = ["--dropout", "--awd-input-dropout", "--awd-hidden-dropout", "--awd-output-dropout"]
+AWD_DROPOUTS += ["--awd-embed-dropout", "--awd-weight-drop", "--define-dropout"]
+MOGRIFIER_DROPOUTS = ["--mogrifier-input-dropout", "--mogrifier-inter-layer-dropout", "--mogrifier-state-dropout"]
+MOGRIFIER_DROPOUTS += ["--mogrifier-output-dropout", "--mogrifier-projection-dropout"]
+MOGRIFIER_DROPOUTS += ["--mogrifier-drop-state-probability", "--define-dropout"]
+TRANSFORMER_DROPOUTS = ["--dropout", "--attention-dropout", "--activation-dropout", "--define-dropout"]
 NO_DROPOUT = {
-    "awd_lstm_lm": [
-        "--dropout",
-        "0",
-        "--awd-input-dropout",
-        "0",
-        "--awd-hidden-dropout",
-        "0",
-        "--awd-output-dropout",
-        "0",
-        "--awd-embed-dropout",
-        "0",
-        "--awd-weight-drop",
-        "0",
-        "--define-dropout",
-        "0",
-    ],
-    "gcnn_lm": ["--dropout", "0", "--adaptive-softmax-dropout", "0"],
-    "mogrifier_lstm_lm": [
-        "--mogrifier-input-dropout",
-        "0",
-        "--mogrifier-inter-layer-dropout",
-        "0",
-        "--mogrifier-state-dropout",
-        "0",
-        "--mogrifier-output-dropout",
-        "0",
-        "--mogrifier-projection-dropout",
-        "0",
-        "--mogrifier-drop-state-probability",
-        "0",
-        "--define-dropout",
-        "0",
-    ],
-    "transformer_lm_define": [
-        "--dropout",
-        "0",
-        "--attention-dropout",
-        "0",
-        "--activation-dropout",
-        "0",
-        "--adaptive-softmax-dropout",
-        "0",
-        "--define-dropout",
-        "0",
-    ],
-    "transformer_define": [
-        "--dropout",
-        "0",
-        "--attention-dropout",
-        "0",
-        "--activation-dropout",
-        "0",
-        "--define-dropout",
-        "0",
-    ],
-    "transformer_xl_lm": [
-        "--dropout",
-        "0",
-        "--attention-dropout",
-        "0",
-        "--adaptive-softmax-dropout",
-        "0",
-        "--define-dropout",
-        "0",
-    ],
+    "awd_lstm_lm": zeros(*AWD_DROPOUTS),
+    "lstm_lm_define": zeros(*AWD_DROPOUTS, "--adaptive-softmax-dropout"),
+    "gcnn_lm": zeros("--dropout", "--adaptive-softmax-dropout"),
+    "mogrifier_lstm_lm": zeros(*MOGRIFIER_DROPOUTS),
+    "transformer_lm_define": zeros(*TRANSFORMER_DROPOUTS, "--adaptive-softmax-dropout"),
+    "transformer_define": zeros(*TRANSFORMER_DROPOUTS),
+    "transformer_c2s": zeros(*TRANSFORMER_DROPOUTS, "--c2s-dropout"),
+    "transformer_xl_lm": zeros("--dropout", "--attention-dropout", "--adaptive-softmax-dropout", "--define-dropout"),
 }
-NO_DROPOUT["lstm_lm_define"] = NO_DROPOUT["awd_lstm_lm"] + ["--adaptive-softmax-dropout", "0"]
-NO_DROPOUT["transformer_c2s"] = NO_DROPOUT["transformer_define"] + ["--c2s-dropout", "0"]
 
 # family -> the flags that give its case one layer more in every stack the plugin runs (a DeFINE unit's depth is
 # separate). Not in a translation encoder's Transformer layers: fairseq's TransformerEncoder reads a tensor
@@ -261,7 +155,7 @@ def case_argv(data, arch: str, *flags: str, stateful: bool = False):
         task, case_flags = "stateful_lm", [*case_flags, "--batch-size", "4", "--tokens-per-sample", "16"]
     elif task == LM and "--tokens-per-sample" not in case_flags:
         case_flags = [*case_flags, "--tokens-per-sample", "32"]
-    return [str(data), "--user-dir", USER_DIR, "--task", task, "--arch", arch, *case_flags, *flags]
+    return plugin_args(data, arch, *case_flags, *flags, task=task)
 
 
 def build_case(data, arch: str, *flags: str, dropout: bool = True, optimizer=("adam", "0.001")):
@@ -285,11 +179,7 @@ def build_case(data, arch: str, *flags: str, dropout: bool = True, optimizer=("a
             name,
             "--lr",
             str(lr),
-            "--seed",
-            "1",
-            "--cpu",
-            "--num-workers",
-            "0",
+            *RUN_FLAGS,
             *flags,
             stateful=stateful,
         )

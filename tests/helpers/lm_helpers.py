@@ -1,13 +1,14 @@
-"""What the language-model tests share: random token batches, full log-probabilities, loading a checkpoint as
-fairseq's programs do, a recurrent LM saved and loaded with its carried state, a binarized split as one stream,
-fairseq-eval-lm's loss and perplexity, fairseq-generate's hypotheses, and the checks of incremental decoding, beam
-search and fairseq-generate against the full pass."""
+"""What the language-model tests share: random token batches, full log-probabilities, a checkpoint trained by
+fairseq-train and loading it as fairseq's programs do, a recurrent LM saved and loaded with its carried state, a
+binarized split as one stream and its NLL scored in process, fairseq-eval-lm's loss and perplexity,
+fairseq-generate's hypotheses, and the checks of incremental decoding, beam search and fairseq-generate against the
+full pass."""
 
 import math
 import re
 
 import torch
-from conftest import USER_DIR, run_cli
+from conftest import USER_DIR, fairseq_train, run_cli
 
 
 def tokens_batch(vocab: int, batch: int = 3, length: int = 9, seed: int = 0, bos: bool = True) -> torch.Tensor:
@@ -52,12 +53,36 @@ def saved_and_loaded(cfg, task, model, path) -> tuple:
     return loaded, tokens
 
 
+def trained_checkpoint(data, save_dir, arch, *flags, task="language_modeling", updates=3):
+    """``checkpoint_last.pt`` of a fairseq-train run of ``arch`` for ``updates`` updates (``conftest.fairseq_train``;
+    the checkpoint without the optimizer state) whose last validation loss is finite."""
+    proc = fairseq_train(data, save_dir, arch, *flags, "--max-update", updates, "--no-save-optimizer-state", task=task)
+    assert math.isfinite(last_float(r"valid on 'valid' subset \| loss ([\d.]+)", proc.stdout + proc.stderr))
+    return save_dir / "checkpoint_last.pt"
+
+
 def split_stream(data, dictionary, split: str = "test") -> torch.Tensor:
     """The split's tokens as one stream (every line ends in EOS), as read from the binarized files."""
     from fairseq.data import data_utils
 
     dataset = data_utils.load_indexed_dataset(str(data / split), dictionary)
     return torch.cat([dataset[i] for i in range(len(dataset))]).long()
+
+
+def split_nll_bits(model, data, dictionary, block=None, carry=False) -> float:
+    """Mean NLL (bits per token) of the test split scored in process as fairseq-eval-lm scores it: the split as one
+    stream (its inputs shifted right, EOS first) in blocks of ``block`` tokens (``None``: one block), each from a
+    fresh start, or with ``carry`` the state carried from one block to the next."""
+    stream = split_stream(data, dictionary)
+    inputs = torch.cat([stream.new_tensor([dictionary.eos()]), stream[:-1]])
+    block = block or len(stream)
+    nll = 0.0
+    for start in range(0, len(stream), block):
+        kwargs = {"reset_state": start == 0} if carry else {}
+        target = stream[None, start : start + block]
+        lp = log_probs(model, inputs[None, start : start + block], **kwargs)
+        nll -= lp.gather(-1, target[..., None]).sum().item()
+    return nll / len(stream) / math.log(2)
 
 
 def last_float(pattern: str, text: str) -> float:

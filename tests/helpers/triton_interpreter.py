@@ -7,6 +7,7 @@ import contextlib
 import importlib
 import os
 
+import pytest
 import torch
 
 MODULES = ("define_fairseq.modules.mogrifier_triton", "define_fairseq.modules.mogrifier_fused")
@@ -35,10 +36,10 @@ def import_interpreted():
     return modules
 
 
-@contextlib.contextmanager
-def interpreted_kernels():
-    """The kernels interpreted while inside (a module-scoped fixture of each test file that runs them), compiled
-    again after when a CUDA device is there."""
+@pytest.fixture(scope="module")
+def kernels_interpreted():
+    """The kernels interpreted in a test file that marks itself with ``pytest.mark.usefixtures`` of this fixture,
+    compiled again after it when a CUDA device is there."""
     import_interpreted()
     yield
     if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":

@@ -1,15 +1,15 @@
 """awd_lstm_lm and awd_lstm_lm_define: PTB parameter counts, AWD-LSTM regularisation, lm_regularized_loss (also with
 an adaptive softmax), CLIs."""
 
-import copy
 import math
 import re
 
+import lm_helpers as lm
 import pytest
 import torch
 from arch_cases import AWD as TINY_AWD, AWD_DEFINE as TINY_AWD_DEFINE, LM_ADAPTIVE as ADAPTIVE, LSTM as LSTM_TINY
-from lm_helpers import check_beam_search_scores, eval_lm, load, log_probs, split_stream, tokens_batch
-from test_lstm_lm import lstm_params, mean_nll_base2, parsed_model, train
+from conftest import ADAM, setup_model
+from test_lstm_lm import BATCHES, lstm_params
 
 import define_fairseq  # noqa: F401  (registers the models, tasks and criteria)
 from define_fairseq.criterions.lm_regularized_loss import LMRegularizedLoss
@@ -28,7 +28,7 @@ def ptb_dictionary_dir(tmp_path_factory):
 
 
 def test_awd_lstm_parameter_count(ptb_dictionary_dir):
-    _, task, model = parsed_model(ptb_dictionary_dir, "awd_lstm_lm")
+    _, task, model = setup_model(ptb_dictionary_dir, "awd_lstm_lm")
     vocab = len(task.target_dictionary)
     assert vocab == PTB_VOCAB
     # tied 10K x 400 embedding and softmax (with its bias), LSTM 400 -> 1150 -> 1150 -> 400
@@ -38,7 +38,7 @@ def test_awd_lstm_parameter_count(ptb_dictionary_dir):
 
 
 def test_awd_lstm_define_parameter_count(ptb_dictionary_dir):
-    _, task, model = parsed_model(ptb_dictionary_dir, "awd_lstm_lm_define")
+    _, task, model = setup_model(ptb_dictionary_dir, "awd_lstm_lm_define")
     vocab = len(task.target_dictionary)
     counts = parameter_breakdown(model)
     define = sum(p.numel() for p in model.decoder.embed_tokens.define.parameters())
@@ -52,7 +52,7 @@ def test_awd_lstm_define_parameter_count(ptb_dictionary_dir):
 
 
 def test_arch_defaults(lm_data):
-    _, _, model = parsed_model(lm_data, "awd_lstm_lm")
+    _, _, model = setup_model(lm_data, "awd_lstm_lm")
     decoder = model.decoder
     assert isinstance(decoder.embed_tokens, torch.nn.Embedding) and decoder.embed_tokens.embedding_dim == 400
     assert decoder.lstm.layer_sizes == [1150, 1150, 400]
@@ -61,7 +61,7 @@ def test_arch_defaults(lm_data):
     assert (decoder.embed_dropout, decoder.ar_alpha, decoder.tar_beta) == (0.1, 2.0, 1.0)
     assert decoder.output_projection.weight is decoder.embed_tokens.weight and decoder.project_out_dim is None
 
-    _, _, model = parsed_model(lm_data, "awd_lstm_lm_define")
+    _, _, model = setup_model(lm_data, "awd_lstm_lm_define")
     decoder = model.decoder
     embed = decoder.embed_tokens
     assert isinstance(embed, DeFINEEmbedding) and embed.weight.shape[1] == 128 and embed.embedding_dim == 400
@@ -70,7 +70,7 @@ def test_arch_defaults(lm_data):
     assert decoder.output_projection.weight is embed.weight and decoder.project_out_dim is None
     assert [layer.weight_drop for layer in decoder.lstm.layers] == [0.5, 0.5, 0.5]
 
-    _, _, untied = parsed_model(lm_data, "awd_lstm_lm", *TINY_AWD, "--awd-untie-output")
+    _, _, untied = setup_model(lm_data, "awd_lstm_lm", *TINY_AWD, "--awd-untie-output")
     assert untied.decoder.output_projection.weight is not untied.decoder.embed_tokens.weight
 
 
@@ -84,17 +84,17 @@ def test_arch_defaults(lm_data):
 )
 def test_bad_configurations_raise_clear_errors(lm_data, flags, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        parsed_model(lm_data, "awd_lstm_lm", *TINY_AWD, *flags)
+        setup_model(lm_data, "awd_lstm_lm", *TINY_AWD, *flags)
 
 
 @pytest.mark.parametrize("arch,flags", [("awd_lstm_lm", TINY_AWD), ("awd_lstm_lm_define", TINY_AWD_DEFINE)])
 def test_regularization_equals_a_plain_recomputation(lm_data, arch, flags):
     """AR + TAR = alpha * mean(dropped^2) + beta * mean(diff(raw)^2) of the last layer, in training only."""
-    _, task, model = parsed_model(lm_data, arch, *flags, "--awd-ar-alpha", "1.5", "--awd-tar-beta", "0.7")
+    _, task, model = setup_model(lm_data, arch, *flags, "--awd-ar-alpha", "1.5", "--awd-tar-beta", "0.7")
     decoder = model.decoder
     seen = {}
     decoder.lstm.register_forward_hook(lambda module, args, output: seen.__setitem__("raw", output[0]))
-    tokens = tokens_batch(len(task.target_dictionary), batch=4, length=11)
+    tokens = lm.tokens_batch(len(task.target_dictionary), batch=4, length=11)
     model.train()
     dropped, extra = model(tokens, features_only=True)  # the tied dimension is the last layer's: no projection
     raw = seen["raw"]
@@ -108,11 +108,11 @@ def test_regularization_equals_a_plain_recomputation(lm_data, arch, flags):
 
 
 def test_awd_regularizers_are_active_in_training_only(lm_data):
-    _, task, model = parsed_model(lm_data, "awd_lstm_lm", *TINY_AWD)
-    tokens = tokens_batch(len(task.target_dictionary))
+    _, task, model = setup_model(lm_data, "awd_lstm_lm", *TINY_AWD)
+    tokens = lm.tokens_batch(len(task.target_dictionary))
     model.eval()
-    reference = log_probs(model, tokens)
-    torch.testing.assert_close(log_probs(model, tokens), reference)
+    reference = lm.log_probs(model, tokens)
+    torch.testing.assert_close(lm.log_probs(model, tokens), reference)
     model.train()
     decoder = model.decoder
     decoder.input_dropout = decoder.output_dropout = decoder.lstm.hidden_dropout = decoder.embed_dropout = 0.0
@@ -128,14 +128,14 @@ def test_awd_regularizers_are_active_in_training_only(lm_data):
 
 
 def test_lm_regularized_loss_adds_the_penalty_per_token(lm_data):
-    cfg, task, model = parsed_model(
+    cfg, task, model = setup_model(
         lm_data, "awd_lstm_lm_define", *TINY_AWD_DEFINE, "--criterion", "lm_regularized_loss"
     )
     criterion = task.build_criterion(cfg.criterion)
     assert isinstance(criterion, LMRegularizedLoss)
     dictionary = task.target_dictionary
     pad = dictionary.pad()
-    tokens = tokens_batch(len(dictionary), length=10)
+    tokens = lm.tokens_batch(len(dictionary), length=10)
     target = torch.roll(tokens, -1, dims=1)
     target[2, -4:] = pad
     ntokens = int(target.ne(pad).sum())
@@ -168,14 +168,14 @@ def test_lm_regularized_loss_adds_the_penalty_per_token(lm_data):
 
 
 def test_lm_regularized_loss_with_adaptive_softmax_counts_every_target(lm_data):
-    cfg, task, model = parsed_model(
+    cfg, task, model = setup_model(
         lm_data, "lstm_lm_define_wt103_n3", *LSTM_TINY, *ADAPTIVE, "--criterion", "lm_regularized_loss"
     )
     criterion = task.build_criterion(cfg.criterion)
     model.eval()
     dictionary = task.target_dictionary
     pad = dictionary.pad()
-    tokens = tokens_batch(len(dictionary), length=10)
+    tokens = lm.tokens_batch(len(dictionary), length=10)
     target = torch.roll(tokens, -1, dims=1)
     target[0, 0] = 10 + pad  # the tail word whose index inside its cluster equals the padding index
     target[1, -3:] = pad
@@ -196,49 +196,25 @@ def test_lm_regularized_loss_with_adaptive_softmax_counts_every_target(lm_data):
 
 
 def test_generation_scores_equal_the_full_pass(lm_data):
-    _, task, model = parsed_model(lm_data, "awd_lstm_lm_define", *TINY_AWD_DEFINE)
-    check_beam_search_scores(model, task.target_dictionary, max_len_b=6, seed=2)
+    _, task, model = setup_model(lm_data, "awd_lstm_lm_define", *TINY_AWD_DEFINE)
+    lm.check_beam_search_scores(model, task.target_dictionary, max_len_b=6, seed=2)
 
 
 def test_train_and_eval_lm(lm_data, tmp_path):
-    checkpoint = train(
-        lm_data,
-        tmp_path,
-        "awd_lstm_lm",
-        *TINY_AWD,
-        "--criterion",
-        "lm_regularized_loss",
-        "--tokens-per-sample",
-        "32",
-        "--max-tokens",
-        "256",
-    )
-    loss, ppl = eval_lm(lm_data, checkpoint, "--tokens-per-sample", "32", "--max-tokens", "256")
+    flags = (*TINY_AWD, "--criterion", "lm_regularized_loss", *ADAM, *BATCHES)
+    checkpoint = lm.trained_checkpoint(lm_data, tmp_path, "awd_lstm_lm", *flags)
+    loss, ppl = lm.eval_lm(lm_data, checkpoint, *BATCHES)
     assert math.isfinite(loss) and ppl == pytest.approx(2**loss, rel=1e-3)
 
 
 def test_stateful_training_and_eval(lm_data, tmp_path):
     """AWD-LSTM's setting: --task stateful_lm (variable BPTT); eval-lm with one stream is one pass over the split."""
-    checkpoint = train(
-        lm_data,
-        tmp_path,
-        "awd_lstm_lm_define",
-        *TINY_AWD_DEFINE,
-        "--criterion",
-        "lm_regularized_loss",
-        "--batch-size",
-        "4",
-        "--tokens-per-sample",
-        "8",
-        "--variable-bptt",
-        task="stateful_lm",
-        updates=6,
-    )
-    loss, _ = eval_lm(lm_data, checkpoint, "--task", "stateful_lm", "--batch-size", "1", "--tokens-per-sample", "8")
-    model, task = load(checkpoint)
-    stream = split_stream(lm_data, task.target_dictionary)
-    inputs = torch.cat([stream.new_tensor([task.target_dictionary.eos()]), stream[:-1]])
-    assert loss == pytest.approx(mean_nll_base2(model, inputs[None], stream[None]), abs=2e-4)
+    flags = (*TINY_AWD_DEFINE, "--criterion", "lm_regularized_loss", *ADAM, "--variable-bptt")
+    flags += ("--batch-size", "4", "--tokens-per-sample", "8")
+    checkpoint = lm.trained_checkpoint(lm_data, tmp_path, "awd_lstm_lm_define", *flags, task="stateful_lm", updates=6)
+    loss, _ = lm.eval_lm(lm_data, checkpoint, "--task", "stateful_lm", "--batch-size", "1", "--tokens-per-sample", "8")
+    model, task = lm.load(checkpoint)
+    assert loss == pytest.approx(lm.split_nll_bits(model, lm_data, task.target_dictionary), abs=2e-4)
 
 
 # -- the AWD-LSTM flags were spelled --define-* before the first release -------------------------------------
@@ -246,51 +222,4 @@ def test_stateful_training_and_eval(lm_data, tmp_path):
 
 def test_the_old_spellings_are_not_flags(lm_data):
     with pytest.raises(SystemExit):
-        parsed_model(lm_data, "awd_lstm_lm", *TINY_AWD, "--define-weight-drop", "0.3")
-
-
-@pytest.mark.parametrize("arch, flags", [("awd_lstm_lm", TINY_AWD), ("lstm_lm_define", LSTM_TINY)])
-def test_a_configuration_with_an_old_spelling_is_refused_with_the_new_name(lm_data, arch, flags):
-    """A checkpoint written before the rename holds define_weight_drop etc.: its value is not passed over."""
-    from fairseq.models import ARCH_MODEL_REGISTRY
-    from omegaconf import OmegaConf
-
-    cfg, task, _ = parsed_model(lm_data, arch, *flags)
-    old = copy.deepcopy(cfg.model)
-    OmegaConf.set_struct(old, False)
-    default = old.pop("awd_weight_drop")  # a checkpoint written before the rename has the old field only
-    old.define_weight_drop = default  # what the new field would default to: read the same, so it builds
-    ARCH_MODEL_REGISTRY[arch].build_model(old, task)
-    old.define_weight_drop = 0.45
-    with pytest.raises(ValueError, match=re.escape("--define-weight-drop = 0.45, which is now --awd-weight-drop")):
-        ARCH_MODEL_REGISTRY[arch].build_model(old, task)
-    old.awd_weight_drop = 0.45  # a configuration that has the new field is read by it
-    ARCH_MODEL_REGISTRY[arch].build_model(old, task)
-
-
-@pytest.mark.parametrize(
-    "arch, flags, meant",
-    [
-        ("awd_lstm_lm", TINY_AWD, None),
-        ("awd_lstm_lm_define", TINY_AWD + ["--define-n", "16", "--define-k", "32"], "define"),
-        ("lstm_lm_define", LSTM_TINY, None),
-        ("lstm_lm_standard_wt103", LSTM_TINY, "table"),
-    ],
-)
-def test_a_configuration_from_before_input_layer_is_read_or_refused_by_its_define_depth(lm_data, arch, flags, meant):
-    """--define-depth 0 chose the table before --input-layer: a configuration without input_layer builds where its
-    depth means the family's default input layer, and is refused naming --input-layer where it does not."""
-    from fairseq.models import ARCH_MODEL_REGISTRY
-    from omegaconf import OmegaConf
-
-    cfg, task, model = parsed_model(lm_data, arch, *flags)
-    old = copy.deepcopy(cfg.model)
-    OmegaConf.set_struct(old, False)
-    kind = old.pop("input_layer")
-    old.define_depth = 0 if kind == "table" else old.define_depth
-    if meant is None:
-        rebuilt = ARCH_MODEL_REGISTRY[arch].build_model(old, task)
-        assert sum(p.numel() for p in rebuilt.parameters()) == sum(p.numel() for p in model.parameters())
-    else:
-        with pytest.raises(ValueError, match=re.escape(f"which is now --input-layer {meant}")):
-            ARCH_MODEL_REGISTRY[arch].build_model(old, task)
+        setup_model(lm_data, "awd_lstm_lm", *TINY_AWD, "--define-weight-drop", "0.3")

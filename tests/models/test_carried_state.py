@@ -9,50 +9,18 @@ import logging
 
 import pytest
 import torch
-from conftest import USER_DIR, needs_fairseq_eos_blocks, run_cli
+from arch_cases import CASES
+from conftest import ADAM, fairseq_train, needs_fairseq_eos_blocks, setup_model
 from lm_helpers import check_generate_continues_a_prefix, eval_lm, load, log_probs, tokens_batch
 
 from define_fairseq.models.carried_state import CarriedState
 
-LSTM = [
-    "--arch",
-    "lstm_lm_define",
-    "--define-n",
-    "16",
-    "--define-k",
-    "32",
-    "--decoder-embed-dim",
-    "24",
-    "--decoder-hidden-size",
-    "24",
-    "--decoder-layers",
-    "2",
-    "--criterion",
-    "cross_entropy",
-]
+LSTM = CASES["lstm_lm_define"][1]
 KEY = "decoder.carried_state._extra_state"
 
 
 def build(data):
-    from define_fairseq.tools.params import setup_from_train_args
-
-    return setup_from_train_args(
-        [
-            str(data),
-            "--user-dir",
-            USER_DIR,
-            "--task",
-            "stateful_lm",
-            *LSTM,
-            "--batch-size",
-            "3",
-            "--optimizer",
-            "adam",
-            "--lr",
-            "0.001",
-            "--cpu",
-        ]
-    )[2]
+    return setup_model(data, "lstm_lm_define", *LSTM, "--batch-size", "3", task="stateful_lm")[2]
 
 
 def saved_and_read(state, path):
@@ -150,39 +118,9 @@ def test_the_earlier_format_of_one_ranks_state_still_loads():
 def stateful_checkpoints(lm_data, tmp_path_factory):
     """Update checkpoints after 2 and 4 updates of a stateful lstm_lm_define run, both inside the first epoch."""
     save_dir = tmp_path_factory.mktemp("stateful")
-    run_cli(
-        "fairseq-train",
-        lm_data,
-        "--user-dir",
-        USER_DIR,
-        "--task",
-        "stateful_lm",
-        *LSTM,
-        "--batch-size",
-        "4",
-        "--tokens-per-sample",
-        "10",
-        "--optimizer",
-        "adam",
-        "--lr",
-        "0.005",
-        "--cpu",
-        "--num-workers",
-        "0",
-        "--no-progress-bar",
-        "--log-format",
-        "simple",
-        "--seed",
-        "1",
-        "--max-update",
-        "4",
-        "--save-interval-updates",
-        "2",
-        "--no-epoch-checkpoints",
-        "--disable-validation",
-        "--save-dir",
-        save_dir,
-    )
+    flags = (*LSTM, *ADAM, "--batch-size", "4", "--tokens-per-sample", "10", "--max-update", "4")
+    flags += ("--save-interval-updates", "2", "--no-epoch-checkpoints", "--disable-validation")
+    fairseq_train(lm_data, save_dir, "lstm_lm_define", *flags, task="stateful_lm")
     return [save_dir / "checkpoint_1_2.pt", save_dir / "checkpoint_1_4.pt"]
 
 

@@ -1,21 +1,13 @@
 """gcnn_lm: the layer spec, causal gated convolutions against a plain re-computation, incremental decoding,
 parameter counts, the fairseq programs and clear errors."""
 
-import math
 import re
 
+import lm_helpers as lm
 import pytest
 import torch
-from arch_cases import GCNN_TINY as TINY
-from conftest import USER_DIR, needs_fairseq_eos_blocks, run_cli
-from lm_helpers import (
-    check_beam_search_scores,
-    check_generate_continues_a_prefix,
-    check_incremental_decoding,
-    load,
-    log_probs,
-    tokens_batch,
-)
+from arch_cases import GCNN, GCNN_TINY as TINY
+from conftest import fairseq_train, needs_fairseq_eos_blocks, setup_model
 
 import define_fairseq  # noqa: F401  (registers the models, tasks and criteria)
 from define_fairseq.models import gcnn_lm
@@ -27,46 +19,11 @@ from define_fairseq.modules.gated_conv import (
     parse_layer_spec,
     receptive_field,
 )
-from define_fairseq.tools.params import parameter_breakdown, setup_from_train_args
+from define_fairseq.tools.params import parameter_breakdown
 
 WT103_VOCAB = 267_735
-ADAPTIVE = ["--adaptive-softmax-cutoff", "20,40", "--criterion", "adaptive_loss", "--ddp-backend", "legacy_ddp"]
-COMMON = [
-    "--optimizer",
-    "nag",
-    "--lr",
-    "0.5",
-    "--clip-norm",
-    "0.1",
-    "--cpu",
-    "--num-workers",
-    "0",
-    "--no-progress-bar",
-    "--log-format",
-    "simple",
-    "--seed",
-    "1",
-]
-
-
-def parsed_model(data, arch, *flags):
-    return setup_from_train_args(
-        [
-            str(data),
-            "--user-dir",
-            USER_DIR,
-            "--task",
-            "language_modeling",
-            "--arch",
-            arch,
-            *flags,
-            "--optimizer",
-            "nag",
-            "--lr",
-            "1",
-            "--cpu",
-        ]
-    )
+# the gated convolutional LM's training: Nesterov's momentum with the gradient clipped; 256 tokens per batch
+NAG = ["--optimizer", "nag", "--lr", "0.5", "--clip-norm", "0.1", "--tokens-per-sample", "32", "--max-tokens", "256"]
 
 
 # -- the layer specification -------------------------------------------------------------------------------------
@@ -241,33 +198,36 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_changing_a_token_never_changes_an_earlier_output(lm_data, case):
-    _, task, model = parsed_model(lm_data, "gcnn_lm", *CASES[case])
-    model.eval()
-    vocab = len(task.target_dictionary)
-    tokens = tokens_batch(vocab, batch=2, length=14)
-    base = log_probs(model, tokens)
+@pytest.fixture(scope="module", params=list(CASES))
+def case_model(request, lm_data):
+    """Each case's model in eval mode, built once for the tests that only run it, and its vocabulary size."""
+    _, task, model = setup_model(lm_data, "gcnn_lm", *CASES[request.param])
+    return model.eval(), len(task.target_dictionary)
+
+
+def test_changing_a_token_never_changes_an_earlier_output(case_model):
+    model, vocab = case_model
+    tokens = lm.tokens_batch(vocab, batch=2, length=14)
+    base = lm.log_probs(model, tokens)
     field = model.decoder.convolutions.receptive_field
     for t in (1, 6, 13):
         changed = tokens.clone()
         changed[:, t] = 4 + (changed[:, t] - 3) % (vocab - 4)
-        out = log_probs(model, changed)
+        out = lm.log_probs(model, changed)
         assert torch.equal(out[:, :t], base[:, :t])
         assert (out[:, t] - base[:, t]).abs().max() > 1e-4  # the output at t reads token t ...
         if t + field < tokens.shape[1]:
             assert torch.equal(out[:, t + field :], base[:, t + field :])  # ... and nothing beyond its field does
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_incremental_decoding_and_reordering_equal_the_full_pass(lm_data, case):
-    _, task, model = parsed_model(lm_data, "gcnn_lm", *CASES[case])
-    check_incremental_decoding(model, tokens_batch(len(task.target_dictionary), length=12), first=3, split=6)
+def test_incremental_decoding_and_reordering_equal_the_full_pass(case_model):
+    model, vocab = case_model
+    lm.check_incremental_decoding(model, lm.tokens_batch(vocab, length=12), first=3, split=6)
 
 
 def test_beam_search_scores_equal_the_full_pass(lm_data):
-    _, task, model = parsed_model(lm_data, "gcnn_lm", *CASES["adaptive softmax, bottleneck"])
-    check_beam_search_scores(model, task.target_dictionary)
+    _, task, model = setup_model(lm_data, "gcnn_lm", *CASES["adaptive softmax, bottleneck"])
+    lm.check_beam_search_scores(model, task.target_dictionary)
 
 
 # -- parameter counts and the arch defaults ----------------------------------------------------------------------
@@ -309,7 +269,7 @@ def big_dictionary_dir(tmp_path_factory):
 )
 def test_arch_parameter_counts(big_dictionary_dir, arch, embed, spec, cutoff):
     with torch.device("meta"):
-        _, task, model = parsed_model(big_dictionary_dir, arch)
+        _, task, model = setup_model(big_dictionary_dir, arch)
     decoder = model.decoder
     vocab = len(task.target_dictionary)
     assert decoder.embed_tokens.weight.shape == (vocab, embed)
@@ -325,8 +285,8 @@ def test_gcnn_lm_14_has_fairseqs_wikitext103_layers_with_the_first_reading_the_l
     before the first convolution; ours convolves the lookup itself, and the first block's skip has the
     projection instead (the size of fc1)."""
     with torch.device("meta"):
-        _, _, ours = parsed_model(big_dictionary_dir, "gcnn_lm_14")
-        _, _, theirs = parsed_model(
+        _, _, ours = setup_model(big_dictionary_dir, "gcnn_lm_14")
+        _, _, theirs = setup_model(
             big_dictionary_dir,
             "fconv_lm_dauphin_wikitext103",
             "--criterion",
@@ -350,89 +310,37 @@ def test_gcnn_lm_14_has_fairseqs_wikitext103_layers_with_the_first_reading_the_l
 
 @pytest.fixture(scope="module")
 def checkpoint(lm_data, tmp_path_factory):
-    save_dir = tmp_path_factory.mktemp("gcnn")
-    proc = run_cli(
-        "fairseq-train",
-        lm_data,
-        "--user-dir",
-        USER_DIR,
-        "--task",
-        "language_modeling",
-        "--arch",
-        "gcnn_lm",
-        *TINY,
-        *ADAPTIVE,
-        *COMMON,
-        "--tokens-per-sample",
-        "32",
-        "--max-tokens",
-        "256",
-        "--max-update",
-        "4",
-        "--save-dir",
-        save_dir,
-        "--no-save-optimizer-state",
-    )
-    out = proc.stdout + proc.stderr
-    assert math.isfinite(float(re.findall(r"valid on 'valid' subset \| loss ([\d.]+)", out)[-1]))
-    return save_dir / "checkpoint_last.pt"
+    return lm.trained_checkpoint(lm_data, tmp_path_factory.mktemp("gcnn"), "gcnn_lm", *GCNN, *NAG, updates=4)
 
 
 def test_eval_lm_equals_scoring_each_block_in_process(lm_data, checkpoint):
-    from fairseq.data import data_utils
-
-    proc = run_cli(
-        "fairseq-eval-lm",
-        lm_data,
-        "--user-dir",
-        USER_DIR,
-        "--path",
-        checkpoint,
-        "--gen-subset",
-        "test",
-        "--cpu",
-        "--num-workers",
-        "0",
-        "--tokens-per-sample",
-        "32",
-        "--max-tokens",
-        "256",
-    )
-    loss = float(re.findall(r"Loss \(base 2\): ([\d.]+)", proc.stdout + proc.stderr)[-1])
-    model, task = load(checkpoint)
-    dictionary = task.target_dictionary
-    data = data_utils.load_indexed_dataset(str(lm_data / "test"), dictionary)
-    stream = torch.cat([data[i] for i in range(len(data))]).long()
-    inputs = torch.cat([stream.new_tensor([dictionary.eos()]), stream[:-1]])
-    nll = 0.0
-    for start in range(0, len(stream), 32):  # eval-lm's blocks of 32 tokens, each from a zero-padded start
-        block_in, block_out = inputs[None, start : start + 32], stream[None, start : start + 32]
-        lp = model.get_normalized_probs(model(block_in), log_probs=True, sample={"target": block_out})
-        nll -= lp.gather(-1, block_out[..., None]).sum().item()
-    assert loss == pytest.approx(nll / len(stream) / math.log(2), abs=2e-4)
+    """fairseq-eval-lm's blocks of 32 tokens, each from a zero-padded start."""
+    loss, _ = lm.eval_lm(lm_data, checkpoint, "--tokens-per-sample", "32", "--max-tokens", "256")
+    model, task = lm.load(checkpoint)
+    assert loss == pytest.approx(lm.split_nll_bits(model, lm_data, task.target_dictionary, 32), abs=2e-4)
 
 
 @needs_fairseq_eos_blocks
 def test_fairseq_generate_continues_a_prefix(lm_data, checkpoint):
-    check_generate_continues_a_prefix(lm_data, checkpoint, "--beam", "3")
+    lm.check_generate_continues_a_prefix(lm_data, checkpoint, "--beam", "3")
 
 
 def test_checkpoint_round_trip(lm_data, checkpoint, tmp_path):
     from fairseq import checkpoint_utils
 
-    model, task = load(checkpoint)
+    model, task = lm.load(checkpoint)
     state = torch.load(checkpoint, map_location="cpu", weights_only=False)
     assert state["cfg"]["model"]["_name"] == "gcnn_lm"
-    tokens = tokens_batch(len(task.target_dictionary), length=12)
-    before = log_probs(model, tokens)
+    tokens = lm.tokens_batch(len(task.target_dictionary), length=12)
+    before = lm.log_probs(model, tokens)
     path = tmp_path / "again.pt"
     checkpoint_utils.torch_persistent_save(state, str(path))  # what fairseq-train writes, re-read from disk
-    again, _ = load(path)
-    torch.testing.assert_close(log_probs(again, tokens), before, rtol=0, atol=0)
-    fresh = parsed_model(lm_data, "gcnn_lm", *TINY, "--adaptive-softmax-cutoff", "20,40")[2].eval()
-    assert not torch.allclose(log_probs(fresh, tokens), before)  # the weights are the trained ones
+    again, _ = lm.load(path)
+    torch.testing.assert_close(lm.log_probs(again, tokens), before, rtol=0, atol=0)
+    fresh = setup_model(lm_data, "gcnn_lm", *TINY, "--adaptive-softmax-cutoff", "20,40")[2].eval()
+    assert not torch.allclose(lm.log_probs(fresh, tokens), before)  # the weights are the trained ones
     fresh.load_state_dict(state["model"])
-    torch.testing.assert_close(log_probs(fresh, tokens), before, rtol=0, atol=0)
+    torch.testing.assert_close(lm.log_probs(fresh, tokens), before, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize(
@@ -448,30 +356,12 @@ def test_checkpoint_round_trip(lm_data, checkpoint, tmp_path):
 )
 def test_impossible_configs_fail_clearly(lm_data, flags, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        parsed_model(lm_data, "gcnn_lm", "--decoder-embed-dim", "16", *flags)
+        setup_model(lm_data, "gcnn_lm", "--decoder-embed-dim", "16", *flags)
 
 
 def test_fairseq_train_reports_a_bad_spec_by_its_flag(lm_data, tmp_path):
-    proc = run_cli(
-        "fairseq-train",
-        lm_data,
-        "--user-dir",
-        USER_DIR,
-        "--task",
-        "language_modeling",
-        "--arch",
-        "gcnn_lm_8",
-        "--gcnn-layers",
-        "[(16, 0)]",
-        *COMMON,
-        "--max-tokens",
-        "256",
-        "--max-update",
-        "1",
-        "--save-dir",
-        tmp_path,
-        check=False,
-    )
+    flags = ("--gcnn-layers", "[(16, 0)]", *NAG, "--max-update", "1")
+    proc = fairseq_train(lm_data, tmp_path, "gcnn_lm_8", *flags, task="language_modeling", check=False)
     assert proc.returncode != 0
     assert "--gcnn-layers" in proc.stderr and "kernel width 0" in proc.stderr
 
@@ -479,29 +369,6 @@ def test_fairseq_train_reports_a_bad_spec_by_its_flag(lm_data, tmp_path):
 @pytest.mark.parametrize("arch", ["gcnn_lm_8", "gcnn_lm_14", "gcnn_lm_13", "gcnn_lm_8b", "gcnn_lm_14b"])
 def test_every_arch_trains_through_fairseq_train(lm_data, tmp_path, arch):
     """Each registered arch by name, its sizes overridden to fit the toy corpus."""
-    proc = run_cli(
-        "fairseq-train",
-        lm_data,
-        "--user-dir",
-        USER_DIR,
-        "--task",
-        "language_modeling",
-        "--arch",
-        arch,
-        *TINY,
-        *ADAPTIVE,
-        *COMMON,
-        "--tokens-per-sample",
-        "32",
-        "--max-tokens",
-        "256",
-        "--max-update",
-        "2",
-        "--save-dir",
-        tmp_path,
-        "--no-save-optimizer-state",
-    )
-    out = proc.stdout + proc.stderr
-    assert math.isfinite(float(re.findall(r"valid on 'valid' subset \| loss ([\d.]+)", out)[-1]))
-    state = torch.load(tmp_path / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    checkpoint = lm.trained_checkpoint(lm_data, tmp_path, arch, *GCNN, *NAG, updates=2)
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
     assert state["cfg"]["model"]["_name"] == arch  # fairseq records the arch name there

@@ -1,59 +1,25 @@
 """lstm_lm_define: the paper's parameter counts, the fairseq programs, generation, carried state and errors."""
 
 import logging
-import math
 import re
 from argparse import Namespace
 
+import lm_helpers as lm
 import pytest
 import torch
-from arch_cases import LM_ADAPTIVE as ADAPTIVE, LSTM as TINY
-from conftest import USER_DIR, needs_fairseq_eos_blocks, run_cli
-from lm_helpers import (
-    check_beam_search_scores,
-    check_generate_continues_a_prefix,
-    check_incremental_decoding,
-    eval_lm,
-    last_float,
-    load,
-    log_probs,
-    saved_and_loaded,
-    split_stream,
-    tokens_batch,
-)
+from arch_cases import CASES, LM_ADAPTIVE as ADAPTIVE, LSTM as TINY
+from conftest import ADAM, needs_fairseq_eos_blocks, setup_model
 
 import define_fairseq  # noqa: F401  (registers the models, tasks and criteria)
 from define_fairseq.models.lstm_lm_define import LSTMLMDefineModel, RecurrentLMDecoder
 from define_fairseq.modules import DeFINEEmbedding
 from define_fairseq.modules.adaptive_input import AdaptiveInput
 from define_fairseq.modules.lstm_stack import LSTMStack
-from define_fairseq.tools.params import parameter_breakdown, setup_from_train_args
+from define_fairseq.tools.params import parameter_breakdown
 
 WT103_VOCAB = 267_735
-COMMON = [
-    "--optimizer",
-    "adam",
-    "--lr",
-    "0.005",
-    "--cpu",
-    "--num-workers",
-    "0",
-    "--no-progress-bar",
-    "--log-format",
-    "simple",
-    "--seed",
-    "1",
-]
-# Each registered arch on tiny dims, with a criterion that fits its output layer.
-ARCH_FLAGS = {
-    "lstm_lm_define": TINY
-    + ["--decoder-embed-dim", "24", "--decoder-output-dim", "12", "--share-decoder-input-output-embed"],
-    "lstm_lm_standard_wt103": TINY + ["--criterion", "lm_regularized_loss"],
-    "lstm_lm_adaptive_wt103": TINY + ADAPTIVE + ["--criterion", "adaptive_loss", "--ddp-backend", "legacy_ddp"],
-    "lstm_lm_define_wt103_n3": TINY + ADAPTIVE + ["--criterion", "lm_regularized_loss"],
-    "lstm_lm_define_wt103_n7": TINY + ADAPTIVE + ["--criterion", "adaptive_loss", "--ddp-backend", "legacy_ddp"],
-    "lstm_lm_define_wt103_n11": TINY + ADAPTIVE + ["--criterion", "lm_regularized_loss"],
-}
+# the language-model batches of the fairseq programs' runs: 32 tokens per sample, 256 per batch
+BATCHES = ["--tokens-per-sample", "32", "--max-tokens", "256"]
 
 
 def lstm_params(inputs: int, hidden: int) -> int:
@@ -69,57 +35,6 @@ def adaptive_io_params(vocab: int, d: int, cutoff=(20000, 40000, 200000), factor
         dim = d // factor**band
         total += (bounds[band + 1] - bounds[band]) * dim + (dim * d if band else 0)
     return total + len(cutoff) * d
-
-
-def parsed_model(data, arch, *flags, task="language_modeling"):
-    return setup_from_train_args(
-        [
-            str(data),
-            "--user-dir",
-            USER_DIR,
-            "--task",
-            task,
-            "--arch",
-            arch,
-            *flags,
-            "--optimizer",
-            "adam",
-            "--lr",
-            "0.001",
-            "--cpu",
-        ]
-    )
-
-
-def train(data, save_dir, arch, *flags, task="language_modeling", updates=3):
-    proc = run_cli(
-        "fairseq-train",
-        data,
-        "--user-dir",
-        USER_DIR,
-        "--task",
-        task,
-        "--arch",
-        arch,
-        *flags,
-        *COMMON,
-        "--max-update",
-        updates,
-        "--save-dir",
-        save_dir,
-        "--no-save-optimizer-state",
-    )
-    valid_loss = last_float(r"valid on 'valid' subset \| loss ([\d.]+)", proc.stdout + proc.stderr)
-    assert math.isfinite(valid_loss)
-    return save_dir / "checkpoint_last.pt"
-
-
-def mean_nll_base2(model, inputs, targets):
-    """Mean NLL (base 2) of ``targets [B, T]`` given ``inputs [B, T]``, every row from a zero state."""
-    with torch.no_grad():
-        net_output = model(inputs)
-        lprobs = model.get_normalized_probs(net_output, log_probs=True, sample={"target": targets})
-    return -lprobs.gather(-1, targets.unsqueeze(-1)).mean().item() / math.log(2)
 
 
 # -- parameter counts at the WikiText-103 vocabulary ------------------------------------------------------------
@@ -170,7 +85,7 @@ def check_structure(arch, decoder):
 def test_paper_parameter_counts(wt103_dictionary_dir, arch, m, io):
     paper_context = {256: 23.36, 384: 24.73, 512: 26.24}[m]
     with torch.device("meta"):  # counts only: no memory, no initialisation
-        _, task, model = parsed_model(wt103_dictionary_dir, arch)
+        _, task, model = setup_model(wt103_dictionary_dir, arch)
     vocab = len(task.target_dictionary)
     assert vocab == WT103_VOCAB
     counts = parameter_breakdown(model)
@@ -181,6 +96,8 @@ def test_paper_parameter_counts(wt103_dictionary_dir, arch, m, io):
     assert counts["input/output"] == expected_io
     assert round(counts["input/output"] / 1e6, 2) == io
     assert counts["total"] == sum(p.numel() for p in model.parameters())
+    assert counts["total"] == counts["DeFINE"] + counts["context"] + counts["input/output"]
+    assert (counts["DeFINE"] > 0) == ("define" in arch)
     check_structure(arch, model.decoder)
     print(
         f"{arch}: DeFINE {counts['DeFINE'] / 1e6:.2f}M, context {counts['context'] / 1e6:.2f}M, "
@@ -198,16 +115,8 @@ def trained(lm_data, tmp_path_factory):
 
     def get(arch):
         if arch not in checkpoints:
-            checkpoints[arch] = train(
-                lm_data,
-                tmp_path_factory.mktemp(arch),
-                arch,
-                *ARCH_FLAGS[arch],
-                "--tokens-per-sample",
-                "32",
-                "--max-tokens",
-                "256",
-            )
+            save_dir = tmp_path_factory.mktemp(arch)
+            checkpoints[arch] = lm.trained_checkpoint(lm_data, save_dir, arch, *CASES[arch][1], *ADAM, *BATCHES)
         return checkpoints[arch]
 
     return get
@@ -227,45 +136,27 @@ def trained(lm_data, tmp_path_factory):
 )
 def test_train_and_eval_lm(lm_data, trained, arch):
     checkpoint = trained(arch)
-    loss, ppl = eval_lm(lm_data, checkpoint, "--tokens-per-sample", "32", "--max-tokens", "256")
+    loss, ppl = lm.eval_lm(lm_data, checkpoint, *BATCHES)
     assert ppl == pytest.approx(2**loss, rel=1e-3)
     if arch in ("lstm_lm_define", "lstm_lm_adaptive_wt103"):
         # eval-lm scores blocks of 32 tokens of the stream, each block from a zero state
-        model, task = load(checkpoint)
-        stream = split_stream(lm_data, task.target_dictionary)
-        inputs = torch.cat([stream.new_tensor([task.target_dictionary.eos()]), stream[:-1]])
-        usable = len(stream) // 32 * 32
-        nll = mean_nll_base2(model, inputs[:usable].view(-1, 32), stream[:usable].view(-1, 32)) * usable
-        if usable < len(stream):
-            nll += mean_nll_base2(model, inputs[None, usable:], stream[None, usable:]) * (len(stream) - usable)
-        assert loss == pytest.approx(nll / len(stream), abs=2e-4)
+        model, task = lm.load(checkpoint)
+        assert loss == pytest.approx(lm.split_nll_bits(model, lm_data, task.target_dictionary, 32), abs=2e-4)
 
 
 def test_stateful_training_and_eval(lm_data, tmp_path):
     """--task stateful_lm: state carried across batches; eval-lm with one stream equals one pass over the split."""
     arch = "lstm_lm_define_wt103_n3"
-    checkpoint = train(
-        lm_data,
-        tmp_path,
-        arch,
-        *ARCH_FLAGS[arch],
-        "--batch-size",
-        "4",
-        "--tokens-per-sample",
-        "8",
-        task="stateful_lm",
-        updates=6,
-    )
-    loss, _ = eval_lm(lm_data, checkpoint, "--task", "stateful_lm", "--batch-size", "1", "--tokens-per-sample", "8")
-    model, task = load(checkpoint)
-    stream = split_stream(lm_data, task.target_dictionary)
-    inputs = torch.cat([stream.new_tensor([task.target_dictionary.eos()]), stream[:-1]])
-    assert loss == pytest.approx(mean_nll_base2(model, inputs[None], stream[None]), abs=2e-4)
+    flags = (*CASES[arch][1], *ADAM, "--batch-size", "4", "--tokens-per-sample", "8")
+    checkpoint = lm.trained_checkpoint(lm_data, tmp_path, arch, *flags, task="stateful_lm", updates=6)
+    loss, _ = lm.eval_lm(lm_data, checkpoint, "--task", "stateful_lm", "--batch-size", "1", "--tokens-per-sample", "8")
+    model, task = lm.load(checkpoint)
+    assert loss == pytest.approx(lm.split_nll_bits(model, lm_data, task.target_dictionary), abs=2e-4)
 
 
 @needs_fairseq_eos_blocks
 def test_fairseq_generate_samples_after_a_prefix(lm_data, trained):
-    check_generate_continues_a_prefix(
+    lm.check_generate_continues_a_prefix(
         lm_data, trained("lstm_lm_define"), "--sampling", "--sampling-topk", "5", "--beam", "2", "--seed", "3"
     )
 
@@ -278,18 +169,18 @@ def test_folded_checkpoint_scores_identically(lm_data, trained, tmp_path):
     checkpoint = trained("lstm_lm_define")
     folded = tmp_path / "folded.pt"
     fold_checkpoint(str(checkpoint), str(folded))
-    original, task = load(checkpoint)
-    model, _ = load(folded)
+    original, task = lm.load(checkpoint)
+    model, _ = lm.load(folded)
     assert isinstance(model.decoder.embed_tokens, FoldedDeFINEEmbedding)
     assert model.decoder.output_projection.weight is model.decoder.embed_tokens.weight
-    tokens = tokens_batch(len(task.target_dictionary))
-    torch.testing.assert_close(log_probs(model, tokens), log_probs(original, tokens), rtol=1e-5, atol=1e-5)
+    tokens = lm.tokens_batch(len(task.target_dictionary))
+    torch.testing.assert_close(lm.log_probs(model, tokens), lm.log_probs(original, tokens), rtol=1e-5, atol=1e-5)
 
 
 # -- in-process: incremental decoding, beam search, round trip, carried state -------------------------------------
 
 IN_PROCESS = {
-    "tied full softmax with a projection": ("lstm_lm_define", ARCH_FLAGS["lstm_lm_define"]),
+    "tied full softmax with a projection": ("lstm_lm_define", CASES["lstm_lm_define"][1]),
     "adaptive + DeFINE": ("lstm_lm_define_wt103_n3", TINY + ADAPTIVE + ["--decoder-output-dim", "20"]),
     "untied adaptive softmax": (
         "lstm_lm_define",
@@ -298,28 +189,32 @@ IN_PROCESS = {
 }
 
 
-@pytest.mark.parametrize("case", IN_PROCESS)
-def test_incremental_decoding_and_reordering_equal_the_full_pass(lm_data, case):
-    arch, flags = IN_PROCESS[case]
-    _, task, model = parsed_model(lm_data, arch, *flags)
-    check_incremental_decoding(model, tokens_batch(len(task.target_dictionary)))
+@pytest.fixture(scope="module", params=list(IN_PROCESS))
+def case_model(request, lm_data):
+    """Each in-process case's model, built once for the tests that only run it (in eval mode), and its task."""
+    arch, flags = IN_PROCESS[request.param]
+    _, task, model = setup_model(lm_data, arch, *flags)
+    return model, task
 
 
-@pytest.mark.parametrize("case", IN_PROCESS)
-def test_beam_search_scores_equal_the_full_pass(lm_data, case):
-    arch, flags = IN_PROCESS[case]
-    _, task, model = parsed_model(lm_data, arch, *flags)
-    check_beam_search_scores(model, task.target_dictionary)
+def test_incremental_decoding_and_reordering_equal_the_full_pass(case_model):
+    model, task = case_model
+    lm.check_incremental_decoding(model, lm.tokens_batch(len(task.target_dictionary)))
+
+
+def test_beam_search_scores_equal_the_full_pass(case_model):
+    model, task = case_model
+    lm.check_beam_search_scores(model, task.target_dictionary)
 
 
 @pytest.mark.parametrize("case", ["tied full softmax with a projection", "adaptive + DeFINE"])
 def test_checkpoint_round_trip(lm_data, tmp_path, case):
     arch, flags = IN_PROCESS[case]
-    cfg, task, model = parsed_model(lm_data, arch, *flags, "--save-dir", str(tmp_path), "--no-save-optimizer-state")
-    loaded, tokens = saved_and_loaded(cfg, task, model, tmp_path / "roundtrip.pt")
-    before = log_probs(model.eval(), tokens)
-    _, _, fresh = parsed_model(lm_data, arch, *flags, "--seed", "7")
-    assert not torch.allclose(log_probs(fresh.eval(), tokens), before)  # the comparison can fail
+    cfg, task, model = setup_model(lm_data, arch, *flags, "--save-dir", str(tmp_path), "--no-save-optimizer-state")
+    loaded, tokens = lm.saved_and_loaded(cfg, task, model, tmp_path / "roundtrip.pt")
+    before = lm.log_probs(model.eval(), tokens)
+    _, _, fresh = setup_model(lm_data, arch, *flags, "--seed", "7")
+    assert not torch.allclose(lm.log_probs(fresh.eval(), tokens), before)  # the comparison can fail
     if loaded.decoder.adaptive_softmax is not None:
         assert (
             loaded.decoder.adaptive_softmax.head.word_proj.weight is loaded.decoder.embed_tokens.weights_for_band(0)[0]
@@ -329,11 +224,11 @@ def test_checkpoint_round_trip(lm_data, tmp_path, case):
 
 
 def test_carried_state(lm_data, caplog):
-    _, task, model = parsed_model(lm_data, "lstm_lm_define", *ARCH_FLAGS["lstm_lm_define"])
+    _, task, model = setup_model(lm_data, "lstm_lm_define", *CASES["lstm_lm_define"][1])
     decoder = model.decoder
-    tokens = tokens_batch(len(task.target_dictionary), length=12)
+    tokens = lm.tokens_batch(len(task.target_dictionary), length=12)
     model.eval()
-    full = log_probs(model, tokens)
+    full = lm.log_probs(model, tokens)
     with torch.no_grad():
         first = model(tokens[:, :5], reset_state=True)
         second = model(tokens[:, 5:], reset_state=False)
@@ -342,7 +237,7 @@ def test_carried_state(lm_data, caplog):
     with torch.no_grad():  # reset_state=True starts from zeros again
         torch.testing.assert_close(
             model.get_normalized_probs(model(tokens[:, 5:], reset_state=True), True),
-            log_probs(model, tokens[:, 5:]),
+            lm.log_probs(model, tokens[:, 5:]),
             rtol=1e-5,
             atol=1e-5,
         )
@@ -360,7 +255,7 @@ def test_carried_state(lm_data, caplog):
         model(tokens[:2], reset_state=False)
     assert len([r for r in caplog.records if "starting from zeros" in r.getMessage()]) == 1
     torch.testing.assert_close(
-        torch.log_softmax(out.detach(), -1), log_probs(model.eval(), tokens[:, 5:]), rtol=1e-5, atol=1e-5
+        torch.log_softmax(out.detach(), -1), lm.log_probs(model.eval(), tokens[:, 5:]), rtol=1e-5, atol=1e-5
     )
     assert decoder.carried_state.has_state(True) and not decoder.carried_state.has_state(False)
     assert [key for key in model.state_dict() if "carried" in key] == ["decoder.carried_state._extra_state"]
@@ -377,7 +272,7 @@ def build_lstm_lm(task, **overrides):
 
 @pytest.fixture(scope="module")
 def lm_task(lm_data):
-    return parsed_model(lm_data, "lstm_lm_define", *TINY)[1]
+    return setup_model(lm_data, "lstm_lm_define", *TINY)[1]
 
 
 ADAPTIVE_BOTH = dict(adaptive_input=True, adaptive_input_cutoff="10,30", adaptive_softmax_cutoff="10,30")
@@ -424,7 +319,7 @@ def test_bad_configurations_raise_clear_errors(lm_task, overrides, message):
 
 def test_errors_reach_the_command_line(lm_data):
     with pytest.raises(ValueError, match=re.escape("--adaptive-softmax-cutoff 30,10")):
-        parsed_model(
+        setup_model(
             lm_data,
             "lstm_lm_adaptive_wt103",
             *TINY,

@@ -6,20 +6,11 @@ import math
 import re
 from argparse import Namespace
 
+import lm_helpers as lm
 import pytest
 import torch
-from arch_cases import MOGRIFIER, MOGRIFIER_LSTM
-from lm_helpers import (
-    check_beam_search_scores,
-    check_incremental_decoding,
-    eval_lm,
-    load,
-    log_probs,
-    saved_and_loaded,
-    split_stream,
-    tokens_batch,
-)
-from test_lstm_lm import mean_nll_base2, parsed_model, train
+from arch_cases import MOGRIFIER, MOGRIFIER_LSTM, NO_DROPOUT
+from conftest import ADAM, setup_model
 
 import define_fairseq  # noqa: F401  (registers the models, tasks and criteria)
 from define_fairseq.models.mogrifier_lstm_lm import MogrifierLSTMLMModel
@@ -34,18 +25,6 @@ TINY = {
     "mogrifier_lstm_lm_baseline_wt2": MOGRIFIER_LSTM,
 }
 LAMB_OPTIMIZER = ["--adam-betas", "(0, 0.999)", "--clip-norm", "10"]
-NO_DROPOUT = [
-    "--mogrifier-input-dropout",
-    "0",
-    "--mogrifier-inter-layer-dropout",
-    "0",
-    "--mogrifier-state-dropout",
-    "0",
-    "--mogrifier-output-dropout",
-    "0",
-    "--mogrifier-drop-state-probability",
-    "0",
-]
 # In-process cases: one softmax without / with a projection, the mixture, a DeFINE input.
 CASES = {
     "one softmax, e = H": ("mogrifier_lstm_lm_ptb", TINY["mogrifier_lstm_lm_ptb"]),
@@ -125,20 +104,22 @@ def test_fairseq_train_and_eval_lm(lm_data, tmp_path, arch):
         updates = 4
     else:
         flags, updates = ["--tokens-per-sample", "16", "--max-tokens", "256"], 3
-    checkpoint = train(lm_data, tmp_path, arch, *TINY[arch], *LAMB_OPTIMIZER, *flags, task=train_task, updates=updates)
-    model, task = load(checkpoint)
-    stream = split_stream(lm_data, task.target_dictionary)
+    flags = (*TINY[arch], *ADAM, *LAMB_OPTIMIZER, *flags)
+    checkpoint = lm.trained_checkpoint(lm_data, tmp_path, arch, *flags, task=train_task, updates=updates)
+    model, task = lm.load(checkpoint)
+    stream = lm.split_stream(lm_data, task.target_dictionary)
     inputs = stream_inputs(stream, task.target_dictionary.eos())
     stateful = ["--task", "stateful_lm", "--batch-size", "1", "--tokens-per-sample", "8"]
     for eval_task in eval_tasks:
         if eval_task == "language_modeling":
-            loss, ppl = eval_lm(lm_data, checkpoint, "--tokens-per-sample", "16", "--max-tokens", "256")
-            check_blockwise(model, stream, inputs, loss, block=16)
+            loss, ppl = lm.eval_lm(lm_data, checkpoint, "--tokens-per-sample", "16", "--max-tokens", "256")
+            # blocks of 16 tokens, each from zeros
+            assert loss == pytest.approx(lm.split_nll_bits(model, lm_data, task.target_dictionary, 16), abs=2e-4)
         elif eval_task == "stateful_lm":
-            loss, ppl = eval_lm(lm_data, checkpoint, *stateful)
+            loss, ppl = lm.eval_lm(lm_data, checkpoint, *stateful)
             assert loss == pytest.approx(reference_nll_base2(model, inputs[None], stream[None]), abs=2e-4)
         else:
-            loss, ppl = eval_lm(
+            loss, ppl = lm.eval_lm(
                 lm_data,
                 checkpoint,
                 *stateful,
@@ -151,22 +132,13 @@ def test_fairseq_train_and_eval_lm(lm_data, tmp_path, arch):
         assert ppl == pytest.approx(2**loss, rel=1e-3)
 
 
-def check_blockwise(model, stream, inputs, loss, block):
-    """``loss`` (eval-lm, language_modeling) equals the mean NLL of the stream cut in blocks, each from zeros."""
-    usable = len(stream) // block * block
-    nll = mean_nll_base2(model, inputs[:usable].view(-1, block), stream[:usable].view(-1, block)) * usable
-    if usable < len(stream):
-        nll += mean_nll_base2(model, inputs[None, usable:], stream[None, usable:]) * (len(stream) - usable)
-    assert loss == pytest.approx(nll / len(stream), abs=2e-4)
-
-
 # -- in-process: tying, temperature, mixture, state, penalty, decoding, checkpoints ------------------------------
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_output_is_tied_to_the_input_table(lm_data, case):
     arch, flags = CASES[case]
-    _, task, model = parsed_model(lm_data, arch, *flags)
+    _, task, model = setup_model(lm_data, arch, *flags)
     decoder = model.decoder
     head = decoder.output_projection
     assert head.weight is decoder.embed_tokens.weight
@@ -179,7 +151,7 @@ def test_output_is_tied_to_the_input_table(lm_data, case):
     elif case == "one softmax, projection H -> e":
         assert head.projection.weight.shape == (8, 16) and head.projection.bias is None
     # a gradient reaches the shared table from the input and from the output side
-    tokens = tokens_batch(len(task.target_dictionary))
+    tokens = lm.tokens_batch(len(task.target_dictionary))
     model.train()
     model(tokens)[0].sum().backward()
     assert head.weight.grad is not None and head.weight.grad.abs().sum() > 0
@@ -188,14 +160,14 @@ def test_output_is_tied_to_the_input_table(lm_data, case):
 @pytest.mark.parametrize("case", ["one softmax, projection H -> e", "mixture of 2 softmaxes"])
 def test_temperature_divides_the_logits_in_eval_mode_only(lm_data, case):
     arch, flags = CASES[case]
-    _, task, model = parsed_model(lm_data, arch, *flags, *NO_DROPOUT, "--mogrifier-projection-dropout", "0")
-    tokens = tokens_batch(len(task.target_dictionary))
+    _, task, model = setup_model(lm_data, arch, *flags, *NO_DROPOUT["mogrifier_lstm_lm"])
+    tokens = lm.tokens_batch(len(task.target_dictionary))
     model.eval()
-    plain = log_probs(model, tokens)
+    plain = lm.log_probs(model, tokens)
     torch.testing.assert_close(plain, reference_log_probs(model, tokens), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(plain.exp().sum(-1), torch.ones(plain.shape[:-1]))  # a distribution
     model.decoder.softmax_temperature = TEMPERATURE
-    tempered = log_probs(model, tokens)
+    tempered = lm.log_probs(model, tokens)
     torch.testing.assert_close(tempered, reference_log_probs(model, tokens, TEMPERATURE), rtol=1e-5, atol=1e-5)
     assert not torch.allclose(tempered, plain, atol=1e-3)
     model.train()  # no dropout anywhere: training mode computes the same function, without the temperature
@@ -206,10 +178,10 @@ def test_temperature_divides_the_logits_in_eval_mode_only(lm_data, case):
 
 def test_mixture_of_softmaxes_is_a_distribution_that_one_softmax_cannot_give(lm_data):
     arch, flags = CASES["mixture of 2 softmaxes"]
-    _, task, model = parsed_model(lm_data, arch, *flags)
-    tokens = tokens_batch(len(task.target_dictionary))
+    _, task, model = setup_model(lm_data, arch, *flags)
+    tokens = lm.tokens_batch(len(task.target_dictionary))
     model.eval()
-    lprobs = log_probs(model, tokens)
+    lprobs = lm.log_probs(model, tokens)
     torch.testing.assert_close(lprobs.exp().sum(-1), torch.ones(lprobs.shape[:-1]))
     head = model.decoder.output_projection
     assert head.prior.weight.shape == (2, 16) and head.prior.bias is None
@@ -236,7 +208,7 @@ def test_dropout_mask_flags_reach_the_stack_and_the_output_layer(lm_data):
         ("mogrifier_lstm_lm_wt2", ["--mogrifier-state-dropout-mask", "window"], False, False),
         ("mogrifier_lstm_lm_baseline_wt2", ["--mogrifier-shared-mask-dropout"], True, True),
     ]:
-        _, _, model = parsed_model(lm_data, arch, *TINY[arch], *flags)
+        _, _, model = setup_model(lm_data, arch, *TINY[arch], *flags)
         lstm = model.decoder.lstm
         assert (lstm.shared_mask_dropout, lstm.state_dropout_per_step) == (shared, per_step), arch
         assert model.decoder.output_projection.shared_mask == shared
@@ -250,18 +222,18 @@ def build(task, **overrides):
 
 @pytest.fixture(scope="module")
 def lm_task(lm_data):
-    return parsed_model(lm_data, "mogrifier_lstm_lm", *TINY["mogrifier_lstm_lm_ptb"])[1]
+    return setup_model(lm_data, "mogrifier_lstm_lm", *TINY["mogrifier_lstm_lm_ptb"])[1]
 
 
 def test_drop_state_probability_resets_streams_reproducibly(lm_task):
     """Training: each stream continues from its carried state or restarts from zeros (probability p), as drawn from
     torch's generator (which fairseq seeds with --seed and the update number); evaluation never drops."""
     model = build(lm_task, mogrifier_drop_state_probability=0.5)
-    tokens = tokens_batch(len(lm_task.target_dictionary), batch=64, length=6, seed=3)
+    tokens = lm.tokens_batch(len(lm_task.target_dictionary), batch=64, length=6, seed=3)
     head, rest = tokens[:, :3], tokens[:, 3:]
     model.eval()
-    continued = log_probs(model, tokens)[:, 3:]
-    from_zeros = log_probs(model, rest)
+    continued = lm.log_probs(model, tokens)[:, 3:]
+    from_zeros = lm.log_probs(model, rest)
     assert ((continued - from_zeros).abs().amax(dim=(1, 2)) > 1e-4).all()  # the two are told apart in every row
 
     def restarted_rows(seed):
@@ -288,9 +260,9 @@ def test_drop_state_probability_resets_streams_reproducibly(lm_task):
 
 def test_carried_state(lm_task):
     model = build(lm_task)
-    tokens = tokens_batch(len(lm_task.target_dictionary), length=12)
+    tokens = lm.tokens_batch(len(lm_task.target_dictionary), length=12)
     model.eval()
-    full = log_probs(model, tokens)
+    full = lm.log_probs(model, tokens)
     with torch.no_grad():
         windows = [
             model.get_normalized_probs(model(part, reset_state=first), log_probs=True)
@@ -298,7 +270,7 @@ def test_carried_state(lm_task):
         ]
         torch.testing.assert_close(torch.cat(windows, 1), full, rtol=1e-5, atol=1e-5)
         restarted = model.get_normalized_probs(model(tokens[:, 5:], reset_state=True), log_probs=True)
-    torch.testing.assert_close(restarted, log_probs(model, tokens[:, 5:]), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(restarted, lm.log_probs(model, tokens[:, 5:]), rtol=1e-5, atol=1e-5)
     kept = model.decoder.carried_state.kept_state(False)
     assert len(kept) == 2 and all(not h.requires_grad and not c.requires_grad for h, c in kept)
     assert [key for key in model.state_dict() if "carried" in key] == ["decoder.carried_state._extra_state"]
@@ -306,7 +278,7 @@ def test_carried_state(lm_task):
 
 def test_l2_penalty_is_lambs_term_in_training_only(lm_task):
     model = build(lm_task, mogrifier_l2_penalty=0.01)
-    tokens = tokens_batch(len(lm_task.target_dictionary))
+    tokens = lm.tokens_batch(len(lm_task.target_dictionary))
     model.train()
     _, extra = model(tokens)
     parameters = list(model.parameters())
@@ -323,14 +295,14 @@ def test_l2_penalty_is_lambs_term_in_training_only(lm_task):
 @pytest.mark.parametrize("case", CASES)
 def test_incremental_decoding_and_reordering_equal_the_full_pass(lm_data, case):
     arch, flags = CASES[case]
-    _, task, model = parsed_model(lm_data, arch, *flags, "--mogrifier-softmax-temperature", "1.2")
-    check_incremental_decoding(model, tokens_batch(len(task.target_dictionary)))
+    _, task, model = setup_model(lm_data, arch, *flags, "--mogrifier-softmax-temperature", "1.2")
+    lm.check_incremental_decoding(model, lm.tokens_batch(len(task.target_dictionary)))
 
 
 def test_beam_search_scores_equal_the_full_pass(lm_data):
     arch, flags = CASES["mixture of 2 softmaxes"]
-    _, task, model = parsed_model(lm_data, arch, *flags)
-    check_beam_search_scores(model, task.target_dictionary, max_len_b=6)
+    _, task, model = setup_model(lm_data, arch, *flags)
+    lm.check_beam_search_scores(model, task.target_dictionary, max_len_b=6)
 
 
 @pytest.mark.parametrize("case", ["mixture of 2 softmaxes", "DeFINE input"])
@@ -338,19 +310,19 @@ def test_checkpoint_round_trip(lm_data, tmp_path, case):
     from fairseq import checkpoint_utils
 
     arch, flags = CASES[case]
-    cfg, task, model = parsed_model(lm_data, arch, *flags, "--save-dir", str(tmp_path), "--no-save-optimizer-state")
+    cfg, task, model = setup_model(lm_data, arch, *flags, "--save-dir", str(tmp_path), "--no-save-optimizer-state")
     path = str(tmp_path / "roundtrip.pt")
-    loaded, tokens = saved_and_loaded(cfg, task, model, path)
-    before = log_probs(model.eval(), tokens)
+    loaded, tokens = lm.saved_and_loaded(cfg, task, model, path)
+    before = lm.log_probs(model.eval(), tokens)
     assert loaded.decoder.output_projection.weight is loaded.decoder.embed_tokens.weight
-    _, _, fresh = parsed_model(lm_data, arch, *flags, "--seed", "7")
-    assert not torch.allclose(log_probs(fresh.eval(), tokens), before)  # the comparison can fail
+    _, _, fresh = setup_model(lm_data, arch, *flags, "--seed", "7")
+    assert not torch.allclose(lm.log_probs(fresh.eval(), tokens), before)  # the comparison can fail
     (overridden,), _ = checkpoint_utils.load_model_ensemble(
         [path], arg_overrides={"mogrifier_softmax_temperature": TEMPERATURE}
     )
     assert overridden.decoder.softmax_temperature == TEMPERATURE
     torch.testing.assert_close(
-        log_probs(overridden.eval(), tokens), reference_log_probs(loaded, tokens, TEMPERATURE), rtol=1e-5, atol=1e-5
+        lm.log_probs(overridden.eval(), tokens), reference_log_probs(loaded, tokens, TEMPERATURE), rtol=1e-5, atol=1e-5
     )
     if case == "DeFINE input":  # define_fairseq.tools.fold_define: the DeFINE unit folded into a V x e table
         from define_fairseq.modules import FoldedDeFINEEmbedding
@@ -360,7 +332,7 @@ def test_checkpoint_round_trip(lm_data, tmp_path, case):
         (folded,), _ = checkpoint_utils.load_model_ensemble([str(tmp_path / "folded.pt")])
         assert isinstance(folded.decoder.embed_tokens, FoldedDeFINEEmbedding)
         assert folded.decoder.output_projection.weight is folded.decoder.embed_tokens.weight
-        torch.testing.assert_close(log_probs(folded.eval(), tokens), before, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(lm.log_probs(folded.eval(), tokens), before, rtol=1e-5, atol=1e-5)
 
 
 # -- errors ---------------------------------------------------------------------------------------------------
@@ -401,6 +373,4 @@ def test_bad_settings_raise_clear_errors(lm_task, overrides, message):
 
 def test_errors_reach_the_command_line(lm_data):
     with pytest.raises(ValueError, match=re.escape("--mogrifier-mos-components=0")):
-        parsed_model(
-            lm_data, "mogrifier_lstm_lm_wt2", *TINY["mogrifier_lstm_lm_wt2"], "--mogrifier-mos-components", "0"
-        )
+        setup_model(lm_data, "mogrifier_lstm_lm_wt2", *TINY["mogrifier_lstm_lm_wt2"], "--mogrifier-mos-components", "0")

@@ -3,7 +3,7 @@ that fits, counted as the official code counts them, and carry lamb's tuned drop
 
 import pytest
 import torch
-from test_lstm_lm import parsed_model
+from conftest import setup_model
 
 import define_fairseq  # noqa: F401  (registers the models, tasks and criteria)
 
@@ -58,13 +58,13 @@ TUNED_DROPOUTS = {  # input, inter-layer, state, output: lamb's best trials
 def test_parameter_budget_is_filled_by_the_largest_hidden_size(dictionary_dirs, arch):
     vocab, budget, n, e, rounds, rank, components, ratio = BUDGETS[arch]
     with torch.device("meta"):  # counts only: no memory, no initialisation
-        _, task, model = parsed_model(dictionary_dirs[vocab], arch)
+        _, task, model = setup_model(dictionary_dirs[vocab], arch)
         assert len(task.target_dictionary) == vocab
         total = sum(p.numel() for p in model.parameters())
         assert total == lamb_count(vocab, n, e, rounds, rank, components)
         assert 0.99 * budget <= total <= budget
         bigger_e = e if ratio is None else round(ratio * (n + 1))
-        _, _, bigger = parsed_model(
+        _, _, bigger = setup_model(
             dictionary_dirs[vocab],
             arch,
             "--mogrifier-hidden-size",

@@ -3,9 +3,10 @@ flag, and (marked ``cuda``) the model's windows with the state carried, graphs a
 tests/modules/test_mogrifier_graphs.py)."""
 
 import torch
+from arch_cases import NO_DROPOUT
+from conftest import setup_model
 from cuda_device import CUDA_TESTS, DEVICE, fp32_arithmetic
-from test_lstm_lm import parsed_model
-from test_mogrifier_lstm_lm import NO_DROPOUT, TINY
+from test_mogrifier_lstm_lm import TINY
 
 import define_fairseq  # noqa: F401  (registers the models, tasks and criteria)
 
@@ -15,7 +16,7 @@ cuda_mark, skip_without_cuda = CUDA_TESTS
 
 def test_cuda_graphs_are_the_default_and_the_flag_turns_them_off(lm_data):
     for flags, on in (([], True), (["--mogrifier-no-cuda-graphs"], False)):
-        _, _, model = parsed_model(lm_data, ARCH, *TINY[ARCH], *flags)
+        _, _, model = setup_model(lm_data, ARCH, *TINY[ARCH], *flags)
         assert model.decoder.lstm.cuda_graphs is on
 
 
@@ -27,7 +28,7 @@ def test_windows_with_carried_state_equal_the_eager_path(lm_data):
     results = []
     for flags in ([], ["--mogrifier-no-cuda-graphs"]):
         torch.manual_seed(0)
-        _, task, model = parsed_model(lm_data, ARCH, *TINY[ARCH], *NO_DROPOUT, *flags)
+        _, task, model = setup_model(lm_data, ARCH, *TINY[ARCH], *NO_DROPOUT["mogrifier_lstm_lm"], *flags)
         decoder = model.decoder.to(DEVICE).train()
         vocab = len(task.target_dictionary)
         tokens = torch.randint(4, vocab, (3, 4, 6), generator=torch.Generator().manual_seed(1)).to(DEVICE)

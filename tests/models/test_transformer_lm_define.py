@@ -4,61 +4,18 @@ import re
 
 import pytest
 import torch
-from arch_cases import LM_ADAPTIVE as TINY_ADAPTIVE, TRANSFORMER_LM as TINY_LM
-from conftest import USER_DIR, needs_fairseq_eos_blocks, run_cli
+from arch_cases import CASES
+from conftest import ADAM, USER_DIR, fairseq_train, needs_fairseq_eos_blocks, run_cli, setup_model
 
 import define_fairseq  # noqa: F401  (registers the models)
 from define_fairseq.modules import DeFINEEmbedding
-from define_fairseq.tools.params import setup_from_train_args
 
-LM_TRAIN_FLAGS = [
-    "--task",
-    "language_modeling",
-    "--optimizer",
-    "adam",
-    "--lr",
-    "0.005",
-    "--max-tokens",
-    "256",
-    "--cpu",
-    "--num-workers",
-    "0",
-    "--no-progress-bar",
-    "--log-format",
-    "simple",
-    "--seed",
-    "1",
-    "--dropout",
-    "0.0",
-    "--ddp-backend",
-    "legacy_ddp",
-]
-ARCHS = {
-    "transformer_lm_define": ["--criterion", "cross_entropy"],
-    "transformer_lm_define_wiki103": TINY_ADAPTIVE + ["--criterion", "adaptive_loss", "--decoder-attention-heads", "2"],
-}
+ARCHS = ["transformer_lm_define", "transformer_lm_define_wiki103"]
 
 
-def parsed_model(data, arch, *argv):
-    return setup_from_train_args(
-        [
-            str(data),
-            "--task",
-            "language_modeling",
-            "--arch",
-            arch,
-            *TINY_LM,
-            *ARCHS[arch],
-            *argv,
-            "--optimizer",
-            "adam",
-            "--lr",
-            "0.001",
-            "--cpu",
-            "--ddp-backend",
-            "legacy_ddp",
-        ]
-    )
+def parsed_model(data, arch, *flags):
+    """``arch`` on its tiny case (the adaptive one with adaptive_loss)."""
+    return setup_model(data, arch, *CASES[arch][1], "--ddp-backend", "legacy_ddp", *flags)
 
 
 def perplexity(output: str) -> float:
@@ -68,25 +25,12 @@ def perplexity(output: str) -> float:
 
 
 @needs_fairseq_eos_blocks
-@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("arch", ARCHS)
 def test_trains_scores_and_samples(lm_data, tmp_path, arch):
     from fairseq.models.transformer_lm import TransformerLanguageModel
 
-    run_cli(
-        "fairseq-train",
-        lm_data,
-        "--user-dir",
-        USER_DIR,
-        "--arch",
-        arch,
-        *TINY_LM,
-        *ARCHS[arch],
-        *LM_TRAIN_FLAGS,
-        "--max-update",
-        "30",
-        "--save-dir",
-        tmp_path,
-    )
+    flags = (*CASES[arch][1], "--ddp-backend", "legacy_ddp", *ADAM, "--max-tokens", "256", "--dropout", "0.0")
+    fairseq_train(lm_data, tmp_path, arch, *flags, "--max-update", "30", task="language_modeling")
     out = run_cli(
         "fairseq-eval-lm",
         lm_data,
@@ -111,7 +55,7 @@ def test_trains_scores_and_samples(lm_data, tmp_path, arch):
     assert sample.startswith("w2 w0") and len(sample.split()) > 2
 
 
-@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("arch", ARCHS)
 def test_input_and_output_work_in_n_dimensions(lm_data, arch):
     _, task, model = parsed_model(lm_data, arch)
     decoder = model.decoder
@@ -142,7 +86,7 @@ def closed_form_io(vocab, n, d, cutoff=None, factor=4):
     return io + len(cutoff) * n + d * n
 
 
-@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("arch", ARCHS)
 def test_parameter_count(lm_data, arch):
     from define_fairseq.tools.params import parameter_breakdown
 
@@ -155,7 +99,7 @@ def test_parameter_count(lm_data, arch):
     assert counts["total"] == sum(p.numel() for p in model.parameters())
 
 
-@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("arch", ARCHS)
 def test_incremental_decoding_equals_full_forward(lm_data, arch):
     _, task, model = parsed_model(lm_data, arch)
     model.eval()
@@ -169,7 +113,7 @@ def test_incremental_decoding_equals_full_forward(lm_data, arch):
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("arch", ARCHS)
 def test_checkpoint_round_trip(lm_data, tmp_path, arch):
     from fairseq import checkpoint_utils
     from fairseq.trainer import Trainer

@@ -1,69 +1,26 @@
 """transformer_xl_lm: the memory across segments against one pass, causality, incremental decoding, the paper's
 parameter counts (Table 2), the fairseq programs with the stateful task, folding, and clear errors."""
 
-import math
 import re
 
+import lm_helpers as lm
 import pytest
 import torch
-from arch_cases import TXL_TINY
-from conftest import USER_DIR, needs_fairseq_eos_blocks, run_cli, training_arguments
-from lm_helpers import (
-    check_generate_continues_a_prefix,
-    check_incremental_decoding,
-    eval_lm,
-    load,
-    log_probs,
-    split_stream,
-    tokens_batch,
-)
+from arch_cases import REGULARIZED, TXL_TINY
+from conftest import ADAM, needs_fairseq_eos_blocks, setup_model, training_arguments
 
 import define_fairseq  # noqa: F401  (registers the models, tasks and criteria)
-from define_fairseq.tools.params import parameter_breakdown, setup_from_train_args, write_dictionaries
+from define_fairseq.tools.params import parameter_breakdown, write_dictionaries
 
 WT103_VOCAB = 267_735
 TINY = [*TXL_TINY, "--dropout", "0.0"]
 INPUT_FLAGS = {"standard": [], "projective": ["--input-layer", "projective"], "define": ["--input-layer", "define"]}
-TRAIN = [
-    "--criterion",
-    "lm_regularized_loss",
-    "--ddp-backend",
-    "legacy_ddp",
-    "--optimizer",
-    "adam",
-    "--lr",
-    "0.005",
-    "--cpu",
-    "--num-workers",
-    "0",
-    "--no-progress-bar",
-    "--log-format",
-    "simple",
-    "--seed",
-    "1",
-]
+# training: the stateful task's streams, 4 of 8 tokens a batch
+TRAIN = [*REGULARIZED, "--ddp-backend", "legacy_ddp", *ADAM, "--batch-size", "4", "--tokens-per-sample", "8"]
 
 
-def parsed_model(data, *flags, arch="transformer_xl_lm", task="stateful_lm"):
-    return setup_from_train_args(
-        [
-            str(data),
-            "--user-dir",
-            USER_DIR,
-            "--task",
-            task,
-            "--arch",
-            arch,
-            *flags,
-            "--optimizer",
-            "adam",
-            "--lr",
-            "1",
-            "--cpu",
-            "--batch-size",
-            "2",
-        ]
-    )
+def parsed_model(data, *flags, arch="transformer_xl_lm"):
+    return setup_model(data, arch, "--batch-size", "2", *flags, task="stateful_lm")
 
 
 @pytest.fixture(scope="module", params=list(INPUT_FLAGS))
@@ -80,19 +37,19 @@ def test_segments_with_memory_equal_one_pass(model):
     """Fed in segments of 8 with the memory carried (stateful task), the log-probabilities are those of one pass
     over all 24 tokens; a reset starts from an empty memory again."""
     model, vocab = model
-    tokens = tokens_batch(vocab, length=24, bos=False)
-    full = log_probs(model, tokens)
-    parts = [log_probs(model, tokens[:, :8], reset_state=True)]
-    parts += [log_probs(model, tokens[:, s : s + 8], reset_state=False) for s in (8, 16)]
+    tokens = lm.tokens_batch(vocab, length=24, bos=False)
+    full = lm.log_probs(model, tokens)
+    parts = [lm.log_probs(model, tokens[:, :8], reset_state=True)]
+    parts += [lm.log_probs(model, tokens[:, s : s + 8], reset_state=False) for s in (8, 16)]
     torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-5, atol=1e-5)
-    again = log_probs(model, tokens[:, 16:], reset_state=True)
-    torch.testing.assert_close(again, log_probs(model, tokens[:, 16:]), rtol=1e-5, atol=1e-5)
+    again = lm.log_probs(model, tokens[:, 16:], reset_state=True)
+    torch.testing.assert_close(again, lm.log_probs(model, tokens[:, 16:]), rtol=1e-5, atol=1e-5)
     assert (again - full[:, 16:]).abs().max() > 1e-6  # without the memory the outputs differ
 
 
 def test_memory_keeps_mem_len_states_and_no_gradient(lm_data):
     _, task, model = parsed_model(lm_data, *TINY, "--txl-mem-len", "5")
-    tokens = tokens_batch(len(task.target_dictionary), length=8, bos=False)
+    tokens = lm.tokens_batch(len(task.target_dictionary), length=8, bos=False)
     model.train()
     model(tokens, reset_state=True)
     memory = model.decoder.memory.kept_state(True)["memory"]
@@ -108,19 +65,19 @@ def test_memory_keeps_mem_len_states_and_no_gradient(lm_data):
 
 def test_changing_a_token_never_changes_an_earlier_output(model):
     model, vocab = model
-    tokens = tokens_batch(vocab, batch=2, length=16, bos=False)
-    base = log_probs(model, tokens)
+    tokens = lm.tokens_batch(vocab, batch=2, length=16, bos=False)
+    base = lm.log_probs(model, tokens)
     for t in (0, 7, 15):
         changed = tokens.clone()
         changed[:, t] = 4 + (changed[:, t] - 3) % (vocab - 4)
-        out = log_probs(model, changed)
+        out = lm.log_probs(model, changed)
         assert torch.equal(out[:, :t], base[:, :t])
         assert (out[:, t] - base[:, t]).abs().max() > 1e-6
 
 
 def test_incremental_decoding_and_reordering_equal_the_full_pass(model):
     model, vocab = model
-    check_incremental_decoding(model, tokens_batch(vocab, length=12, bos=False), first=3, split=6)
+    lm.check_incremental_decoding(model, lm.tokens_batch(vocab, length=12, bos=False), first=3, split=6)
 
 
 def test_input_layers_and_tying(lm_data):
@@ -178,7 +135,8 @@ def wt103_dictionary(tmp_path_factory):
     ],
 )
 def test_parameter_counts_match_table_2(wt103_dictionary, arch, context, io):
-    _, _, model = parsed_model(wt103_dictionary, arch=arch)
+    with torch.device("meta"):  # counts only: no memory, no initialisation
+        _, _, model = parsed_model(wt103_dictionary, arch=arch)
     counts = parameter_breakdown(model)
     assert round(counts["context"] / 1e6, 2) == context
     assert round(counts["input/output"] / 1e6, 2) == io
@@ -195,35 +153,10 @@ def test_parameter_counts_match_table_2(wt103_dictionary, arch, context, io):
 
 @pytest.fixture(scope="module")
 def checkpoint(lm_data, tmp_path_factory):
-    save_dir = tmp_path_factory.mktemp("txl")
-    proc = run_cli(
-        "fairseq-train",
-        lm_data,
-        "--user-dir",
-        USER_DIR,
-        "--task",
-        "stateful_lm",
-        "--arch",
-        "transformer_xl_lm",
-        *TINY,
-        "--input-layer",
-        "define",
-        "--txl-mem-len",
-        "8",
-        *TRAIN,
-        "--batch-size",
-        "4",
-        "--tokens-per-sample",
-        "8",
-        "--max-update",
-        "6",
-        "--save-dir",
-        save_dir,
-        "--no-save-optimizer-state",
+    flags = (*TINY, "--input-layer", "define", "--txl-mem-len", "8", *TRAIN)
+    return lm.trained_checkpoint(
+        lm_data, tmp_path_factory.mktemp("txl"), "transformer_xl_lm", *flags, task="stateful_lm", updates=6
     )
-    out = proc.stdout + proc.stderr
-    assert math.isfinite(float(re.findall(r"valid on 'valid' subset \| loss ([\d.]+)", out)[-1]))
-    return save_dir / "checkpoint_last.pt"
 
 
 @pytest.mark.parametrize("mem_len,clamp_len,same_length", [(8, -1, False), (20, 5, True)])
@@ -231,7 +164,7 @@ def test_eval_lm_carries_the_memory_through_the_split(lm_data, checkpoint, mem_l
     """fairseq-eval-lm --task stateful_lm with one stream equals scoring the split segment by segment in process,
     the memory carried, with the evaluation settings given by --model-overrides (as Transformer-XL evaluates)."""
     overrides = {"txl_mem_len": mem_len, "txl_clamp_len": clamp_len, "txl_same_length": same_length}
-    loss, _ = eval_lm(
+    loss, _ = lm.eval_lm(
         lm_data,
         checkpoint,
         "--task",
@@ -243,45 +176,41 @@ def test_eval_lm_carries_the_memory_through_the_split(lm_data, checkpoint, mem_l
         "--model-overrides",
         str(overrides),
     )
-    model, task = load(checkpoint, **overrides)
+    model, task = lm.load(checkpoint, **overrides)
     assert (model.decoder.stack.mem_len, model.decoder.stack.clamp_len) == (mem_len, clamp_len)
-    stream = split_stream(lm_data, task.target_dictionary)
-    inputs = torch.cat([stream.new_tensor([task.target_dictionary.eos()]), stream[:-1]])
-    nll = 0.0
-    for start in range(0, len(stream), 6):
-        segment, target = inputs[None, start : start + 6], stream[None, start : start + 6]
-        lp = log_probs(model, segment, reset_state=start == 0)
-        nll -= lp.gather(-1, target[..., None]).sum().item()
-    assert loss == pytest.approx(nll / len(stream) / math.log(2), abs=2e-4)
+    expected = lm.split_nll_bits(model, lm_data, task.target_dictionary, 6, carry=True)
+    assert loss == pytest.approx(expected, abs=2e-4)
 
 
 @needs_fairseq_eos_blocks
 def test_fairseq_generate_continues_a_prefix(lm_data, checkpoint):
-    check_generate_continues_a_prefix(lm_data, checkpoint, "--beam", "3")
+    lm.check_generate_continues_a_prefix(lm_data, checkpoint, "--beam", "3")
 
 
 def test_checkpoint_round_trip_and_folding(lm_data, checkpoint, tmp_path):
     from define_fairseq.modules import FoldedDeFINEEmbedding
     from define_fairseq.tools.fold_define import fold_checkpoint
 
-    model, task = load(checkpoint)
+    model, task = lm.load(checkpoint)
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)  # plain containers: no unsafe load
     assert type(state["cfg"]) is dict and state["cfg"]["model"]["_name"] == "transformer_xl_lm"
-    tokens = tokens_batch(len(task.target_dictionary), length=10, bos=False)
-    before = log_probs(model, tokens)
+    tokens = lm.tokens_batch(len(task.target_dictionary), length=10, bos=False)
+    before = lm.log_probs(model, tokens)
     fresh = parsed_model(lm_data, *TINY, "--input-layer", "define", "--txl-mem-len", "8")[2].eval()
-    assert not torch.allclose(log_probs(fresh, tokens), before)  # the weights are the trained ones
+    assert not torch.allclose(lm.log_probs(fresh, tokens), before)  # the weights are the trained ones
     fresh.load_state_dict(state["model"])
-    torch.testing.assert_close(log_probs(fresh, tokens), before, rtol=0, atol=0)
+    torch.testing.assert_close(lm.log_probs(fresh, tokens), before, rtol=0, atol=0)
     # folded: the DeFINE unit replaced by its V x 16 table, the same scores, and eval-lm runs on it unchanged
     folded_path = tmp_path / "folded.pt"
     fold_checkpoint(str(checkpoint), str(folded_path))
-    folded, _ = load(folded_path)
+    folded, _ = lm.load(folded_path)
     assert isinstance(folded.decoder.embed_tokens, FoldedDeFINEEmbedding)
     assert folded.decoder.adaptive_softmax.table is folded.decoder.embed_tokens.weight
-    torch.testing.assert_close(log_probs(folded, tokens), before, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lm.log_probs(folded, tokens), before, rtol=1e-5, atol=1e-5)
     flags = ("--task", "stateful_lm", "--batch-size", "1", "--tokens-per-sample", "6")
-    assert eval_lm(lm_data, folded_path, *flags)[0] == pytest.approx(eval_lm(lm_data, checkpoint, *flags)[0], abs=1e-4)
+    assert lm.eval_lm(lm_data, folded_path, *flags)[0] == pytest.approx(
+        lm.eval_lm(lm_data, checkpoint, *flags)[0], abs=1e-4
+    )
 
 
 @pytest.mark.parametrize(
@@ -317,9 +246,7 @@ def input_layer_of(arch: str) -> str:
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_arch_keeps_its_input_layer_under_the_tiny_sizes(lm_data, arch):
-    cfg, _, _ = setup_from_train_args(
-        [str(lm_data), "--user-dir", USER_DIR, "--task", "stateful_lm", "--arch", arch, *TINY, *TRAIN]
-    )
+    cfg, _, _ = setup_model(lm_data, arch, *TINY, *TRAIN, task="stateful_lm")
     assert cfg.model._name == arch and cfg.model.input_layer == input_layer_of(arch)
 
 
@@ -332,30 +259,8 @@ ONE_PER_INPUT_LAYER = ("transformer_xl_wt103", "transformer_xl_projective_wt103_
 )
 def test_every_arch_trains_through_fairseq_train(lm_data, tmp_path, arch):
     """Each registered arch by name (its input layer kept), sizes overridden to fit the toy corpus."""
-    proc = run_cli(
-        "fairseq-train",
-        lm_data,
-        "--user-dir",
-        USER_DIR,
-        "--task",
-        "stateful_lm",
-        "--arch",
-        arch,
-        *TINY,
-        *TRAIN,
-        "--batch-size",
-        "4",
-        "--tokens-per-sample",
-        "8",
-        "--max-update",
-        "2",
-        "--save-dir",
-        tmp_path,
-        "--no-save-optimizer-state",
-    )
-    out = proc.stdout + proc.stderr
-    assert math.isfinite(float(re.findall(r"valid on 'valid' subset \| loss ([\d.]+)", out)[-1]))
-    state = torch.load(tmp_path / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    checkpoint = lm.trained_checkpoint(lm_data, tmp_path, arch, *TINY, *TRAIN, task="stateful_lm", updates=2)
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
     assert state["cfg"]["model"]["_name"] == arch
     assert state["cfg"]["model"]["input_layer"] == input_layer_of(arch)
 
@@ -449,7 +354,7 @@ def test_recipe_trains_and_evaluates_with_the_evaluation_settings(lm_data, tmp_p
     assert "memory 640, clamp_len 400, same_length" in results[1]
     test_ppl = float(re.search(r"^test +perplexity ([\d.]+)", "\n".join(results), re.M).group(1))
     overrides = "{'txl_mem_len': 640, 'txl_clamp_len': 400, 'txl_same_length': True}"
-    loss, _ = eval_lm(
+    loss, _ = lm.eval_lm(
         lm_data,
         checkpoint,
         "--task",
@@ -468,7 +373,7 @@ def test_validation_between_training_batches_keeps_the_training_memory(lm_data):
     """Training and evaluation keep separate memories: a validation pass (eval mode, its own reset) between two
     training batches leaves the training stream's memory as it was."""
     _, task, model = parsed_model(lm_data, *TINY, "--txl-mem-len", "6")
-    tokens = tokens_batch(len(task.target_dictionary), length=8, bos=False)
+    tokens = lm.tokens_batch(len(task.target_dictionary), length=8, bos=False)
     model.train()
     model(tokens, reset_state=True)
     kept = [m.clone() for m in model.decoder.memory.kept_state(True)["memory"]]

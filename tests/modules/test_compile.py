@@ -36,6 +36,20 @@ def assert_same_gradients(eager, compiled_grads, **tolerances):
         torch.testing.assert_close(a, b, **tolerances)
 
 
+def check_segments_with_memory(stack, other, segments):
+    """``other`` (``stack`` compiled, or a copy with its layers compiled) fed ``segments`` with the memory carried:
+    each segment's output, memory and gradients equal the eager stack's."""
+    memory = memory_c = None
+    for x in segments:
+        out, memory = stack(x, memory)
+        out_c, memory_c = other(x, memory_c)
+        torch.testing.assert_close(out_c, out)
+        for a, b in zip(memory_c, memory):
+            torch.testing.assert_close(a, b)
+        grads = [torch.autograd.grad(o.square().sum(), list(m.parameters())) for o, m in ((out, stack), (out_c, other))]
+        assert_same_gradients(*grads)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_define_embedding_table_path(backend):
     torch.manual_seed(0)
@@ -56,18 +70,7 @@ def test_transformer_xl_stack_with_memory(backend):
     torch.manual_seed(0)
     stack = TransformerXLStack(2, 16, 2, 8, 32, dropout=0.0, mem_len=5).train()
     segments = torch.randn(2, 3, 5, 16)
-    params = list(stack.parameters())
-    fn = compiled(stack, backend)
-    memory = memory_c = None
-    for x in segments:
-        out, memory = stack(x, memory)
-        out_c, memory_c = fn(x, memory_c)
-        torch.testing.assert_close(out_c, out)
-        for a, b in zip(memory_c, memory):
-            torch.testing.assert_close(a, b)
-        assert_same_gradients(
-            torch.autograd.grad(out.square().sum(), params), torch.autograd.grad(out_c.square().sum(), params)
-        )
+    check_segments_with_memory(stack, compiled(stack, backend), segments)
 
 
 def adaptive_loss(softmax, h, target):
@@ -142,17 +145,7 @@ def test_transformer_xl_layers_compiled_one_by_one():
         layer.compile(backend="aot_eager", fullgraph=True)
     assert regional.state_dict().keys() == stack.state_dict().keys()
     segments = torch.randn(3, 2, 4, 16, requires_grad=True)  # as an embedding's output: one graph for every layer
-    memory = memory_r = None
-    for x in segments:
-        out, memory = stack(x, memory)
-        out_r, memory_r = regional(x, memory_r)
-        torch.testing.assert_close(out_r, out)
-        for a, b in zip(memory_r, memory):
-            torch.testing.assert_close(a, b)
-        grads = [
-            torch.autograd.grad(o.square().sum(), list(s.parameters())) for o, s in ((out, stack), (out_r, regional))
-        ]
-        assert_same_gradients(*grads)
+    check_segments_with_memory(stack, regional, segments)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2  # without a memory, then with one
     with torch.no_grad():
         memory = memory_r = kv = kv_r = None

@@ -6,7 +6,7 @@ filled with NaN before the kernels write it and sizes that leave the last progra
 import pytest
 import torch
 from cuda_device import assert_close_at_scale
-from triton_interpreter import import_interpreted, interpreted_kernels
+from triton_interpreter import import_interpreted
 
 from define_fairseq.modules.mogrifier_layer import MogrifierLSTMLayer
 from define_fairseq.modules.mogrifier_lstm import MogrifierLSTM
@@ -21,10 +21,7 @@ REL = 1e-5
 T, B, M, N = 4, 19, 20, 37  # 19 rows: two programs of 16, the second partly masked
 
 
-@pytest.fixture(autouse=True, scope="module")
-def kernels_interpreted():
-    with interpreted_kernels():
-        yield
+pytestmark = pytest.mark.usefixtures("kernels_interpreted")
 
 
 @pytest.fixture(autouse=True)

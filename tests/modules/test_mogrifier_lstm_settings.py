@@ -2,10 +2,7 @@
 checks and thread handling."""
 
 import math
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,26 +13,18 @@ from define_fairseq.modules import recurrence_threads
 from define_fairseq.modules.mogrifier_layer import MogrifierDropoutMasks, MogrifierLSTMLayer, MogrifierRound
 from define_fairseq.modules.mogrifier_lstm import MogrifierLSTM
 
+# the official configs' four dropouts, each its own probability
+DROPOUTS = dict(input_dropout=0.5, inter_layer_dropout=0.4, state_dropout=0.3, output_dropout=0.6)
+
+
+def two_layers(**kwargs) -> MogrifierLSTM:
+    """A 2-layer MogrifierLSTM of 5 rank-3 rounds (``kwargs``: its other arguments), built after seed 0."""
+    torch.manual_seed(0)
+    return MogrifierLSTM(M, N, num_layers=2, rounds=5, rank=3, **kwargs)
+
 
 def test_dropout_masks_are_shared_over_time_and_come_before_the_rounds():
-    torch.manual_seed(0)
-    model = (
-        MogrifierLSTM(
-            M,
-            N,
-            num_layers=2,
-            rounds=5,
-            rank=3,
-            input_dropout=0.5,
-            inter_layer_dropout=0.4,
-            state_dropout=0.3,
-            output_dropout=0.6,
-            shared_mask_dropout=True,
-        )
-        .double()
-        .train()
-    )
-    randomize(model)
+    model = randomize(two_layers(**DROPOUTS, shared_mask_dropout=True).double()).train()
     x, state = make_inputs(model)
     # one mask per sequence: [B, features], no time dimension
     masks = model.sample_dropout_masks(B, T, x)
@@ -128,20 +117,7 @@ def test_training_draws_masks_per_step_and_eval_none(state_per_step):
     """Training mode, the official configs' dropout: new input, inter-layer and output masks at every step; the
     state mask shared by the steps of a call (PTB) or new at every step (WikiText-2); forward (the fast path) uses
     exactly the masks it draws. Eval mode: no dropout at all."""
-    torch.manual_seed(0)
-    model = MogrifierLSTM(
-        M,
-        N,
-        num_layers=2,
-        rounds=5,
-        rank=3,
-        input_dropout=0.5,
-        inter_layer_dropout=0.4,
-        state_dropout=0.3,
-        output_dropout=0.6,
-        state_dropout_per_step=state_per_step,
-    )
-    model = randomize(model.double()).train()
+    model = randomize(two_layers(**DROPOUTS, state_dropout_per_step=state_per_step).double()).train()
     steps = 6
     x, state = make_inputs(model, steps=steps)
     torch.manual_seed(7)
@@ -262,17 +238,7 @@ def test_bad_input_shapes_raise():
 
 
 def test_attributes_and_float32_training_step():
-    model = MogrifierLSTM(
-        M,
-        N,
-        num_layers=2,
-        rounds=5,
-        rank=3,
-        input_dropout=0.2,
-        inter_layer_dropout=0.2,
-        state_dropout=0.2,
-        output_dropout=0.2,
-    )
+    model = two_layers(**dict.fromkeys(DROPOUTS, 0.2))
     assert (model.input_size, model.hidden_size, model.num_layers, model.rounds, model.rank) == (M, N, 2, 5, 3)
     x = torch.randn(B, T, M, requires_grad=True)
     out, state = model(x)
@@ -286,8 +252,7 @@ def test_attributes_and_float32_training_step():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")
 def test_gpu_matches_cpu():
-    torch.manual_seed(0)
-    model = randomize(MogrifierLSTM(M, N, num_layers=2, rounds=5, rank=3)).double()
+    model = randomize(two_layers()).double()
     x, state = make_inputs(model)
     expected = outputs_and_grads(model.forward, model, x, state, None)
     gpu = MogrifierLSTM(M, N, num_layers=2, rounds=5, rank=3).double().cuda()
@@ -301,28 +266,38 @@ def test_gpu_matches_cpu():
     assert math.isfinite(got[0].sum().item())
 
 
-@pytest.mark.parametrize(
-    "policy, one_thread", [("PASSIVE", "True"), ("passive", "True"), ("ACTIVE", "False"), (None, "False")]
-)
-def test_small_work_runs_on_one_thread_only_under_the_passive_wait_policy(policy, one_thread):
+@pytest.fixture
+def wait_policy(monkeypatch):
+    """``wait_policy(value)`` sets OMP_WAIT_POLICY (``None``: unset) for the module, which reads it at its first
+    decision and keeps it (as the OpenMP runtime reads it at start-up); the decision is by the policy alone."""
+    monkeypatch.setattr(recurrence_threads, "SMALL_WORK_ON_ONE_THREAD", None)
+    recurrence_threads._passive_wait_policy.cache_clear()
+
+    def set_policy(policy):
+        if policy is None:
+            monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+        else:
+            monkeypatch.setenv("OMP_WAIT_POLICY", policy)
+
+    yield set_policy
+    recurrence_threads._passive_wait_policy.cache_clear()
+
+
+@pytest.mark.parametrize("policy, one_thread", [("PASSIVE", True), ("passive", True), ("ACTIVE", False), (None, False)])
+def test_small_work_runs_on_one_thread_only_under_the_passive_wait_policy(wait_policy, policy, one_thread):
     """The switch to one thread pays where waking OpenMP's sleeping threads is expensive (PASSIVE) and costs time
-    otherwise; the OpenMP runtime reads the policy at start-up, so a fresh process decides."""
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    if policy is not None:
-        env["OMP_WAIT_POLICY"] = policy
-    code = "from define_fairseq.modules import recurrence_threads; print(recurrence_threads.small_work_on_one_thread())"
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert proc.stdout.split()[-1] == one_thread
+    otherwise."""
+    wait_policy(policy)
+    assert recurrence_threads.small_work_on_one_thread() is one_thread
 
 
-def test_wait_policy_is_read_when_first_needed_not_at_import():
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    code = (
-        "import os; from define_fairseq.modules import recurrence_threads; "
-        "os.environ['OMP_WAIT_POLICY'] = 'PASSIVE'; print(recurrence_threads.small_work_on_one_thread())"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert proc.stdout.split()[-1] == "True"
+def test_wait_policy_is_read_when_first_needed_not_at_import(wait_policy):
+    """Set after the module was imported, the policy decides; changed after the first decision, it no longer does
+    (the OpenMP runtime has read it by then)."""
+    wait_policy("PASSIVE")
+    assert recurrence_threads.small_work_on_one_thread() is True
+    wait_policy("ACTIVE")
+    assert recurrence_threads.small_work_on_one_thread() is True
 
 
 def test_thread_switch_restores_the_callers_thread_count(monkeypatch):

@@ -5,7 +5,7 @@ and sizes that leave the last program of a kernel partly masked."""
 
 import pytest
 import torch
-from triton_interpreter import import_interpreted, interpreted, interpreted_kernels
+from triton_interpreter import import_interpreted, interpreted
 
 from define_fairseq.modules.mogrifier_layer import MogrifierLSTMLayer
 
@@ -28,10 +28,7 @@ with interpreted():
         tl.store(y_ptr + offs, mt._tanh(tl.load(x_ptr + offs, mask=offs < numel)), mask=offs < numel)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def kernels_interpreted():
-    with interpreted_kernels():
-        yield
+pytestmark = pytest.mark.usefixtures("kernels_interpreted")
 
 
 @pytest.fixture(autouse=True)

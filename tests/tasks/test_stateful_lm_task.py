@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from conftest import USER_DIR, run_cli
+from conftest import ADAM, USER_DIR, fairseq_train, run_cli
 
 import define_fairseq  # noqa: F401  (registers the task)
 from define_fairseq.tasks.bptt_windows import BPTTWindows
@@ -275,54 +275,14 @@ def test_bad_inputs_raise_clear_errors(lm_data, tmp_path, task):
         stateless.build_model(cfg.model)
 
 
-TINY_LSTM = [
-    "--arch",
-    "lstm_lm_define",
-    "--decoder-embed-dim",
-    "16",
-    "--decoder-hidden-size",
-    "32",
-    "--decoder-layers",
-    "2",
-    "--input-layer",
-    "table",
-]
+TINY_LSTM = ["--decoder-embed-dim", "16", "--decoder-hidden-size", "32", "--decoder-layers", "2"]
+TINY_LSTM += ["--input-layer", "table"]
 
 
 def test_train_and_eval_lm_through_the_cli(lm_data, tmp_path):
-    out = run_cli(
-        "fairseq-train",
-        lm_data,
-        "--user-dir",
-        USER_DIR,
-        "--task",
-        "stateful_lm",
-        *TINY_LSTM,
-        "--criterion",
-        "cross_entropy",
-        "--optimizer",
-        "adam",
-        "--lr",
-        "0.005",
-        "--batch-size",
-        32,
-        "--tokens-per-sample",
-        30,
-        "--variable-bptt",
-        "--max-epoch",
-        2,
-        "--seed",
-        1,
-        "--save-dir",
-        tmp_path,
-        "--no-save-optimizer-state",
-        "--cpu",
-        "--num-workers",
-        0,
-        "--no-progress-bar",
-        "--log-format",
-        "simple",
-    ).stdout
+    flags = (*TINY_LSTM, "--criterion", "cross_entropy", *ADAM, "--batch-size", 32, "--tokens-per-sample", 30)
+    flags += ("--variable-bptt", "--max-epoch", 2, "--no-save-optimizer-state")
+    out = fairseq_train(lm_data, tmp_path, "lstm_lm_define", *flags, task="stateful_lm").stdout
     # fairseq-train ran exactly the task's schedule of each epoch
     row_length = len(split_tokens(lm_data, "train")) // 32
     per_epoch = [len(window_schedule(row_length, 30, True, 5.0, seed=1, epoch=e)) for e in (1, 2)]

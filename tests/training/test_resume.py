@@ -9,33 +9,22 @@ Both runs do the same arithmetic on the same inputs in the same order, in proces
 
 import pytest
 import torch
-from arch_cases import TRANSLATION as TINY_MODEL
-from conftest import TRAIN_FLAGS, USER_DIR, run_cli
+from arch_cases import CASES, REGULARIZED, TRANSLATION as TINY_MODEL
+from conftest import ADAM, RUN_FLAGS, TRAIN_FLAGS, fairseq_train
 
 UPDATES = 8
 STOP_AT = 3  # inside the first epoch: the resumed run starts in the middle of it
 assert TRAIN_FLAGS[-2:] == ["--dropout", "0.0"]
 FLAGS = TRAIN_FLAGS[:-2] + ["--dropout", "0.2"]  # dropout on: the per-update seeds matter too
+TRANSLATION = ["--arch", "transformer_define", *TINY_MODEL, *FLAGS]
 
 
-def train(data, save_dir, max_update, *extra):
-    return run_cli(
-        "fairseq-train",
-        data,
-        "--user-dir",
-        USER_DIR,
-        "--arch",
-        "transformer_define",
-        *TINY_MODEL,
-        *FLAGS,
-        "--max-update",
-        str(max_update),
-        "--save-dir",
-        save_dir,
-        "--no-epoch-checkpoints",
-        "--disable-validation",
-        *extra,
-    )
+def train(data, save_dir, max_update, *flags):
+    """fairseq-train's output for ``max_update`` updates (``flags`` name the arch), without epoch checkpoints and
+    validation."""
+    end = ("--max-update", max_update, "--no-epoch-checkpoints", "--disable-validation")
+    proc = fairseq_train(data, save_dir, None, *flags, *end)
+    return proc.stdout + proc.stderr
 
 
 def load(path):
@@ -55,13 +44,13 @@ def assert_same_weights(a, b):
 
 def test_resumed_training_matches_an_uninterrupted_run(translation_data, tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    train(translation_data, straight, UPDATES)
-    first = train(translation_data, resumed, STOP_AT)
-    assert f"num_updates: {STOP_AT} >= max_update: {STOP_AT}" in first.stdout + first.stderr
+    train(translation_data, straight, UPDATES, *TRANSLATION)
+    first = train(translation_data, resumed, STOP_AT, *TRANSLATION)
+    assert f"num_updates: {STOP_AT} >= max_update: {STOP_AT}" in first
     state = load(resumed / "checkpoint_last.pt")
     assert state["extra_state"]["train_iterator"]["iterations_in_epoch"] == STOP_AT  # stopped mid-epoch
-    second = train(translation_data, resumed, UPDATES)
-    assert "Loaded checkpoint" in second.stdout + second.stderr
+    second = train(translation_data, resumed, UPDATES, *TRANSLATION)
+    assert "Loaded checkpoint" in second
     a, b = weights(straight / "checkpoint_last.pt"), weights(resumed / "checkpoint_last.pt")
     assert_same_weights(a, b)
     # and the weights did move after the interruption
@@ -71,141 +60,37 @@ def test_resumed_training_matches_an_uninterrupted_run(translation_data, tmp_pat
 
 # -- the stateful language models ---------------------------------------------------------------------------------
 
-LM_FLAGS = [
-    "--task",
-    "stateful_lm",
-    "--batch-size",
-    "4",
-    "--tokens-per-sample",
-    "10",
-    "--optimizer",
-    "adam",
-    "--lr",
-    "0.005",
-    "--cpu",
-    "--num-workers",
-    "0",
-    "--no-progress-bar",
-    "--log-format",
-    "simple",
-    "--seed",
-    "1",
-]
-# Each model on tiny dims with its regularisers on (every random draw must repeat after the interruption).
+LM_FLAGS = ["--task", "stateful_lm", "--batch-size", "4", "--tokens-per-sample", "10", *ADAM, *RUN_FLAGS]
+
+
+def regularised(arch, *flags):
+    """``--arch arch`` on its tiny case, then ``flags``."""
+    return ["--arch", arch, *CASES[arch][1], *flags]
+
+
+# Each model on its tiny case with its regularisers on (every random draw must repeat after the interruption).
 # model -> (its arguments, the name of its decoder's CarriedState)
 STATEFUL = {
-    "lstm_lm_define": (
-        [
-            "--arch",
-            "lstm_lm_define",
-            "--define-n",
-            "16",
-            "--define-k",
-            "32",
-            "--decoder-embed-dim",
-            "24",
-            "--decoder-hidden-size",
-            "24",
-            "--decoder-layers",
-            "2",
-            "--dropout",
-            "0.2",
-            "--awd-weight-drop",
-            "0.2",
-            "--criterion",
-            "cross_entropy",
-        ],
-        "carried_state",
-    ),
-    "awd_lstm_lm, variable BPTT": (
-        [
-            "--arch",
-            "awd_lstm_lm",
-            "--decoder-embed-dim",
-            "24",
-            "--decoder-hidden-size",
-            "32",
-            "--define-n",
-            "24",
-            "--criterion",
-            "lm_regularized_loss",
-            "--variable-bptt",
-            "--bptt-std",
-            "2",
-        ],
-        "carried_state",
-    ),
+    "lstm_lm_define": (regularised("lstm_lm_define", "--dropout", "0.2", "--awd-weight-drop", "0.2"), "carried_state"),
+    "awd_lstm_lm, variable BPTT": (regularised("awd_lstm_lm", "--variable-bptt", "--bptt-std", "2"), "carried_state"),
     "mogrifier_lstm_lm": (
-        [
-            "--arch",
-            "mogrifier_lstm_lm_ptb",
-            "--mogrifier-hidden-size",
-            "16",
-            "--mogrifier-rank",
-            "4",
-            "--mogrifier-drop-state-probability",
-            "0.3",
-            "--criterion",
-            "lm_regularized_loss",
-        ],
+        regularised("mogrifier_lstm_lm_ptb", "--mogrifier-drop-state-probability", "0.3", *REGULARIZED),
         "carried_state",
     ),
-    "transformer_xl_lm": (
-        [
-            "--arch",
-            "transformer_xl_lm",
-            "--decoder-layers",
-            "2",
-            "--decoder-embed-dim",
-            "16",
-            "--decoder-attention-heads",
-            "2",
-            "--txl-head-dim",
-            "6",
-            "--decoder-ffn-embed-dim",
-            "24",
-            "--adaptive-softmax-cutoff",
-            "20,40",
-            "--dropout",
-            "0.1",
-            "--txl-mem-len",
-            "8",
-            "--criterion",
-            "lm_regularized_loss",
-            "--ddp-backend",
-            "legacy_ddp",
-        ],
-        "memory",
-    ),
+    "transformer_xl_lm": (regularised("transformer_xl_lm", "--dropout", "0.1"), "memory"),
 }
 ZEROS_WARNING = "starting from zeros"
 
 
-def train_lm(data, save_dir, max_update, flags):
-    proc = run_cli(
-        "fairseq-train",
-        data,
-        "--user-dir",
-        USER_DIR,
-        *LM_FLAGS,
-        *flags,
-        "--max-update",
-        str(max_update),
-        "--save-dir",
-        save_dir,
-        "--no-epoch-checkpoints",
-        "--disable-validation",
-    )
-    return proc.stdout + proc.stderr
-
-
 @pytest.mark.parametrize("model", list(STATEFUL))
 def test_resumed_stateful_lm_matches_an_uninterrupted_run(model, lm_data, tmp_path):
-    flags, attribute = STATEFUL[model]
+    arch_flags, attribute = STATEFUL[model]
+    flags = (*LM_FLAGS, *arch_flags)
+
     key = f"decoder.{attribute}._extra_state"
     straight, resumed, stateless = tmp_path / "straight", tmp_path / "resumed", tmp_path / "stateless"
-    assert ZEROS_WARNING not in train_lm(lm_data, straight, UPDATES, flags)
-    train_lm(lm_data, resumed, STOP_AT, flags)
+    assert ZEROS_WARNING not in train(lm_data, straight, UPDATES, *flags)
+    train(lm_data, resumed, STOP_AT, *flags)
     halfway = load(resumed / "checkpoint_last.pt")
     assert halfway["extra_state"]["train_iterator"]["iterations_in_epoch"] == STOP_AT  # stopped mid-epoch
     saved = halfway["model"][key]
@@ -216,13 +101,13 @@ def test_resumed_stateful_lm_matches_an_uninterrupted_run(model, lm_data, tmp_pa
     older = {name: value for name, value in halfway["model"].items() if name != key}
     torch.save(dict(halfway, model=older), stateless / "checkpoint_last.pt")
 
-    out = train_lm(lm_data, resumed, UPDATES, flags)
+    out = train(lm_data, resumed, UPDATES, *flags)
     assert "Loaded checkpoint" in out and ZEROS_WARNING not in out
     final = weights(straight / "checkpoint_last.pt")
     assert_same_weights(final, weights(resumed / "checkpoint_last.pt"))
     assert any(not torch.equal(halfway["model"][name], final[name]) for name in final if torch.is_tensor(final[name]))
 
-    assert ZEROS_WARNING in train_lm(lm_data, stateless, UPDATES, flags)
+    assert ZEROS_WARNING in train(lm_data, stateless, UPDATES, *flags)
     other = weights(stateless / "checkpoint_last.pt")
     differences = [(other[name] - final[name]).abs().max().item() for name in final if torch.is_tensor(final[name])]
     assert max(differences) > 1e-4  # far beyond rounding: the carried state is what made the runs agree

@@ -14,10 +14,9 @@ import time
 
 import pytest
 import torch
-from arch_cases import TRANSLATION as TINY_MODEL
 from conftest import BIN, REPO, USER_DIR
 from test_data_parallel import free_port
-from test_resume import FLAGS, LM_FLAGS, STATEFUL, STOP_AT, UPDATES, ZEROS_WARNING, assert_same_weights, load
+from test_resume import LM_FLAGS, STATEFUL, STOP_AT, TRANSLATION, UPDATES, ZEROS_WARNING, assert_same_weights, load
 
 from define_fairseq.models.carried_state import map_tensors
 from define_fairseq.tools.last_checkpoint import readable
@@ -34,9 +33,8 @@ GLOO_RANKS = [
     "--distributed-world-size",
     str(RANKS),
 ]
-TRANSLATION = ["--arch", "transformer_define", *TINY_MODEL, *FLAGS, "--max-tokens", "100"]  # several batches a rank
 MODELS = {
-    "transformer_define": (TRANSLATION, None),
+    "transformer_define": ([*TRANSLATION, "--max-tokens", "100"], None),  # several batches a rank
     "lstm_lm_define": (LM_FLAGS + STATEFUL["lstm_lm_define"][0], "carried_state"),
     "mogrifier_lstm_lm": (LM_FLAGS + STATEFUL["mogrifier_lstm_lm"][0], "carried_state"),
     "transformer_xl_lm": (LM_FLAGS + STATEFUL["transformer_xl_lm"][0], "memory"),

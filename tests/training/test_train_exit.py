@@ -10,54 +10,20 @@ import os
 import subprocess
 import sys
 
-from conftest import BIN, HELPERS, REPO
+from conftest import ADAM, BIN, HELPERS, REPO, RUN_FLAGS
 
 PLUGIN = HELPERS / "slow_collate_plugin"
 
 
+# fairseq's transformer_lm, tiny, on batches of 64 tokens
+TINY = ["--decoder-layers", "1", "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "16"]
+TINY += ["--decoder-attention-heads", "2", "--tokens-per-sample", "16", "--max-tokens", "64"]
+
+
 def train(program, data, save_dir):
-    command = [
-        *program,
-        str(data),
-        "--user-dir",
-        str(PLUGIN),
-        "--task",
-        "slow_collate_lm",
-        "--arch",
-        "transformer_lm",
-        "--decoder-layers",
-        "1",
-        "--decoder-embed-dim",
-        "16",
-        "--decoder-ffn-embed-dim",
-        "16",
-        "--decoder-attention-heads",
-        "2",
-        "--tokens-per-sample",
-        "16",
-        "--max-tokens",
-        "64",
-        "--optimizer",
-        "adam",
-        "--lr",
-        "0.001",
-        "--cpu",
-        "--num-workers",
-        "0",
-        "--no-progress-bar",
-        "--log-format",
-        "simple",
-        "--seed",
-        "1",
-        "--max-update",
-        "2",
-        "--data-buffer-size",
-        "10",
-        "--disable-validation",
-        "--no-epoch-checkpoints",
-        "--save-dir",
-        str(save_dir),
-    ]
+    command = [*program, str(data), "--user-dir", str(PLUGIN), "--task", "slow_collate_lm", "--arch", "transformer_lm"]
+    command += [*TINY, *ADAM, *RUN_FLAGS, "--max-update", "2", "--data-buffer-size", "10", "--disable-validation"]
+    command += ["--no-epoch-checkpoints", "--save-dir", str(save_dir)]
     return subprocess.run(
         command, cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}
     )
