@@ -18,13 +18,15 @@ import tempfile
 import traceback
 from typing import Dict, List, Optional
 
-# the console scripts of fairseq's entry points that the tests run (programs that read stdin are not among them:
-# a forked child's stdin is /dev/null)
+# the console scripts of fairseq's entry points that the tests run (a forked child's stdin is /dev/null:
+# fairseq-interactive reads the file of its --input)
 PROGRAMS = {
     "fairseq-train": "fairseq_cli.train",
     "fairseq-generate": "fairseq_cli.generate",
     "fairseq-eval-lm": "fairseq_cli.eval_lm",
     "fairseq-preprocess": "fairseq_cli.preprocess",
+    "fairseq-interactive": "fairseq_cli.interactive",
+    "fairseq-hydra-train": "fairseq_cli.hydra_train",
 }
 # torch._dynamo: imported by the first optimizer a program builds, another second of every training run
 _PRELOAD = [*PROGRAMS.values(), "torch._dynamo"]

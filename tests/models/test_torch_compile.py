@@ -7,7 +7,7 @@ them with eager kernels (seconds on a CPU); ``inductor`` generates code (tens of
 import pytest
 import torch
 from arch_cases import build_case, case_argv
-from conftest import run_cli
+from conftest import RUN_FLAGS, run_cli
 
 from define_fairseq.modules.transformer_xl import TransformerXLLayer, TransformerXLStack
 
@@ -133,11 +133,7 @@ def train(data, save_dir, max_update, *flags):
         "adam",
         "--lr",
         "0.003",
-        "--cpu",
-        "--num-workers",
-        "0",
-        "--seed",
-        "1",
+        *RUN_FLAGS,
         "--max-update",
         str(max_update),
         "--save-dir",
@@ -151,11 +147,11 @@ def train(data, save_dir, max_update, *flags):
 
 def test_compiled_training_resumes_exactly(lm_data, tmp_path):
     compiled = train(lm_data, tmp_path / "compiled", 6, *COMPILE)
-    train(lm_data, tmp_path / "resumed", 3, *COMPILE)
+    halfway = train(lm_data, tmp_path / "resumed", 3, *COMPILE)
     resumed = train(lm_data, tmp_path / "resumed", 6, *COMPILE)
-    start = train(lm_data, tmp_path / "start", 1, *COMPILE)
     for name, value in compiled.items():
         if torch.is_tensor(value):
             # the same compiled arithmetic on the same inputs in the same order: equal to the last bit
             torch.testing.assert_close(resumed[name], value, rtol=0, atol=0, msg=name)
-    assert any(not torch.equal(start[n], v) for n, v in compiled.items() if torch.is_tensor(v))  # it trained
+    # it trained on after the interruption
+    assert any(not torch.equal(halfway[n], v) for n, v in compiled.items() if torch.is_tensor(v))

@@ -3,67 +3,33 @@ unknown strings embedded from their letters, the fairseq programs, round trip an
 
 import re
 import shutil
-import subprocess
 
 import pytest
 import torch
-from arch_cases import TRANSLATION as TINY_MODEL
-from conftest import BIN, TRAIN_FLAGS, USER_DIR, run_cli
+from arch_cases import C2S_TINY as C2S, TRANSFORMER, TRANSLATION as TINY_MODEL
+from conftest import TRAIN_FLAGS, USER_DIR, fairseq_train, run_cli, run_module, setup_model
+from lm_helpers import generate
 
 import define_fairseq  # noqa: F401
 from define_fairseq.data.char_noise import CharNoise, sample_rng
 from define_fairseq.modules.char2subword import Char2SubwordEmbedding, encode_characters
-from define_fairseq.tools.params import setup_from_train_args
-
-C2S = ["--c2s-char-dim", "16", "--c2s-ffn-dim", "32", "--c2s-heads", "2", "--c2s-max-chars", "12"]
 
 
 def setup(data, *flags, arch="transformer_c2s"):
-    return setup_from_train_args(
-        [
-            str(data),
-            "--user-dir",
-            USER_DIR,
-            "--task",
-            "translation_c2s",
-            "--arch",
-            arch,
-            *TINY_MODEL,
-            *C2S,
-            *flags,
-            "--optimizer",
-            "adam",
-            "--lr",
-            "0.001",
-            "--cpu",
-        ]
-    )
+    return setup_model(data, arch, *TINY_MODEL, *C2S, *flags, task="translation_c2s")
+
+
+def train(data, save_dir, *flags, arch="transformer_c2s"):
+    """fairseq-train of ``arch`` on its tiny sizes with the translation_c2s task."""
+    flags = (*TINY_MODEL, *C2S, *TRAIN_FLAGS, *flags, "--no-save-optimizer-state")
+    return fairseq_train(data, save_dir, arch, *flags, task="translation_c2s")
 
 
 @pytest.fixture(scope="module")
 def checkpoint(translation_data, tmp_path_factory):
     save_dir = tmp_path_factory.mktemp("c2s")
-    proc = run_cli(
-        "fairseq-train",
-        translation_data,
-        "--user-dir",
-        USER_DIR,
-        "--task",
-        "translation_c2s",
-        "--arch",
-        "transformer_c2s",
-        *TINY_MODEL,
-        *C2S,
-        *TRAIN_FLAGS,
-        "--c2s-noise-rate",
-        "0.1",
-        "--max-update",
-        "6",
-        "--save-dir",
-        save_dir,
-        "--no-save-optimizer-state",
-        "--share-decoder-input-output-embed",
-    )
+    flags = ("--c2s-noise-rate", "0.1", "--max-update", "6", "--share-decoder-input-output-embed")
+    proc = train(translation_data, save_dir, *flags)
     assert "source characters noised with rate 0.1" in proc.stdout + proc.stderr
     return save_dir / "checkpoint_last.pt"
 
@@ -83,6 +49,10 @@ def test_the_encoder_embeds_with_char2subword_and_the_decoder_choices(translatio
     assert isinstance(model.decoder.embed_tokens, DeFINEEmbedding)
     assert model.decoder.output_projection.weight is model.decoder.embed_tokens.weight  # tied in n dimensions
     assert model.encoder.embed_tokens.output_scale == 1.0  # --no-scale-embedding with DeFINE
+
+
+# fairseq-generate with the translation_c2s task, beam 2
+C2S_GENERATE = ("--task", "translation_c2s", "--beam", "2")
 
 
 def batch_of(task, split, indices):
@@ -158,72 +128,19 @@ def test_raw_text_splits_keep_unknown_strings(translation_data, checkpoint, tmp_
             atol=1e-5,
         )
     assert not torch.allclose(with_chars, as_unk)
-    proc = run_cli(
-        "fairseq-generate",
-        data,
-        "--user-dir",
-        USER_DIR,
-        "--task",
-        "translation_c2s",
-        "--dataset-impl",
-        "raw",
-        "--path",
-        checkpoint,
-        "--cpu",
-        "--beam",
-        "2",
-        "--batch-size",
-        "2",
-        "--gen-subset",
-        "test",
-        "--required-batch-size-multiple",
-        "1",
-    )
-    assert len(re.findall(r"^H-\d+\t", proc.stdout, re.M)) == 2
+    out = generate(data, checkpoint, *C2S_GENERATE, "--dataset-impl", "raw", "--batch-size", "2", full_output=True)
+    assert len(re.findall(r"^H-\d+\t", out, re.M)) == 2
 
 
-def test_fairseq_generate_and_interactive(translation_data, checkpoint):
-    proc = run_cli(
-        "fairseq-generate",
-        translation_data,
-        "--user-dir",
-        USER_DIR,
-        "--task",
-        "translation_c2s",
-        "--path",
-        checkpoint,
-        "--cpu",
-        "--beam",
-        "2",
-        "--batch-size",
-        "8",
-        "--gen-subset",
-        "test",
-        "--required-batch-size-multiple",
-        "1",
-    )
-    hypotheses = re.findall(r"^H-\d+\t(\S+)\t", proc.stdout, re.M)
+def test_fairseq_generate_and_interactive(translation_data, checkpoint, tmp_path):
+    out = generate(translation_data, checkpoint, *C2S_GENERATE, "--batch-size", "8", full_output=True)
+    hypotheses = re.findall(r"^H-\d+\t(\S+)\t", out, re.M)
     assert len(hypotheses) == 20 and all(float(h) <= 0 for h in hypotheses)
-    assert "BLEU4" in proc.stdout + proc.stderr
-    proc = subprocess.run(
-        [
-            str(BIN / "fairseq-interactive"),
-            str(translation_data),
-            "--user-dir",
-            USER_DIR,
-            "--task",
-            "translation_c2s",
-            "--path",
-            str(checkpoint),
-            "--cpu",
-            "--beam",
-            "2",
-        ],
-        input="w1 w2 w3\nw4 w5\n",
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "BLEU4" in out
+    sentences = tmp_path / "sentences.txt"
+    sentences.write_text("w1 w2 w3\nw4 w5\n")
+    interactive = ("--task", "translation_c2s", "--path", checkpoint, "--cpu", "--beam", "2", "--input", sentences)
+    proc = run_cli("fairseq-interactive", translation_data, "--user-dir", USER_DIR, *interactive)
     assert len(re.findall(r"^H-\d+\t", proc.stdout, re.M)) == 2
 
 
@@ -270,24 +187,7 @@ def test_noise_never_edits_special_symbols(translation_data):
 
 @pytest.mark.parametrize("arch", ["transformer_c2s_iwslt_de_en", "transformer_c2s_small"])
 def test_every_arch_trains_through_fairseq_train(translation_data, tmp_path, arch):
-    proc = run_cli(
-        "fairseq-train",
-        translation_data,
-        "--user-dir",
-        USER_DIR,
-        "--task",
-        "translation_c2s",
-        "--arch",
-        arch,
-        *TINY_MODEL,
-        *C2S,
-        *TRAIN_FLAGS,
-        "--max-update",
-        "2",
-        "--save-dir",
-        tmp_path,
-        "--no-save-optimizer-state",
-    )
+    proc = train(translation_data, tmp_path, "--max-update", "2", arch=arch)
     assert re.search(r"valid on 'valid' subset \| loss [\d.]+", proc.stdout + proc.stderr)
     state = torch.load(tmp_path / "checkpoint_last.pt", map_location="cpu", weights_only=False)
     assert state["cfg"]["model"]["_name"] == arch  # fairseq records the arch name there
@@ -296,25 +196,9 @@ def test_every_arch_trains_through_fairseq_train(translation_data, tmp_path, arc
 def test_the_papers_route_table_distil_swap_then_train_the_module_only(translation_data, tmp_path):
     """transformer -> distill_c2s -> c2s_checkpoint -> fairseq-train transformer_c2s --finetune-from-model with
     --c2s-train-embedding-only: only the module's weights move; then fairseq-generate reads the result."""
-    from conftest import run_module
-
     base = tmp_path / "transformer"
-    run_cli(
-        "fairseq-train",
-        translation_data,
-        "--task",
-        "translation",
-        "--arch",
-        "transformer",
-        *TINY_MODEL[:-4],
-        *TRAIN_FLAGS,
-        "--max-update",
-        "4",
-        "--save-dir",
-        base,
-        "--no-save-optimizer-state",
-        "--share-all-embeddings",
-    )
+    flags = (*TRANSFORMER, *TRAIN_FLAGS, "--max-update", "4", "--no-save-optimizer-state", "--share-all-embeddings")
+    fairseq_train(translation_data, base, "transformer", *flags, task="translation")
     run_module(
         "define_fairseq.tools.distill_c2s",
         "--checkpoint",
@@ -336,50 +220,14 @@ def test_the_papers_route_table_distil_swap_then_train_the_module_only(translati
         tmp_path / "start.pt",
     )
     tuned = tmp_path / "c2s"
-    run_cli(
-        "fairseq-train",
-        translation_data,
-        "--user-dir",
-        USER_DIR,
-        "--task",
-        "translation_c2s",
-        "--arch",
-        "transformer_c2s",
-        *TINY_MODEL,
-        *C2S,
-        *TRAIN_FLAGS,
-        "--max-update",
-        "3",
-        "--save-dir",
-        tuned,
-        "--share-decoder-input-output-embed",
-        "--c2s-noise-rate",
-        "0.1",
-        "--c2s-train-embedding-only",
-        "--finetune-from-model",
-        tmp_path / "start.pt",
-        "--no-save-optimizer-state",
-    )
+    flags = ("--max-update", "3", "--share-decoder-input-output-embed", "--c2s-noise-rate", "0.1")
+    train(translation_data, tuned, *flags, "--c2s-train-embedding-only", "--finetune-from-model", tmp_path / "start.pt")
     start = torch.load(tmp_path / "start.pt", map_location="cpu", weights_only=True)["model"]
     final = torch.load(tuned / "checkpoint_last.pt", map_location="cpu", weights_only=False)["model"]
     assert set(start) == set(final)
     moved = {name for name in start if not torch.equal(start[name], final[name])}
     assert moved and all(name.startswith("encoder.embed_tokens.") for name in moved)
-    proc = run_cli(
-        "fairseq-generate",
-        translation_data,
-        "--user-dir",
-        USER_DIR,
-        "--task",
-        "translation_c2s",
-        "--path",
-        tuned / "checkpoint_last.pt",
-        "--gen-subset",
-        "valid",
-        "--beam",
-        "2",
-        "--max-tokens",
-        "400",
-        "--cpu",
+    out = generate(
+        translation_data, tuned / "checkpoint_last.pt", *C2S_GENERATE, "--gen-subset", "valid", full_output=True
     )
-    assert re.search(r"BLEU4? = [\d.]+", proc.stdout + proc.stderr)
+    assert re.search(r"BLEU4? = [\d.]+", out)

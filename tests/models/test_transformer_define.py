@@ -4,32 +4,18 @@ import re
 
 import pytest
 import torch
-from arch_cases import TRANSLATION as TINY_MODEL
-from conftest import TRAIN_FLAGS, USER_DIR, run_cli, run_module
+from arch_cases import TRANSFORMER, TRANSLATION as TINY_MODEL
+from conftest import TRAIN_FLAGS, USER_DIR, fairseq_train, run_cli, run_module, setup_model
 from lm_helpers import generate, hypotheses
 
 import define_fairseq  # noqa: F401  (registers the models)
 from define_fairseq.modules import DeFINE, DeFINEEmbedding, FoldedDeFINEEmbedding
-from define_fairseq.tools.params import parameter_breakdown, setup_from_train_args
+from define_fairseq.tools.params import parameter_breakdown
 
 
 def train(data, save_dir, *extra, arch="transformer_define_iwslt_de_en", updates=20):
-    model = TINY_MODEL if "define" in arch else TINY_MODEL[:-4]  # the stock arch has no --define-* flags
-    run_cli(
-        "fairseq-train",
-        data,
-        "--user-dir",
-        USER_DIR,
-        "--arch",
-        arch,
-        *model,
-        *TRAIN_FLAGS,
-        "--max-update",
-        updates,
-        "--save-dir",
-        save_dir,
-        *extra,
-    )
+    model = TINY_MODEL if "define" in arch else TRANSFORMER  # the stock arch has no --define-* flags
+    fairseq_train(data, save_dir, arch, *model, *TRAIN_FLAGS, "--max-update", updates, *extra)
     return save_dir / "checkpoint_last.pt"
 
 
@@ -39,53 +25,62 @@ def trained(translation_data, tmp_path_factory):
     return train(translation_data, tmp_path_factory.mktemp("ckpt"), "--share-all-embeddings", updates=60)
 
 
+@pytest.fixture(scope="module")
+def generated(translation_data, trained):
+    """fairseq-generate's output for the module's checkpoint."""
+    return generate(translation_data, trained, full_output=True)
+
+
+@pytest.fixture(scope="module")
+def folded(trained, tmp_path_factory):
+    """The module's checkpoint folded by define_fairseq.tools.fold_define."""
+    path = tmp_path_factory.mktemp("folded") / "folded.pt"
+    run_module("define_fairseq.tools.fold_define", trained, path)
+    return path
+
+
+def check_generates_every_test_sentence(out):
+    assert re.search(r"^Generate test with beam=3: BLEU4 = [\d.]+", out, re.M)
+    assert len([h for h in hypotheses(out) if h.startswith("H-")]) == 20
+
+
 @pytest.mark.parametrize(
     "arch,extra",
     [
         ("transformer_define", []),
         ("transformer_define_wmt_en_de_big", ["--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]),
-        ("transformer_define_iwslt_de_en", ["--share-all-embeddings"]),
     ],
 )
 def test_each_arch_trains_and_generates(translation_data, tmp_path, arch, extra):
     checkpoint = train(translation_data, tmp_path, *extra, arch=arch, updates=5)
-    out = generate(translation_data, checkpoint, full_output=True)
-    assert re.search(r"^Generate test with beam=3: BLEU4 = [\d.]+", out, re.M)
-    assert len([h for h in hypotheses(out) if h.startswith("H-")]) == 20  # every test sentence
+    check_generates_every_test_sentence(generate(translation_data, checkpoint, full_output=True))
 
 
-def parsed_model(data, *argv):
-    return setup_from_train_args([str(data), *argv, "--optimizer", "adam", "--lr", "0.001", "--cpu"])
+def test_the_iwslt_arch_with_shared_embeddings_trains_and_generates(generated):
+    """transformer_define_iwslt_de_en, the module's checkpoint."""
+    check_generates_every_test_sentence(generated)
+
+
+def parsed_model(data, arch, *flags):
+    return setup_model(data, arch, *flags, task="translation")
+
+
+BASE = dict(encoder_embed_dim=512, encoder_layers=6, define_n=128, define_k=1024, define_depth=3, define_max_groups=4)
+BIG = dict(encoder_embed_dim=1024, encoder_attention_heads=16, define_n=128, define_k=1024)
+IWSLT = dict(encoder_embed_dim=512, encoder_ffn_embed_dim=1024, encoder_attention_heads=4, define_n=64, define_k=512)
 
 
 @pytest.mark.parametrize(
     "arch,expected",
     [
-        (
-            "transformer_define",
-            dict(
-                encoder_embed_dim=512,
-                encoder_layers=6,
-                define_n=128,
-                define_k=1024,
-                define_depth=3,
-                define_max_groups=4,
-            ),
-        ),
-        (
-            "transformer_define_wmt_en_de_big",
-            dict(encoder_embed_dim=1024, encoder_attention_heads=16, define_n=128, define_k=1024),
-        ),
-        (
-            "transformer_define_iwslt_de_en",
-            dict(
-                encoder_embed_dim=512, encoder_ffn_embed_dim=1024, encoder_attention_heads=4, define_n=64, define_k=512
-            ),
-        ),
+        ("transformer_define", BASE),
+        ("transformer_define_wmt_en_de_big", BIG),
+        ("transformer_define_iwslt_de_en", IWSLT),
     ],
 )
 def test_arch_defaults(translation_data, arch, expected):
-    cfg, _, model = parsed_model(translation_data, "--arch", arch)
+    with torch.device("meta"):  # sizes only: no memory, no initialisation
+        cfg, _, model = parsed_model(translation_data, arch)
     for key, value in expected.items():
         assert getattr(cfg.model, key) == value, key
     embed = model.encoder.embed_tokens
@@ -95,7 +90,7 @@ def test_arch_defaults(translation_data, arch, expected):
 
 
 def test_output_tied_to_n_dimensional_table(translation_data):
-    _, _, model = parsed_model(translation_data, "--arch", "transformer_define", "--share-all-embeddings")
+    _, _, model = parsed_model(translation_data, "transformer_define", "--share-all-embeddings")
     embed = model.decoder.embed_tokens
     assert model.encoder.embed_tokens is embed
     assert model.decoder.output_projection.weight is embed.weight  # V x n
@@ -106,7 +101,7 @@ def test_output_tied_to_n_dimensional_table(translation_data):
 @pytest.mark.parametrize("arch", ["transformer_define", "transformer_define_iwslt_de_en"])
 @pytest.mark.parametrize("flags", [[], ["--share-decoder-input-output-embed"], ["--no-scale-embedding"]])
 def test_decoder_output_tied_and_unscaled_by_default(translation_data, arch, flags):
-    _, _, model = parsed_model(translation_data, "--arch", arch, "--define-n", "32", *flags)
+    _, _, model = parsed_model(translation_data, arch, "--define-n", "32", *flags)
     assert model.encoder.embed_tokens is not model.decoder.embed_tokens
     assert model.decoder.output_projection.weight is model.decoder.embed_tokens.weight
     assert model.decoder.output_projection.weight.shape[1] == 32
@@ -114,7 +109,7 @@ def test_decoder_output_tied_and_unscaled_by_default(translation_data, arch, fla
 
 
 def test_untied_output(translation_data):
-    _, task, model = parsed_model(translation_data, "--arch", "transformer_define", "--define-untie-output")
+    _, task, model = parsed_model(translation_data, "transformer_define", "--define-untie-output")
     assert model.decoder.project_out_dim is None
     assert tuple(model.decoder.output_projection.weight.shape) == (len(task.target_dictionary), 512)
 
@@ -122,7 +117,7 @@ def test_untied_output(translation_data):
 def test_shared_input_with_untied_output(translation_data):
     # --share-all-embeddings shares the DeFINE embedding; --define-untie-output gives the decoder its own V x d layer
     _, task, model = parsed_model(
-        translation_data, "--arch", "transformer_define", "--share-all-embeddings", "--define-untie-output"
+        translation_data, "transformer_define", "--share-all-embeddings", "--define-untie-output"
     )
     embed = model.encoder.embed_tokens
     assert model.decoder.embed_tokens is embed and isinstance(embed, DeFINEEmbedding)
@@ -140,7 +135,7 @@ def test_shared_input_with_untied_output_trains_and_generates(translation_data, 
 @pytest.mark.parametrize("variant", ["define", "delight"])
 def test_separate_units_share_only_the_table(translation_data, variant):
     # --define-separate-units: one V x n table (input of both sides and the tied output), a DeFINE unit per side
-    common = ("--arch", "transformer_define", "--define-variant", variant, "--share-all-embeddings")
+    common = ("transformer_define", "--define-variant", variant, "--share-all-embeddings")
     _, _, shared = parsed_model(translation_data, *common)
     _, _, model = parsed_model(translation_data, *common, "--define-separate-units")
     encoder, decoder = model.encoder.embed_tokens, model.decoder.embed_tokens
@@ -156,7 +151,7 @@ def test_separate_units_share_only_the_table(translation_data, variant):
 
 def test_separate_units_need_shared_embeddings(translation_data):
     with pytest.raises(ValueError, match="--define-separate-units.*--share-all-embeddings"):
-        parsed_model(translation_data, "--arch", "transformer_define", "--define-separate-units")
+        parsed_model(translation_data, "transformer_define", "--define-separate-units")
 
 
 def test_separate_units_train_generate_and_fold(translation_data, tmp_path):
@@ -176,7 +171,7 @@ def test_separate_units_train_generate_and_fold(translation_data, tmp_path):
 @pytest.mark.parametrize("variant,activation", [("define", "gelu"), ("projective", "gelu"), ("delight", "swish")])
 def test_each_variant_builds_with_its_default_activation(translation_data, variant, activation):
     _, _, model = parsed_model(
-        translation_data, "--arch", "transformer_define", "--define-variant", variant, "--share-all-embeddings"
+        translation_data, "transformer_define", "--define-variant", variant, "--share-all-embeddings"
     )
     unit = model.encoder.embed_tokens.define
     assert unit.variant == variant and unit.activation == activation
@@ -196,7 +191,7 @@ ARCHS = ["transformer_define", "transformer_define_wmt_en_de_big", "transformer_
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_incremental_decoding_equals_full_forward(translation_data, arch):
-    _, task, model = parsed_model(translation_data, "--arch", arch, *TINY_MODEL)
+    _, task, model = parsed_model(translation_data, arch, *TINY_MODEL)
     model.eval()
     src, lengths, prev = sample_batch(len(task.target_dictionary))
     with torch.no_grad():
@@ -215,15 +210,9 @@ def test_checkpoint_round_trip(translation_data, tmp_path, arch):
     from fairseq import checkpoint_utils
     from fairseq.trainer import Trainer
 
+    shared = (*TINY_MODEL, "--share-all-embeddings")
     cfg, task, model = parsed_model(
-        translation_data,
-        "--arch",
-        arch,
-        *TINY_MODEL,
-        "--share-all-embeddings",
-        "--save-dir",
-        str(tmp_path),
-        "--no-save-optimizer-state",
+        translation_data, arch, *shared, "--save-dir", tmp_path, "--no-save-optimizer-state"
     )
     trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
     path = str(tmp_path / "roundtrip.pt")
@@ -235,19 +224,15 @@ def test_checkpoint_round_trip(translation_data, tmp_path, arch):
     with torch.no_grad():
         before = model(src, lengths, prev)[0]
         after = loaded(src, lengths, prev)[0]
-        _, _, fresh = parsed_model(
-            translation_data, "--arch", arch, *TINY_MODEL, "--share-all-embeddings", "--seed", "7"
-        )
+        _, _, fresh = parsed_model(translation_data, arch, *shared, "--seed", "7")
         other = fresh.eval()(src, lengths, prev)[0]
     torch.testing.assert_close(after, before, rtol=0, atol=0)
     assert not torch.allclose(other, before)  # the comparison can fail
     assert loaded.encoder.embed_tokens is loaded.decoder.embed_tokens
 
 
-def test_folded_checkpoint_generates_identically(translation_data, trained, tmp_path):
-    folded = tmp_path / "folded.pt"
-    run_module("define_fairseq.tools.fold_define", trained, folded)
-    original = generate(translation_data, trained)
+def test_folded_checkpoint_generates_identically(translation_data, generated, folded):
+    original = hypotheses(generated)
     assert len(original) == 40  # an H and a P line for each of the 20 test sentences
     assert generate(translation_data, folded) == original
     state = torch.load(folded, map_location="cpu", weights_only=False)
@@ -259,7 +244,7 @@ def test_folded_model_matches_in_eval_mode(translation_data):
     from define_fairseq.tools.fold_define import fold_model
 
     _, task, model = parsed_model(
-        translation_data, "--arch", "transformer_define_iwslt_de_en", *TINY_MODEL, "--share-all-embeddings"
+        translation_data, "transformer_define_iwslt_de_en", *TINY_MODEL, "--share-all-embeddings"
     )
     model.eval()
     src, lengths, prev = sample_batch(len(task.target_dictionary))
@@ -295,7 +280,7 @@ def test_params_report(translation_data):
     )
     lines = dict(re.findall(r"^(DeFINE|context|input/output|total)\s+([\d.]+)M$", proc.stdout, re.M))
     assert set(lines) == {"DeFINE", "context", "input/output", "total"}
-    _, task, model = parsed_model(translation_data, "--arch", "transformer_define", "--share-all-embeddings")
+    _, task, model = parsed_model(translation_data, "transformer_define", "--share-all-embeddings")
     counts = parameter_breakdown(model)
     vocab = len(task.source_dictionary)
     define_params = sum(p.numel() for p in model.encoder.embed_tokens.define.parameters())
@@ -308,7 +293,7 @@ def test_params_report(translation_data):
 @pytest.mark.parametrize("variant", ["delight", "projective"])
 def test_params_counts_the_authors_unit_as_define_and_a_projection_as_input_output(translation_data, variant):
     _, task, model = parsed_model(
-        translation_data, "--arch", "transformer_define", "--share-all-embeddings", "--define-variant", variant
+        translation_data, "transformer_define", "--share-all-embeddings", "--define-variant", variant
     )
     counts = parameter_breakdown(model)
     unit = sum(p.numel() for p in model.encoder.embed_tokens.define.parameters())
@@ -321,12 +306,10 @@ def test_params_counts_the_authors_unit_as_define_and_a_projection_as_input_outp
 
 def test_missing_data_directory_gives_a_clear_error(tmp_path):
     missing = tmp_path / "no-such-data"
-    proc = run_cli(
-        "fairseq-train", missing, "--user-dir", USER_DIR, "--arch", "transformer_define", *TRAIN_FLAGS, check=False
-    )
+    proc = fairseq_train(missing, tmp_path, "transformer_define", *TRAIN_FLAGS, check=False)
     assert proc.returncode != 0 and str(missing) in proc.stderr
     with pytest.raises(FileNotFoundError, match="no-such-data"):
-        setup_from_train_args([str(missing), "--arch", "transformer_define", "--cpu"])
+        parsed_model(missing, "transformer_define")
 
 
 def test_malformed_dictionary_gives_a_clear_error(translation_data, tmp_path):
@@ -335,17 +318,15 @@ def test_malformed_dictionary_gives_a_clear_error(translation_data, tmp_path):
     for f in translation_data.iterdir():
         (broken / f.name).write_bytes(f.read_bytes())
     (broken / "dict.en.txt").write_text("this line has too many fields for a dictionary\n")
-    proc = run_cli(
-        "fairseq-train", broken, "--user-dir", USER_DIR, "--arch", "transformer_define", *TRAIN_FLAGS, check=False
-    )
+    proc = fairseq_train(broken, tmp_path, "transformer_define", *TRAIN_FLAGS, check=False)
     assert proc.returncode != 0 and "dictionary" in proc.stderr.lower()
 
 
 def test_bad_define_dimensions_name_the_flag(translation_data):
     with pytest.raises(ValueError, match="--define-k"):
-        parsed_model(translation_data, "--arch", "transformer_define", "--define-k", "1021")
+        parsed_model(translation_data, "transformer_define", "--define-k", "1021")
     with pytest.raises(ValueError, match="--decoder-output-dim"):
-        parsed_model(translation_data, "--arch", "transformer_define", "--decoder-output-dim", "256")
+        parsed_model(translation_data, "transformer_define", "--decoder-output-dim", "256")
 
 
 def test_hydra_yaml_config(translation_data, tmp_path):
@@ -397,12 +378,10 @@ def test_pretrained_embedding_path_is_refused(translation_data, tmp_path):
     vectors = tmp_path / "vectors.txt"
     vectors.write_text("w1 0.1 0.2\n")
     with pytest.raises(ValueError, match="--encoder-embed-path"):
-        parsed_model(translation_data, "--arch", "transformer_define", "--encoder-embed-path", str(vectors))
+        parsed_model(translation_data, "transformer_define", "--encoder-embed-path", str(vectors))
 
 
-def test_fold_refuses_an_already_folded_checkpoint(trained, tmp_path):
-    folded = tmp_path / "folded.pt"
-    run_module("define_fairseq.tools.fold_define", trained, folded)
+def test_fold_refuses_an_already_folded_checkpoint(folded, tmp_path):
     proc = run_module("define_fairseq.tools.fold_define", folded, tmp_path / "again.pt", check=False)
     assert proc.returncode != 0 and "already folded" in proc.stderr
     assert not (tmp_path / "again.pt").exists()

@@ -1,11 +1,9 @@
 """transformer_define from Python (fairseq's hub interface, ``from_pretrained`` with the BPE codes) and from
 ``fairseq-interactive`` with the same codes: both translate raw sentences, and give the same translations."""
 
-import subprocess
-
 import pytest
 from arch_cases import TRANSLATION as TINY_MODEL
-from conftest import BIN, TRAIN_FLAGS, USER_DIR, run_cli, write_tiny_corpus
+from conftest import TRAIN_FLAGS, USER_DIR, binarize, fairseq_train, run_cli, write_tiny_corpus
 
 SENTENCES = ["w1 w22 w3", "w17 w5 w38 w0", "w9"]
 
@@ -31,43 +29,15 @@ def trained(tmp_path_factory):
             lines = (raw / f"{split}.{lang}").read_text().splitlines()
             (raw / f"{split}.bpe.{lang}").write_text("".join(bpe.process_line(line) + "\n" for line in lines))
     assert "@@" in (raw / "train.bpe.en").read_text()
-    data = tmp_path_factory.mktemp("hub-bin")
-    run_cli(
-        "fairseq-preprocess",
-        "--source-lang",
-        "en",
-        "--target-lang",
-        "de",
-        "--trainpref",
-        raw / "train.bpe",
-        "--validpref",
-        raw / "valid.bpe",
-        "--destdir",
-        data,
-        "--joined-dictionary",
-        "--workers",
-        "1",
-    )
+    flags = ("--source-lang", "en", "--target-lang", "de", "--joined-dictionary")
+    data = binarize(raw, ".bpe", tmp_path_factory.mktemp("hub-bin"), *flags, splits=("train", "valid"))
     save_dir = tmp_path_factory.mktemp("hub-model")
-    run_cli(
-        "fairseq-train",
-        data,
-        "--user-dir",
-        USER_DIR,
-        "--arch",
-        "transformer_define",
-        *TINY_MODEL,
-        *TRAIN_FLAGS,
-        "--max-update",
-        "40",
-        "--save-dir",
-        save_dir,
-        "--no-save-optimizer-state",
-    )
+    flags = (*TINY_MODEL, *TRAIN_FLAGS, "--max-update", "40", "--no-save-optimizer-state")
+    fairseq_train(data, save_dir, "transformer_define", *flags)
     return data, codes, save_dir
 
 
-def test_hub_interface_and_fairseq_interactive_translate_alike(trained):
+def test_hub_interface_and_fairseq_interactive_translate_alike(trained, tmp_path):
     from define_fairseq.models.transformer_define import TransformerDefineModel
 
     data, codes, save_dir = trained
@@ -90,35 +60,12 @@ def test_hub_interface_and_fairseq_interactive_translate_alike(trained):
 
     # One batch of the three sentences, as the hub batches them: a sentence alone is a differently shaped
     # computation, whose scores differ in the last bits, and a near tie in the beam could then pick another word.
-    proc = subprocess.run(
-        [
-            str(BIN / "fairseq-interactive"),
-            str(data),
-            "--user-dir",
-            USER_DIR,
-            "--path",
-            str(save_dir / "checkpoint_last.pt"),
-            "--source-lang",
-            "en",
-            "--target-lang",
-            "de",
-            "--bpe",
-            "subword_nmt",
-            "--bpe-codes",
-            str(codes),
-            "--beam",
-            "2",
-            "--cpu",
-            "--buffer-size",
-            str(len(SENTENCES)),
-            "--batch-size",
-            str(len(SENTENCES)),
-        ],
-        input="".join(s + "\n" for s in SENTENCES),
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    sentences = tmp_path / "sentences.txt"
+    sentences.write_text("".join(s + "\n" for s in SENTENCES))
+    bpe = ("--bpe", "subword_nmt", "--bpe-codes", codes, "--beam", "2", "--cpu", "--input", sentences)
+    batch = ("--buffer-size", len(SENTENCES), "--batch-size", len(SENTENCES))
+    model = ("--path", save_dir / "checkpoint_last.pt", "--source-lang", "en", "--target-lang", "de")
+    proc = run_cli("fairseq-interactive", data, "--user-dir", USER_DIR, *model, *bpe, *batch)
     detokenized = {}
     for line in proc.stdout.splitlines():
         if line.startswith("D-"):

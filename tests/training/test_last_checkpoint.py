@@ -3,13 +3,11 @@
 further."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 from arch_cases import TRANSLATION as TINY_MODEL
-from conftest import REPO, TRAIN_FLAGS, USER_DIR
+from conftest import TRAIN_FLAGS, USER_DIR, run_module
 
 from define_fairseq.tools.last_checkpoint import readable, repair_last_checkpoint
 
@@ -49,12 +47,10 @@ def test_a_truncated_last_checkpoint_with_nothing_to_resume_from_is_named(tmp_pa
 
 def test_a_finished_run_started_again_is_left_as_it_is(translation_data, tmp_path):
     """fairseq-train resumed at --max-update would take one more update; the recipes' program does nothing."""
-    command = [sys.executable, "-m", "define_fairseq.tools.train", str(translation_data), "--user-dir", USER_DIR]
-    command += ["--arch", "transformer_define", *TINY_MODEL, *TRAIN_FLAGS, "--max-update", "2"]
-    command += ["--save-dir", str(tmp_path), "--no-epoch-checkpoints", "--data-buffer-size", "0"]
-    first = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
-    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    command = [translation_data, "--user-dir", USER_DIR, "--arch", "transformer_define", *TINY_MODEL, *TRAIN_FLAGS]
+    command += ["--max-update", "2", "--save-dir", tmp_path, "--no-epoch-checkpoints", "--data-buffer-size", "0"]
+    run_module("define_fairseq.tools.train", *command)
     before = (tmp_path / "checkpoint_last.pt").read_bytes()
-    again = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
-    assert again.returncode == 0 and "is at 2 updates, --max-update 2: done already" in again.stdout + again.stderr
+    again = run_module("define_fairseq.tools.train", *command)
+    assert "is at 2 updates, --max-update 2: done already" in again.stdout + again.stderr
     assert (tmp_path / "checkpoint_last.pt").read_bytes() == before
