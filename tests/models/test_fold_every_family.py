@@ -39,6 +39,7 @@ DEFAULTS_ONLY = {
     *[f"transformer_xl_define_wt103_n{n}" for n in (128, 256, 384)],  # as _n64
     "transformer_define_wmt_en_de_big",  # as transformer_define_iwslt_de_en
     "lstm_lm_define_wt103_n11",  # as _n7, with a deeper unit
+    "transformer_define",  # shared embeddings: test_transformer_define folds its iwslt_de_en checkpoint of them
 }
 
 

@@ -237,6 +237,7 @@ def test_folded_checkpoint_generates_identically(translation_data, generated, fo
     assert generate(translation_data, folded) == original
     state = torch.load(folded, map_location="cpu", weights_only=False)
     assert not any(".define." in key for key in state["model"])
+    assert any(key.endswith("embed_tokens.folded") for key in state["model"])
     assert state["cfg"]["model"]["define_folded"] is True
 
 
