@@ -19,8 +19,8 @@ import torch.nn as nn
 
 from benchmarks.common import Bench, Check, Timings, ms, options, ratio, run_main, table
 from define_fairseq.modules import GroupLinear
-from define_fairseq.modules.define import define_layer_sizes
-from define_fairseq.modules.group_linear import FUSED_DEVICES, _group_linear_fused, _group_linear_reference
+from define_fairseq.modules.define.group_linear import FUSED_DEVICES, _group_linear_fused, _group_linear_reference
+from define_fairseq.modules.define.unit import define_layer_sizes
 
 FORMULATIONS = ("fused", "plain")
 GOAL_SHAPE = (1024, 2048, 4)

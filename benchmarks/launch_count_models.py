@@ -17,8 +17,8 @@ import torch
 from benchmarks.launch_count import Counts, count_step
 
 MOGRIFIER_CUDA_PATHS = (
-    "define_fairseq.modules.mogrifier_fused:fused_mogrifier_layer,"
-    "define_fairseq.modules.mogrifier_triton:triton_mogrifier_layer"
+    "define_fairseq.modules.mogrifier.fused:fused_mogrifier_layer,"
+    "define_fairseq.modules.mogrifier.triton_step:triton_mogrifier_layer"
 )
 DEFINE_EAGER_GOAL, DEFINE_COMPILED_GOAL, MOGRIFIER_GOAL = 1.10, 1.0, 27  # issue 43's goals on a CPU
 

@@ -28,8 +28,9 @@ import torch.nn as nn
 
 from benchmarks.common import Bench, Check, millions, options, ratio, run_main, table
 from benchmarks.workloads import build_model, count_params
-from define_fairseq.modules import MogrifierLSTM, recurrence_threads
-from define_fairseq.modules.mogrifier_layer import MogrifierLSTMLayer
+from define_fairseq.modules import MogrifierLSTM
+from define_fairseq.modules.mogrifier import threads as recurrence_threads
+from define_fairseq.modules.mogrifier.layer import MogrifierLSTMLayer
 
 
 class Straightforward(nn.Module):
@@ -127,7 +128,7 @@ def main(argv=None):
         action=argparse.BooleanOptionalAction,
         help="also torch.compile of the reference step (default: on a GPU only)",
     )
-    parser.add_argument("--triton", action="store_true", help="also the Triton step (mogrifier_triton.py)")
+    parser.add_argument("--triton", action="store_true", help="also the Triton step (modules/mogrifier/triton_step.py)")
     bench = Bench("benchmarks.mogrifier_speed", parser, argv)
     args = bench.args
     H, B, T, k = (32, 4, 5, 8) if args.quick else (args.hidden, args.batch, args.bptt, args.rank)
@@ -214,7 +215,7 @@ def main(argv=None):
         notes.append(
             f"MogrifierLSTM's small per-step work on one thread: "
             f"{'yes' if recurrence_threads.small_work_on_one_thread() else 'no'} (only under "
-            f"OMP_WAIT_POLICY=PASSIVE; see define_fairseq/modules/recurrence_threads.py)"
+            f"OMP_WAIT_POLICY=PASSIVE; see define_fairseq/modules/mogrifier/threads.py)"
         )
     body = table(
         ["variant", "parameters", "ms per call (median)", "ms (min)", "tokens/s", "speed vs `MogrifierLSTM`"], rows

@@ -20,7 +20,7 @@ import torch
 from benchmarks.common import Bench, Check, millions, options, ratio, run_main, table
 from benchmarks.targets import define_train_goal as goal_key
 from benchmarks.workloads import build_model, count_params, zipf_tokens
-from define_fairseq.modules.define_embedding import TOKEN_PATHS
+from define_fairseq.modules.define.embedding import TOKEN_PATHS
 
 BASELINE, DEFINE = "transformer", "transformer_define"
 

@@ -25,8 +25,8 @@ from typing import Optional
 import torch.nn as nn
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
-from define_fairseq.modules.define_embedding import DeFINEEmbedding
-from define_fairseq.modules.transformer_xl import TransformerXLLayer, TransformerXLStack
+from define_fairseq.modules.define.embedding import DeFINEEmbedding
+from define_fairseq.modules.transformer_xl.layers import TransformerXLLayer, TransformerXLStack
 
 STATIC_TOKEN_PATHS = ("auto", "table", "positions")  # the DeFINE token paths whose shapes do not depend on the data
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")

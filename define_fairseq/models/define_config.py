@@ -3,7 +3,7 @@
 from typing import Optional
 
 from define_fairseq.models.config_helpers import flag_names
-from define_fairseq.modules.define_embedding import DeFINEEmbedding
+from define_fairseq.modules.define.embedding import DeFINEEmbedding
 
 # DeFINEEmbedding's arguments (and its adaptive map's factor) -> the flags that set them
 DEFINE_FLAGS = dict(

@@ -15,8 +15,8 @@ from typing import Optional
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from define_fairseq.models.input_layer import INPUT_KINDS
-from define_fairseq.modules.define import ACTIVATIONS, INITS, NORMS, VARIANTS
-from define_fairseq.modules.define_embedding import TOKEN_PATHS
+from define_fairseq.modules.define.embedding import TOKEN_PATHS
+from define_fairseq.modules.define.unit import ACTIVATIONS, INITS, NORMS, VARIANTS
 
 
 @dataclass

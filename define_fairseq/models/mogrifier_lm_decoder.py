@@ -14,7 +14,7 @@ from define_fairseq.models.config_helpers import flag_names
 from define_fairseq.models.input_layer import InputLayer, InputLayerSpec, resolve_input_layer
 from define_fairseq.models.recurrent_decoder import RecurrentDecoder
 from define_fairseq.modules.checks import check_probability
-from define_fairseq.modules.mogrifier_lstm import MogrifierLSTM
+from define_fairseq.modules.mogrifier.lstm import MogrifierLSTM
 from define_fairseq.modules.tied_output import TiedOutput
 from define_fairseq.modules.variance_scaling import variance_scaling_
 

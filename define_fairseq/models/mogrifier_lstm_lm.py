@@ -30,7 +30,7 @@ Everything follows the official code (DeepMind's lamb, whose tuned configs the a
   probability p before a batch (lamb's ``drop_state_probability``: a Bernoulli mask over the batch rows). The draws
   use torch's random generator, which fairseq seeds with ``--seed`` plus the update number;
 * on a GPU each BPTT window of the stack replays as CUDA graphs (see
-  :mod:`define_fairseq.modules.mogrifier_graphs`), unless ``--mogrifier-no-cuda-graphs``;
+  :mod:`define_fairseq.modules.mogrifier.graphs`), unless ``--mogrifier-no-cuda-graphs``;
 * ``--mogrifier-l2-penalty l``: lamb's ``l2_penalty``, the term ``l / 2 * sum(theta^2)`` over all parameters added
   to the loss (not fairseq's ``--weight-decay``, which in fairseq's Adam is decoupled weight decay). It reaches the
   loss through ``extra["regularization"]``: train with ``--criterion lm_regularized_loss``, and with

@@ -18,10 +18,10 @@ from define_fairseq.models.config_helpers import (
 )
 from define_fairseq.models.input_layer import InputLayer, InputLayerSpec, resolve_input_layer, tie_output
 from define_fairseq.models.recurrent_decoder import RecurrentDecoder
+from define_fairseq.modules.awd_lstm.locked_dropout import locked_dropout
+from define_fairseq.modules.awd_lstm.lstm_stack import LSTMStack
+from define_fairseq.modules.awd_lstm.weight_drop import embedding_dropout
 from define_fairseq.modules.checks import check_cutoff, check_probability
-from define_fairseq.modules.locked_dropout import locked_dropout
-from define_fairseq.modules.lstm_stack import LSTMStack
-from define_fairseq.modules.weight_drop import embedding_dropout
 
 
 class RecurrentLMDecoder(RecurrentDecoder):

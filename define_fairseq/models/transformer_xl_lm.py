@@ -53,8 +53,8 @@ from define_fairseq.models.config_helpers import (
 from define_fairseq.models.input_config import InputLayerConfig
 from define_fairseq.models.input_layer import InputLayer, InputLayerSpec, build_input_layer, resolve_input_layer
 from define_fairseq.modules.checks import check_cutoff
-from define_fairseq.modules.projected_adaptive_softmax import ProjectedAdaptiveSoftmax
-from define_fairseq.modules.transformer_xl import TransformerXLStack
+from define_fairseq.modules.transformer_xl.layers import TransformerXLStack
+from define_fairseq.modules.transformer_xl.projected_adaptive_softmax import ProjectedAdaptiveSoftmax
 
 TXL_WT103_CUTOFF = "20000,40000,200000"  # the adaptive softmax cutoffs of Transformer-XL's WikiText-103 models
 

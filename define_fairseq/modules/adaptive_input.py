@@ -5,7 +5,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-from .checks import ParameterError, check_cutoff
+from define_fairseq.modules.checks import ParameterError, check_cutoff
 
 
 def rows_by_group(group: torch.Tensor, groups: int) -> Tuple[torch.Tensor, List[int]]:

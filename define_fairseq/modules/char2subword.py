@@ -24,8 +24,8 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from .checks import check_probability
-from .parameter_cache import ParameterCache
+from define_fairseq.modules.checks import check_probability
+from define_fairseq.modules.parameter_cache import ParameterCache
 
 PAD_CHAR = 0
 WORD_START_CHAR = 1  # sentencepiece's "▁" prefix

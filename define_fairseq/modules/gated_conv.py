@@ -30,8 +30,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from .checks import check_probability
-from .parameter_cache import ParameterCache
+from define_fairseq.modules.checks import check_probability
+from define_fairseq.modules.parameter_cache import ParameterCache
 
 ACTIVATIONS = ("glu", "gtu", "bilinear", "relu", "tanh", "linear")
 GATED_ACTIVATIONS = ("glu", "gtu", "bilinear")  # these read 2n channels: value and gate

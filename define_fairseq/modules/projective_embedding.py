@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .checks import check_positive
+from define_fairseq.modules.checks import check_positive
 
 
 class ProjectiveEmbedding(nn.Module):

@@ -6,9 +6,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from .checks import check_probability
-from .locked_dropout import locked_dropout
-from .variance_scaling import variance_scaling_
+from define_fairseq.modules.awd_lstm.locked_dropout import locked_dropout
+from define_fairseq.modules.checks import check_probability
+from define_fairseq.modules.variance_scaling import variance_scaling_
 
 
 class TiedOutput(nn.Module):

@@ -24,7 +24,7 @@ from typing import Dict, List, Optional
 import torch.nn as nn
 
 from define_fairseq.modules import DeFINE
-from define_fairseq.modules.define_delight import DelightDeFINE
+from define_fairseq.modules.define.delight import DelightDeFINE
 
 # Submodules that map tokens to vectors or vectors to the vocabulary (fairseq's names).
 INPUT_OUTPUT_MODULES = ("embed_tokens", "output_projection", "project_out_dim", "project_in_dim", "adaptive_softmax")

@@ -3,7 +3,7 @@ and the random inputs, masks and losses those tests compare on."""
 
 import torch
 
-from define_fairseq.modules.mogrifier_layer import MogrifierDropoutMasks
+from define_fairseq.modules.mogrifier.layer import MogrifierDropoutMasks
 
 M, N, B, T = 7, 5, 3, 4  # input size, hidden size, batch, time steps of the small models
 

@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-MODULES = ("define_fairseq.modules.mogrifier_triton", "define_fairseq.modules.mogrifier_fused")
+MODULES = ("define_fairseq.modules.mogrifier.triton_step", "define_fairseq.modules.mogrifier.fused")
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ import define_fairseq  # noqa: F401  (registers the models, tasks and criteria)
 from define_fairseq.models.lstm_lm_define import LSTMLMDefineModel, RecurrentLMDecoder
 from define_fairseq.modules import DeFINEEmbedding
 from define_fairseq.modules.adaptive_input import AdaptiveInput
-from define_fairseq.modules.lstm_stack import LSTMStack
+from define_fairseq.modules.awd_lstm.lstm_stack import LSTMStack
 from define_fairseq.tools.params import parameter_breakdown
 
 WT103_VOCAB = 267_735

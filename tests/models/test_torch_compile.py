@@ -9,7 +9,7 @@ import torch
 from arch_cases import build_case, case_argv
 from conftest import RUN_FLAGS, run_cli
 
-from define_fairseq.modules.transformer_xl import TransformerXLLayer, TransformerXLStack
+from define_fairseq.modules.transformer_xl.layers import TransformerXLLayer, TransformerXLStack
 
 COMPILE = ["--torch-compile", "--torch-compile-backend", "aot_eager"]
 # Transformer-XL with a DeFINE input and a memory carried between batches (--task stateful_lm), dropout on

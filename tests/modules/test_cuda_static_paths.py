@@ -22,9 +22,9 @@ from define_fairseq.modules import (
     GroupLinear,
     ProjectedAdaptiveSoftmax,
     TransformerXLStack,
-    group_linear,
 )
-from define_fairseq.modules.define_embedding import TOKEN_PATHS
+from define_fairseq.modules.define import group_linear
+from define_fairseq.modules.define.embedding import TOKEN_PATHS
 
 pytestmark = CUDA_TESTS
 

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from define_fairseq.modules import DeFINE
-from define_fairseq.modules.define import VARIANTS
+from define_fairseq.modules.define.unit import VARIANTS
 
 torch.manual_seed(0)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import USER_DIR, run_module
 
-from define_fairseq.modules.define_delight import DelightDeFINE, delight_groups, delight_layer_sizes
+from define_fairseq.modules.define.delight import DelightDeFINE, delight_groups, delight_layer_sizes
 
 
 @pytest.mark.parametrize(

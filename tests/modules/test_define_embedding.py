@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from define_fairseq.modules import DeFINEEmbedding
-from define_fairseq.modules.define_embedding import TOKEN_PATHS
+from define_fairseq.modules.define.embedding import TOKEN_PATHS
 
 
 def make(**kwargs):

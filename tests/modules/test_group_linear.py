@@ -3,7 +3,8 @@ import torch
 import torch.nn as nn
 from cuda_device import CUDA_TESTS, DEVICE, ON_CPU, assert_close_at_scale, fp32_arithmetic
 
-from define_fairseq.modules import GroupLinear, group_linear
+from define_fairseq.modules import GroupLinear
+from define_fairseq.modules.define import group_linear
 
 
 def reference_group_linear(x, weight, bias, groups):

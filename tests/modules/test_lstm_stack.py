@@ -5,9 +5,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from define_fairseq.modules.locked_dropout import LockedDropout, locked_dropout
-from define_fairseq.modules.lstm_stack import LSTMStack
-from define_fairseq.modules.weight_drop import WeightDropLSTM, embedding_dropout
+from define_fairseq.modules.awd_lstm.locked_dropout import LockedDropout, locked_dropout
+from define_fairseq.modules.awd_lstm.lstm_stack import LSTMStack
+from define_fairseq.modules.awd_lstm.weight_drop import WeightDropLSTM, embedding_dropout
 
 
 def reference_lstm_layer(x, w_ih, w_hh, b_ih, b_hh, h, c):

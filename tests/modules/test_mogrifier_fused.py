@@ -8,9 +8,9 @@ import torch
 from cuda_device import assert_close_at_scale
 from triton_interpreter import import_interpreted
 
-from define_fairseq.modules.mogrifier_layer import MogrifierLSTMLayer
-from define_fairseq.modules.mogrifier_lstm import MogrifierLSTM
-from define_fairseq.modules.mogrifier_recurrence import LayerRecurrence
+from define_fairseq.modules.mogrifier.layer import MogrifierLSTMLayer
+from define_fairseq.modules.mogrifier.lstm import MogrifierLSTM
+from define_fairseq.modules.mogrifier.recurrence import LayerRecurrence
 
 pytest.importorskip("triton", reason="Triton is not installed: pip install -r requirements-dev.txt")
 mt, mf = import_interpreted()

@@ -14,7 +14,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from define_fairseq.modules import mogrifier_fused as mf
+from define_fairseq.modules.mogrifier import fused as mf
 
 cases = [
     (mf._round_forward_kernel, "bf16", dict(LOW_RANK=True, F32=False, BB=16, BN=64, BK=128)),

@@ -10,8 +10,8 @@ import torch
 from cuda_device import CUDA_TESTS, DEVICE, fp32_arithmetic
 from mogrifier_reference import randomize
 
-from define_fairseq.modules import mogrifier_graphs
-from define_fairseq.modules.mogrifier_lstm import MogrifierLSTM
+from define_fairseq.modules.mogrifier import graphs as mogrifier_graphs
+from define_fairseq.modules.mogrifier.lstm import MogrifierLSTM
 
 B, T, C, H = 3, 5, 6, 7
 

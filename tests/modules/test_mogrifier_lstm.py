@@ -18,8 +18,8 @@ from mogrifier_reference import (
     scalar_loss,
 )
 
-from define_fairseq.modules.mogrifier_layer import MogrifierDropoutMasks
-from define_fairseq.modules.mogrifier_lstm import MogrifierLSTM
+from define_fairseq.modules.mogrifier.layer import MogrifierDropoutMasks
+from define_fairseq.modules.mogrifier.lstm import MogrifierLSTM
 
 
 @pytest.mark.parametrize("dropout", [None, "shared", "per-step"], ids=["no-dropout", "masks", "per-step-masks"])

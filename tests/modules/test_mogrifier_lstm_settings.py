@@ -9,9 +9,9 @@ import torch
 import torch.nn as nn
 from mogrifier_reference import B, M, N, T, assert_same, literal_mogrifier, make_inputs, outputs_and_grads, randomize
 
-from define_fairseq.modules import recurrence_threads
-from define_fairseq.modules.mogrifier_layer import MogrifierDropoutMasks, MogrifierLSTMLayer, MogrifierRound
-from define_fairseq.modules.mogrifier_lstm import MogrifierLSTM
+from define_fairseq.modules.mogrifier import threads as recurrence_threads
+from define_fairseq.modules.mogrifier.layer import MogrifierDropoutMasks, MogrifierLSTMLayer, MogrifierRound
+from define_fairseq.modules.mogrifier.lstm import MogrifierLSTM
 
 # the official configs' four dropouts, each its own probability
 DROPOUTS = dict(input_dropout=0.5, inter_layer_dropout=0.4, state_dropout=0.3, output_dropout=0.6)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from triton_interpreter import import_interpreted, interpreted
 
-from define_fairseq.modules.mogrifier_layer import MogrifierLSTMLayer
+from define_fairseq.modules.mogrifier.layer import MogrifierLSTMLayer
 
 triton = pytest.importorskip(
     "triton", reason="Triton is not installed: pip install -r requirements-dev.txt (these tests run its interpreter)"

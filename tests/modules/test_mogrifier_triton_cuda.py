@@ -20,8 +20,9 @@ pytestmark = CUDA_TESTS
 CHECK = """
 import sys
 import torch
-from define_fairseq.modules import mogrifier_fused as mf, mogrifier_triton as mt
-from define_fairseq.modules.mogrifier_layer import MogrifierLSTMLayer
+from define_fairseq.modules.mogrifier import fused as mf
+from define_fairseq.modules.mogrifier import triton_step as mt
+from define_fairseq.modules.mogrifier.layer import MogrifierLSTMLayer
 
 device = torch.device(sys.argv[1])
 torch.backends.cuda.matmul.allow_tf32 = False

@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from define_fairseq.modules import ProjectedAdaptiveSoftmax, ProjectiveEmbedding, projected_adaptive_softmax
+from define_fairseq.modules import ProjectedAdaptiveSoftmax, ProjectiveEmbedding
+from define_fairseq.modules.transformer_xl import projected_adaptive_softmax
 
 WT103_VOCAB = 267735
 WT103_CUTOFF = [20000, 40000, 200000]

@@ -241,8 +241,8 @@ def test_quick_runs_every_group_end_to_end_and_writes_no_file():
     expected = [
         "`transformer_define` | --torch-compile",
         "`transformer_xl_define_wt103_n128` | --torch-compile",
-        "CUDA path (define_fairseq.modules.mogrifier_fused:fused_mogrifier_layer)",
-        "CUDA path (define_fairseq.modules.mogrifier_triton:triton_mogrifier_layer)",
+        "CUDA path (define_fairseq.modules.mogrifier.fused:fused_mogrifier_layer)",
+        "CUDA path (define_fairseq.modules.mogrifier.triton_step:triton_mogrifier_layer)",
         "`lstm_lm_define` | eager, training",
     ]
     assert all(row in run.stdout for row in expected), run.stdout[-3000:]

@@ -1,5 +1,5 @@
 """Transformer-XL (Dai et al., 2019) as plain ``torch.nn`` modules: the position-wise feed-forward, the layer and
-the stack with segment memory. The relative attention is in :mod:`define_fairseq.modules.relative_attention`.
+the stack with segment memory. The relative attention is in :mod:`define_fairseq.modules.transformer_xl.attention`.
 
 Each layer attends over the concatenation of a *memory* (the layer's inputs for the previous ``M`` positions,
 carried over from earlier segments without gradient) and the current segment of ``T`` positions, so there are
@@ -16,8 +16,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .checks import check_positive, check_probability
-from .relative_attention import RelativeMultiheadAttention
+from define_fairseq.modules.checks import check_positive, check_probability
+from define_fairseq.modules.transformer_xl.attention import RelativeMultiheadAttention
 
 
 class PositionwiseFeedForward(nn.Module):

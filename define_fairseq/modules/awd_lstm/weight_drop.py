@@ -15,7 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from .checks import check_probability
+from define_fairseq.modules.checks import check_probability
 
 LSTMState = Tuple[torch.Tensor, torch.Tensor]
 

@@ -1,4 +1,4 @@
-"""A :class:`~define_fairseq.modules.mogrifier_lstm.MogrifierLSTM`'s BPTT window as CUDA graphs
+"""A :class:`~define_fairseq.modules.mogrifier.lstm.MogrifierLSTM`'s BPTT window as CUDA graphs
 (:class:`WindowGraphs`, used when ``MogrifierLSTM.cuda_graphs`` is on), because a window of the fast path is
 thousands of small kernels whose launches take longer on the host than they run on the GPU.
 

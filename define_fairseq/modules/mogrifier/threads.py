@@ -1,4 +1,4 @@
-"""How the fast path of a Mogrifier LSTM layer (``mogrifier_recurrence.py``) runs its small per-step work and reuses
+"""How the fast path of a Mogrifier LSTM layer (``recurrence.py``) runs its small per-step work and reuses
 its buffers: :class:`Threads` switches torch's CPU intra-op thread count between one thread and the caller's setting
 (on under ``OMP_WAIT_POLICY=PASSIVE``, see :func:`small_work_on_one_thread`), and :class:`Workspace` keeps the
 buffers from one call to the next. The measurements behind these choices are in

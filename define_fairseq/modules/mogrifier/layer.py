@@ -1,7 +1,7 @@
 """One layer of the Mogrifier LSTM (Melis, Kocisky & Blunsom, "Mogrifier LSTM", ICLR 2020), as the paper and its
 official code (DeepMind's ``lamb``, ``TiedLSTMCell``) define it: :class:`MogrifierLSTMLayer`, the affine map of one
 of its rounds (:class:`MogrifierRound`) and the dropout masks of one call of the stack
-(:class:`MogrifierDropoutMasks`); the stack itself is :class:`~define_fairseq.modules.mogrifier_lstm.MogrifierLSTM`.
+(:class:`MogrifierDropoutMasks`); the stack itself is :class:`~define_fairseq.modules.mogrifier.lstm.MogrifierLSTM`.
 
 One step of one layer, input size m, hidden size n, ``r`` rounds::
 
@@ -23,8 +23,8 @@ at two of those) for the LSTM weights per input tile (fan_in m for the x part, n
 (a vector of n: fan_in n; the forget gate's centred on ``forget_bias``) and full-rank Q/R (fan_in their input
 size); low-rank factors truncated normal with std ``(1 / (fan_in * k)) ** 0.25``; round biases zero.
 
-A layer runs a hand-written recurrence and backward (``mogrifier_recurrence.py``; on CUDA with rounds, its rounds
-and cell as Triton kernels, ``mogrifier_fused.py``: :attr:`MogrifierLSTMLayer.kernels`), or ``nn.LSTM``'s fused
+A layer runs a hand-written recurrence and backward (``recurrence.py``; on CUDA with rounds, its rounds
+and cell as Triton kernels, ``fused.py``: :attr:`MogrifierLSTMLayer.kernels`), or ``nn.LSTM``'s fused
 kernel when it is an uncapped LSTM without state mask. :meth:`MogrifierLSTMLayer.reference_step` is a literal,
 readable per-step implementation (plain autograd) kept for the tests.
 """
@@ -35,9 +35,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .mogrifier_recurrence import LayerRecurrence, MogrifierLayerFunction
-from .recurrence_threads import Workspace
-from .variance_scaling import variance_scaling_
+from define_fairseq.modules.mogrifier.recurrence import LayerRecurrence, MogrifierLayerFunction
+from define_fairseq.modules.mogrifier.threads import Workspace
+from define_fairseq.modules.variance_scaling import variance_scaling_
 
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what the Triton kernels take
 
@@ -279,7 +279,7 @@ class MogrifierLSTMLayer(nn.Module):
         )
         if not fused:
             return LayerRecurrence
-        from .mogrifier_fused import FusedRecurrence  # imports Triton: only where its kernels run
+        from define_fairseq.modules.mogrifier.fused import FusedRecurrence  # imports Triton: only where its kernels run
 
         return FusedRecurrence
 

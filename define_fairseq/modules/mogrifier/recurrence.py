@@ -1,4 +1,4 @@
-"""The fast path of one :class:`~define_fairseq.modules.mogrifier_layer.MogrifierLSTMLayer`: its recurrence over a
+"""The fast path of one :class:`~define_fairseq.modules.mogrifier.layer.MogrifierLSTMLayer`: its recurrence over a
 whole sequence as one ``torch.autograd.Function`` with a backward through time written by hand, because autograd
 through any per-step loop records ``T`` small weight GEMMs and ``T`` accumulations of a ``4n x (m + n)`` matrix
 (and a fused ``nn.LSTM`` cannot run it: ``x_t`` is modulated by ``h_{t-1}``, so ``W_x x`` cannot be hoisted).
@@ -10,7 +10,7 @@ through any per-step loop records ``T`` small weight GEMMs and ``T`` accumulatio
 * Backward: a reverse loop propagating only the activation gradients (ATen's fused ``sigmoid_backward`` /
   ``tanh_backward``); then every weight gradient is ONE GEMM over all ``T * B`` rows.
 * The buffers are kept from call to call (:class:`Workspace`); on CPU under ``OMP_WAIT_POLICY=PASSIVE`` the small
-  per-step work runs on one thread (:class:`Threads`); both are in ``recurrence_threads.py``.
+  per-step work runs on one thread (:class:`Threads`); both are in ``threads.py``.
 
 The state dropout mask is ``[B, n]`` (one per window) or ``[T, B, n]`` (one per step). The measurements behind
 these choices are in ``benchmarks/results/mogrifier_speed.md``.
@@ -21,7 +21,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch.autograd.function import once_differentiable
 
-from .recurrence_threads import Threads, Workspace
+from define_fairseq.modules.mogrifier.threads import Threads, Workspace
 
 _sigmoid_backward = torch.ops.aten.sigmoid_backward.grad_input  # (grad, sigmoid output, grad_input=out)
 _tanh_backward = torch.ops.aten.tanh_backward.grad_input  # (grad, tanh output, grad_input=out)

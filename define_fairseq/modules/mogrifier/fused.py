@@ -1,6 +1,6 @@
-"""The fast path of a Mogrifier LSTM layer (``mogrifier_recurrence.py``) with every round and the cell fused into
+"""The fast path of a Mogrifier LSTM layer (``recurrence.py``) with every round and the cell fused into
 Triton kernels: :class:`FusedRecurrence`, the recurrence over a BPTT window inside the fast path's one autograd
-Function (:class:`~define_fairseq.modules.mogrifier_recurrence.MogrifierLayerFunction`), its weight gradients one
+Function (:class:`~define_fairseq.modules.mogrifier.recurrence.MogrifierLayerFunction`), its weight gradients one
 GEMM each over the window, as the fast path computes them.
 
 Per time step and layer:
@@ -26,14 +26,14 @@ try:
     import triton.language as tl
 except ImportError as error:  # a CUDA build of torch brings Triton; the layers import this module on CUDA only
     raise ImportError(
-        "define_fairseq.modules.mogrifier_fused needs Triton for the Mogrifier's CUDA kernels: pip install "
+        "define_fairseq.modules.mogrifier.fused needs Triton for the Mogrifier's CUDA kernels: pip install "
         "triton, or run the layers' fast path in torch (MogrifierLSTMLayer.kernels = 'torch')"
     ) from error
 
-from . import mogrifier_triton as mt
-from .mogrifier_layer import FUSED_DTYPES
-from .mogrifier_recurrence import LayerRecurrence
-from .recurrence_threads import Threads
+from define_fairseq.modules.mogrifier import triton_step as mt
+from define_fairseq.modules.mogrifier.layer import FUSED_DTYPES
+from define_fairseq.modules.mogrifier.recurrence import LayerRecurrence
+from define_fairseq.modules.mogrifier.threads import Threads
 
 BLOCK_ROWS = 16  # rows (batch) per program; tl.dot needs at least 16 in every dimension
 BLOCK_COLS = 64  # output columns per program, and the width of every inner-dimension chunk
@@ -204,7 +204,7 @@ def check_inputs(x: torch.Tensor) -> None:
     if x.device.type != "cuda" and not mt.INTERPRETED:
         raise ValueError(
             f"mogrifier_fused: the compiled kernels take CUDA tensors; got one on {x.device}. On a CPU, set "
-            f"TRITON_INTERPRET=1 before importing define_fairseq.modules.mogrifier_fused (the interpreter)"
+            f"TRITON_INTERPRET=1 before importing define_fairseq.modules.mogrifier.fused (the interpreter)"
         )
 
 

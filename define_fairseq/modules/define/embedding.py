@@ -7,11 +7,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .adaptive_input import AdaptiveInput
-from .checks import check_probability
-from .define import DeFINE
-from .define_delight import DelightDeFINE
-from .parameter_cache import ParameterCache
+from define_fairseq.modules.adaptive_input import AdaptiveInput
+from define_fairseq.modules.checks import check_probability
+from define_fairseq.modules.define.delight import DelightDeFINE
+from define_fairseq.modules.define.unit import DeFINE
+from define_fairseq.modules.parameter_cache import ParameterCache
 
 TOKEN_PATHS = ("unique", "table", "positions", "auto")
 """Where the unit runs in a forward with autograd. ``unique``: once per distinct token of the batch, the results

@@ -1,5 +1,5 @@
 """Transformer-XL's relative positional attention (Dai et al., 2019) as plain ``torch.nn``: :func:`rel_shift` and
-:class:`RelativeMultiheadAttention`, the attention sub-layer of :mod:`define_fairseq.modules.transformer_xl`.
+:class:`RelativeMultiheadAttention`, the attention sub-layer of :mod:`define_fairseq.modules.transformer_xl.layers`.
 
 Each query attends over the concatenation of a *memory* (the layer's inputs for the previous ``M`` positions,
 carried over from earlier segments without gradient) and the current segment of ``T`` positions, so there are
@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .checks import check_positive, check_probability
+from define_fairseq.modules.checks import check_positive, check_probability
 
 
 def rel_shift(scores: torch.Tensor) -> torch.Tensor:

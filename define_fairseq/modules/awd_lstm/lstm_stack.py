@@ -11,9 +11,9 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-from .checks import check_probability
-from .locked_dropout import locked_dropout
-from .weight_drop import WeightDropLSTM
+from define_fairseq.modules.awd_lstm.locked_dropout import locked_dropout
+from define_fairseq.modules.awd_lstm.weight_drop import WeightDropLSTM
+from define_fairseq.modules.checks import check_probability
 
 LSTMState = Tuple[torch.Tensor, torch.Tensor]
 

@@ -22,9 +22,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .checks import ParameterError, check_probability
-from .define import ACTIVATIONS, split_and_mix
-from .group_linear import GroupLinear
+from define_fairseq.modules.checks import ParameterError, check_probability
+from define_fairseq.modules.define.group_linear import GroupLinear
+from define_fairseq.modules.define.unit import ACTIVATIONS, split_and_mix
 
 MIN_GROUP_WIDTH = 8  # the authors round every expansion width to a multiple of 8 (for tensor cores)
 

@@ -20,15 +20,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .checks import ParameterError, check_probability
-from .group_linear import GroupLinear
+from define_fairseq.modules.checks import ParameterError, check_probability
+from define_fairseq.modules.define.group_linear import GroupLinear
 
 VARIANTS = ("define", "define_concat", "hgt", "glt", "lt", "projective")
 """``define``: HGT + split-and-mix skip (the paper's DeFINE). ``define_concat``: HGT + plain concatenation of
 the input and the previous output (Fig. 5d, "without mixer"). ``hgt``: HGT, no skip. ``glt``: every layer
 uses ``max_groups`` groups, no skip. ``lt``: dense layers (one group), no skip. ``projective``: one bias-free
 linear map ``n -> m`` (the plain factorisation, Transformer-XL's projective embedding; ``k`` and ``depth``
-unused). The authors' unit is :class:`~define_fairseq.modules.define_delight.DelightDeFINE`."""
+unused). The authors' unit is :class:`~define_fairseq.modules.define.delight.DelightDeFINE`."""
 
 ACTIVATIONS = {
     "gelu": F.gelu,

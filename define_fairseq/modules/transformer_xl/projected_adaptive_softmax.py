@@ -18,8 +18,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .adaptive_input import rows_by_group
-from .checks import check_cutoff, check_positive, check_probability
+from define_fairseq.modules.adaptive_input import rows_by_group
+from define_fairseq.modules.checks import check_cutoff, check_positive, check_probability
 
 
 def _at_least_float32(x: torch.Tensor) -> torch.Tensor:

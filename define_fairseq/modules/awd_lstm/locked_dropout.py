@@ -4,7 +4,7 @@ AWD-LSTM's ``LockedDropout``)."""
 import torch
 import torch.nn as nn
 
-from .checks import check_probability
+from define_fairseq.modules.checks import check_probability
 
 
 def locked_dropout(x: torch.Tensor, p: float, training: bool = True, batch_first: bool = True) -> torch.Tensor:

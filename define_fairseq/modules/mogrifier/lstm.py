@@ -1,6 +1,6 @@
 """The Mogrifier LSTM stack (Melis, Kocisky & Blunsom, "Mogrifier LSTM", ICLR 2020), as the paper and its official
 code (DeepMind's ``lamb``) define it: :class:`MogrifierLSTM`, ``num_layers`` layers
-(:class:`~define_fairseq.modules.mogrifier_layer.MogrifierLSTMLayer`, whose module docstring gives the equations and
+(:class:`~define_fairseq.modules.mogrifier.layer.MogrifierLSTMLayer`, whose module docstring gives the equations and
 the initialisation) with the official code's dropout and its optional sum of the layers' outputs.
 
 Dropout (training mode) on layer 1's input, the input of layers >= 2, ``h_{t-1}`` (before the rounds) and the
@@ -12,7 +12,7 @@ configs). ``shared_mask_dropout=True`` shares the other masks over the steps too
 
 :meth:`MogrifierLSTM.reference_forward` is a literal, readable per-step implementation (plain autograd) kept for
 the tests. ``MogrifierLSTM.cuda_graphs`` (off by default; ``mogrifier_lstm_lm`` turns it on) runs each BPTT window
-on CUDA as CUDA graphs (``mogrifier_graphs.py``).
+on CUDA as CUDA graphs (``graphs.py``).
 """
 
 from typing import List, Optional
@@ -20,9 +20,9 @@ from typing import List, Optional
 import torch
 import torch.nn as nn
 
-from .checks import ParameterError, check_probability
-from .mogrifier_graphs import WindowGraphs
-from .mogrifier_layer import LSTMState, MogrifierDropoutMasks, MogrifierLSTMLayer
+from define_fairseq.modules.checks import ParameterError, check_probability
+from define_fairseq.modules.mogrifier.graphs import WindowGraphs
+from define_fairseq.modules.mogrifier.layer import LSTMState, MogrifierDropoutMasks, MogrifierLSTMLayer
 
 
 class MogrifierLSTM(nn.Module):
@@ -49,7 +49,7 @@ class MogrifierLSTM(nn.Module):
     :meth:`load_lstm_weights` / :meth:`to_lstm` copy the LSTM weights from / to an ``nn.LSTM``.
 
     ``cuda_graphs`` (an attribute, not saved; default off): a CUDA input with the masks drawn inside runs as CUDA
-    graphs, one per call signature (:class:`~define_fairseq.modules.mogrifier_graphs.WindowGraphs`).
+    graphs, one per call signature (:class:`~define_fairseq.modules.mogrifier.graphs.WindowGraphs`).
     """
 
     cuda_graphs: bool = False

@@ -1,4 +1,4 @@
-"""An opt-in Triton implementation of one :class:`~define_fairseq.modules.mogrifier_layer.MogrifierLSTMLayer`
+"""An opt-in Triton implementation of one :class:`~define_fairseq.modules.mogrifier.layer.MogrifierLSTMLayer`
 time step: the element-wise work in Triton kernels, every matrix product in torch (cuBLAS on a GPU).
 
 * :func:`round_gate`: one mogrifier round's gate ``2 sigmoid(p + bias) * v``, given ``p = Q cond`` (the round's
@@ -27,7 +27,7 @@ try:
     import triton.language as tl
 except ImportError as error:  # the package's other modules never import this one
     raise ImportError(
-        "define_fairseq.modules.mogrifier_triton needs Triton: pip install -r requirements-dev.txt (on a CPU, set "
+        "define_fairseq.modules.mogrifier.triton_step needs Triton: pip install -r requirements-dev.txt (on a CPU, set "
         "TRITON_INTERPRET=1 before importing this module to run the kernels in Triton's interpreter)"
     ) from error
 
@@ -165,7 +165,7 @@ def _check(*tensors: torch.Tensor) -> None:
         if t.device.type != "cuda" and not INTERPRETED:
             raise ValueError(
                 f"mogrifier_triton: the compiled kernels take CUDA tensors; got one on {t.device}. On a CPU, set "
-                f"TRITON_INTERPRET=1 before importing define_fairseq.modules.mogrifier_triton (the interpreter)"
+                f"TRITON_INTERPRET=1 before importing define_fairseq.modules.mogrifier.triton_step (the interpreter)"
             )
 
 
