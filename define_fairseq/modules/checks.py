@@ -59,6 +59,13 @@ def check_probability(value: float, name: str, note: Optional[str] = None) -> fl
     return float(value)
 
 
+def check_choice(value: str, choices: Sequence[str], name: str) -> str:
+    """``value`` if it is one of ``choices``; a :class:`ParameterError` naming ``name`` and the choices otherwise."""
+    if value not in choices:
+        raise ParameterError(name, repr(value), f"unknown; choose one of {', '.join(choices)}")
+    return value
+
+
 def check_cutoff(cutoff: Sequence[int], vocab_size: int, name: str = "cutoff", note: Optional[str] = None) -> List[int]:
     """The band boundaries ``cutoff`` of an adaptive input or softmax as a list ending with ``vocab_size``
     (which ``cutoff`` may already end with).

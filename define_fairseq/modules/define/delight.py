@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from define_fairseq.modules.checks import ParameterError, check_probability
+from define_fairseq.modules.checks import ParameterError, check_choice, check_probability
 from define_fairseq.modules.define.group_linear import GroupLinear
 from define_fairseq.modules.define.unit import ACTIVATIONS, split_and_mix
 
@@ -125,8 +125,7 @@ class DelightDeFINE(nn.Module):
         dropout: float = 0.0,
     ):
         super().__init__()
-        if activation not in ACTIVATIONS:
-            raise ParameterError("activation", repr(activation), f"unknown; choose one of {', '.join(ACTIVATIONS)}")
+        check_choice(activation, ACTIVATIONS, "activation")
         if norm not in ("group", "none"):
             raise ParameterError(
                 "norm", repr(norm), "the authors' unit normalises per group ('group') or not at all ('none')"

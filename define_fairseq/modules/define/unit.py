@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from define_fairseq.modules.checks import ParameterError, check_probability
+from define_fairseq.modules.checks import ParameterError, check_choice, check_probability
 from define_fairseq.modules.define.group_linear import GroupLinear
 
 VARIANTS = ("define", "define_concat", "hgt", "glt", "lt", "projective")
@@ -85,8 +85,7 @@ def define_layer_sizes(n: int, k: int, m: int, depth: int, max_groups: int, vari
 
     Raises a :class:`ParameterError` naming the argument when the dimensions cannot work.
     """
-    if variant not in VARIANTS:
-        raise ParameterError("variant", repr(variant), f"unknown; choose one of {', '.join(VARIANTS)}")
+    check_choice(variant, VARIANTS, "variant")
     if variant == "projective":
         for name, value in (("n", n), ("m", m)):
             if value < 1:
@@ -185,13 +184,10 @@ class DeFINE(nn.Module):
         init: str = "unit",
     ):
         super().__init__()
-        if activation not in ACTIVATIONS:
-            raise ParameterError("activation", repr(activation), f"unknown; choose one of {', '.join(ACTIVATIONS)}")
-        if norm not in NORMS:
-            raise ParameterError("norm", repr(norm), f"unknown; choose one of {', '.join(NORMS)}")
+        check_choice(activation, ACTIVATIONS, "activation")
+        check_choice(norm, NORMS, "norm")
         check_probability(dropout, "dropout")
-        if init not in INITS:
-            raise ParameterError("init", repr(init), f"unknown; choose one of {', '.join(INITS)}")
+        check_choice(init, INITS, "init")
         self.sizes = define_layer_sizes(n, k, m, depth, max_groups, variant)
         self.n, self.k, self.m = n, k, m
         self.variant = variant
