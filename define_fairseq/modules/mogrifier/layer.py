@@ -234,36 +234,11 @@ class MogrifierLSTMLayer(nn.Module):
         params = self.round_parameters()
         kind = self.recurrence_kind(x)
         tensors = [x, h0, c0, self.weight_ih, self.weight_hh, self.bias] + params
+        inputs = (x, h0, c0, state_mask, self.weight_ih, self.weight_hh, self.bias, self.cap_input_gate, self.rank)
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-            y, c = MogrifierLayerFunction.apply(
-                x,
-                h0,
-                c0,
-                state_mask,
-                self.weight_ih,
-                self.weight_hh,
-                self.bias,
-                self.cap_input_gate,
-                self.rank,
-                self.workspace,
-                kind,
-                *params,
-            )
+            y, c = MogrifierLayerFunction.apply(*inputs, self.workspace, kind, *params)
         else:
-            y, c = kind(
-                x,
-                h0,
-                c0,
-                state_mask,
-                self.weight_ih,
-                self.weight_hh,
-                self.bias,
-                self.cap_input_gate,
-                self.rank,
-                params,
-                save=False,
-                workspace=self.workspace,
-            ).forward()
+            y, c = kind(*inputs, params, save=False, workspace=self.workspace).forward()
         return y, (y[-1], c)
 
     def recurrence_kind(self, x: torch.Tensor) -> Type[LayerRecurrence]:
