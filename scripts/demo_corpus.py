@@ -216,6 +216,28 @@ def write_splits(outdir: str, pairs: Dict[str, str], held_out: int = TEST_BUCKET
     return {name: len(splits[name]) for name in SPLITS}
 
 
+def add_pair_options(parser: argparse.ArgumentParser) -> None:
+    """The options every parallel-corpus script takes: ``--min-pairs`` and ``--max-words``."""
+    parser.add_argument(
+        "--min-pairs", type=int, default=10000, help="fail when fewer unique pairs come out (default: 10000)"
+    )
+    parser.add_argument(
+        "--max-words",
+        type=int,
+        default=MAX_WORDS,
+        help=f"skip pairs with a side longer than this many words (default: {MAX_WORDS})",
+    )
+
+
+def pairs_line(counts: Dict[str, int], origin: str, outdir: str) -> str:
+    """What a parallel-corpus script prints: the pairs of each split, whence (``origin``) and where they went."""
+    return (
+        f"{sum(counts.values())} {origin}: "
+        + ", ".join(f"{name} {counts[name]}" for name in SPLITS)
+        + f" -> {outdir}/{{train,valid,test}}.{{en,de}}"
+    )
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m scripts.demo_corpus",
@@ -227,26 +249,13 @@ def main(argv: Optional[List[str]] = None) -> None:
         default=DEFAULT_LOCALE_DIR,
         help=f"directory of German .mo catalogs (default: {DEFAULT_LOCALE_DIR})",
     )
-    parser.add_argument(
-        "--min-pairs", type=int, default=10000, help="fail when fewer unique pairs come out (default: 10000)"
-    )
-    parser.add_argument(
-        "--max-words",
-        type=int,
-        default=MAX_WORDS,
-        help=f"skip pairs with a side longer than this many words (default: {MAX_WORDS})",
-    )
+    add_pair_options(parser)
     args = parser.parse_args(argv)
     try:
         counts = build_corpus(args.outdir, args.locale_dir, args.min_pairs, args.max_words)
     except CorpusError as e:
         raise SystemExit(f"error: {e}")
-    total = sum(counts.values())
-    print(
-        f"{total} pairs from {args.locale_dir}: "
-        + ", ".join(f"{name} {counts[name]}" for name in SPLITS)
-        + f" -> {args.outdir}/{{train,valid,test}}.{{en,de}}"
-    )
+    print(pairs_line(counts, f"pairs from {args.locale_dir}", args.outdir))
 
 
 if __name__ == "__main__":

@@ -35,10 +35,11 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 from scripts.demo_corpus import (
     MAX_WORDS,
-    SPLITS,
     TEST_BUCKETS,
     CorpusError,
+    add_pair_options,
     normalise,
+    pairs_line,
     usable_pair,
     write_splits,
 )
@@ -190,26 +191,14 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("outdir", help="where to write {train,valid,test}.{en,de}")
     parser.add_argument("--dictionary", help=f"ding: the dictionary file (default: {DING_FILE})")
     parser.add_argument("--help-dir", help=f"libreoffice-help: the folder holding en-US/ and de/ (default: {HELP_DIR})")
-    parser.add_argument(
-        "--min-pairs", type=int, default=10000, help="fail when fewer unique pairs come out (default: 10000)"
-    )
-    parser.add_argument(
-        "--max-words",
-        type=int,
-        default=MAX_WORDS,
-        help=f"skip pairs with a side longer than this many words (default: {MAX_WORDS})",
-    )
+    add_pair_options(parser)
     args = parser.parse_args(argv)
     path = args.dictionary if args.source == "ding" else args.help_dir
     try:
         counts = build_corpus(args.source, args.outdir, path, args.min_pairs, args.max_words)
     except CorpusError as e:
         raise SystemExit(f"error: {e}")
-    print(
-        f"{sum(counts.values())} {args.source} pairs: "
-        + ", ".join(f"{name} {counts[name]}" for name in SPLITS)
-        + f" -> {args.outdir}/{{train,valid,test}}.{{en,de}}"
-    )
+    print(pairs_line(counts, f"{args.source} pairs", args.outdir))
 
 
 if __name__ == "__main__":
