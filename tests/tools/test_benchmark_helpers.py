@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+from arch_cases import TXL_TINY
 from conftest import REPO
 
 from benchmarks import gpu_report, group_linear
@@ -244,26 +245,8 @@ def test_step_flops_of_an_lstm_lm(training):
     assert step_flops(layers, None, 50, 3, 5, training) == (3 if training else 1) * no_proj
 
 
-TINY_TXL = [
-    "--decoder-layers",
-    "1",
-    "--decoder-embed-dim",
-    "16",
-    "--decoder-attention-heads",
-    "2",
-    "--txl-head-dim",
-    "6",
-    "--decoder-ffn-embed-dim",
-    "24",
-    "--adaptive-softmax-cutoff",
-    "20,40",
-    "--define-n",
-    "8",
-    "--define-k",
-    "32",
-    "--txl-mem-len",
-    "4",
-]
+# one Transformer-XL layer of the tests' tiny size, with a short memory
+TINY_TXL = [*TXL_TINY, "--decoder-layers", "1", "--txl-mem-len", "4"]
 TXL_TASK = ["--task", "language_modeling", "--criterion", "lm_regularized_loss", "--ddp-backend", "legacy_ddp"]
 
 
