@@ -48,7 +48,7 @@ vocabulary (10,000 words for PTB, 33,278 for WikiText-2); see each arch's docstr
 """
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Tuple
 
 from fairseq.dataclass import ChoiceEnum
 from fairseq.models import FairseqLanguageModel, register_model, register_model_architecture
@@ -204,6 +204,26 @@ def lamb_base(args):
     args.mogrifier_mos_components = safe_getattr(args, "mogrifier_mos_components", 1)
 
 
+def lamb_wt2_base(args):
+    """What lamb's WikiText-2 configs add to :func:`lamb_base`: a mixture of 2 softmaxes, and one state mask per
+    step, as lamb runs them as a dynamic_rnn (swap_memory True)."""
+    args.mogrifier_mos_components = safe_getattr(args, "mogrifier_mos_components", 2)
+    args.mogrifier_state_dropout_mask = safe_getattr(args, "mogrifier_state_dropout_mask", "step")
+    lamb_base(args)
+
+
+def lamb_tuned(args, hidden_size: int, rounds: int, rank: int, dropout: Tuple[float, float, float, float]):
+    """The values lamb tuned for each of the archs below: the width, the Mogrifier rounds and rank (0 and 0 for a
+    plain LSTM), and the dropout on the input, between the layers, on the state and on the output."""
+    args.mogrifier_hidden_size = safe_getattr(args, "mogrifier_hidden_size", hidden_size)
+    args.mogrifier_rounds = safe_getattr(args, "mogrifier_rounds", rounds)
+    args.mogrifier_rank = safe_getattr(args, "mogrifier_rank", rank)
+    args.mogrifier_input_dropout = safe_getattr(args, "mogrifier_input_dropout", dropout[0])
+    args.mogrifier_inter_layer_dropout = safe_getattr(args, "mogrifier_inter_layer_dropout", dropout[1])
+    args.mogrifier_state_dropout = safe_getattr(args, "mogrifier_state_dropout", dropout[2])
+    args.mogrifier_output_dropout = safe_getattr(args, "mogrifier_output_dropout", dropout[3])
+
+
 @register_model_architecture("mogrifier_lstm_lm", "mogrifier_lstm_lm_ptb")
 def mogrifier_lstm_lm_ptb(args):
     """lamb's tuned PTB Mogrifier (``tune_ptb_24m_lstm_fm_d2_arms/trial_483``): r = 5, k = 84, dropout input .729 /
@@ -213,13 +233,7 @@ def mogrifier_lstm_lm_ptb(args):
     (LSTM) + 5 (2 k n + n) (five rounds of rank-k factors with a bias), i.e. 16 n^2 + (V + 18 + 20 k) n + V
     parameters; n = 912 is the largest that fits (23,986,480); n = 913 would give 24,027,378.
     """
-    args.mogrifier_hidden_size = safe_getattr(args, "mogrifier_hidden_size", 912)
-    args.mogrifier_rounds = safe_getattr(args, "mogrifier_rounds", 5)
-    args.mogrifier_rank = safe_getattr(args, "mogrifier_rank", 84)
-    args.mogrifier_input_dropout = safe_getattr(args, "mogrifier_input_dropout", 0.729)
-    args.mogrifier_inter_layer_dropout = safe_getattr(args, "mogrifier_inter_layer_dropout", 0.291)
-    args.mogrifier_state_dropout = safe_getattr(args, "mogrifier_state_dropout", 0.387)
-    args.mogrifier_output_dropout = safe_getattr(args, "mogrifier_output_dropout", 0.716)
+    lamb_tuned(args, hidden_size=912, rounds=5, rank=84, dropout=(0.729, 0.291, 0.387, 0.716))
     lamb_base(args)
 
 
@@ -232,13 +246,7 @@ def mogrifier_lstm_lm_baseline_ptb(args):
     Budget 24M at V = 10,000: 16 n^2 + (V + 8) n + V parameters; n = 951 is the largest that fits (23,998,024;
     n = 952 would give 24,038,480).
     """
-    args.mogrifier_hidden_size = safe_getattr(args, "mogrifier_hidden_size", 951)
-    args.mogrifier_rounds = safe_getattr(args, "mogrifier_rounds", 0)
-    args.mogrifier_rank = safe_getattr(args, "mogrifier_rank", 0)
-    args.mogrifier_input_dropout = safe_getattr(args, "mogrifier_input_dropout", 0.628)
-    args.mogrifier_inter_layer_dropout = safe_getattr(args, "mogrifier_inter_layer_dropout", 0.307)
-    args.mogrifier_state_dropout = safe_getattr(args, "mogrifier_state_dropout", 0.369)
-    args.mogrifier_output_dropout = safe_getattr(args, "mogrifier_output_dropout", 0.69)
+    lamb_tuned(args, hidden_size=951, rounds=0, rank=0, dropout=(0.628, 0.307, 0.369, 0.69))
     lamb_base(args)
 
 
@@ -253,18 +261,9 @@ def mogrifier_lstm_lm_wt2(args):
     layer 2 8 n^2 + 4 n + 12 k n + 6 n; mixture 2 e n + 2 e (projection) + 2 n (prior). n = 1366 with e = 272 is
     the largest that fits (34,991,552 parameters; n = 1367, e = 272 would give 35,026,863).
     """
-    args.mogrifier_hidden_size = safe_getattr(args, "mogrifier_hidden_size", 1366)
     args.mogrifier_embed_dim = safe_getattr(args, "mogrifier_embed_dim", 272)
-    args.mogrifier_rounds = safe_getattr(args, "mogrifier_rounds", 6)
-    args.mogrifier_rank = safe_getattr(args, "mogrifier_rank", 48)
-    args.mogrifier_mos_components = safe_getattr(args, "mogrifier_mos_components", 2)
-    # lamb runs the WikiText-2 configs as a dynamic_rnn (swap_memory True): one state mask per step
-    args.mogrifier_state_dropout_mask = safe_getattr(args, "mogrifier_state_dropout_mask", "step")
-    args.mogrifier_input_dropout = safe_getattr(args, "mogrifier_input_dropout", 0.547)
-    args.mogrifier_inter_layer_dropout = safe_getattr(args, "mogrifier_inter_layer_dropout", 0.199)
-    args.mogrifier_state_dropout = safe_getattr(args, "mogrifier_state_dropout", 0.221)
-    args.mogrifier_output_dropout = safe_getattr(args, "mogrifier_output_dropout", 0.348)
-    lamb_base(args)
+    lamb_tuned(args, hidden_size=1366, rounds=6, rank=48, dropout=(0.547, 0.199, 0.221, 0.348))
+    lamb_wt2_base(args)
 
 
 @register_model_architecture("mogrifier_lstm_lm", "mogrifier_lstm_lm_baseline_wt2")
@@ -276,14 +275,6 @@ def mogrifier_lstm_lm_baseline_wt2(args):
     Budget 35M at V = 33,278: the Mogrifier WT2 count without the rounds; n = 1211 with e = 428 is the largest
     that fits (34,997,328 parameters; n = 1212, e = 428 would give 35,028,982).
     """
-    args.mogrifier_hidden_size = safe_getattr(args, "mogrifier_hidden_size", 1211)
     args.mogrifier_embed_dim = safe_getattr(args, "mogrifier_embed_dim", 428)
-    args.mogrifier_rounds = safe_getattr(args, "mogrifier_rounds", 0)
-    args.mogrifier_rank = safe_getattr(args, "mogrifier_rank", 0)
-    args.mogrifier_mos_components = safe_getattr(args, "mogrifier_mos_components", 2)
-    args.mogrifier_state_dropout_mask = safe_getattr(args, "mogrifier_state_dropout_mask", "step")
-    args.mogrifier_input_dropout = safe_getattr(args, "mogrifier_input_dropout", 0.609)
-    args.mogrifier_inter_layer_dropout = safe_getattr(args, "mogrifier_inter_layer_dropout", 0.091)
-    args.mogrifier_state_dropout = safe_getattr(args, "mogrifier_state_dropout", 0.271)
-    args.mogrifier_output_dropout = safe_getattr(args, "mogrifier_output_dropout", 0.348)
-    lamb_base(args)
+    lamb_tuned(args, hidden_size=1211, rounds=0, rank=0, dropout=(0.609, 0.091, 0.271, 0.348))
+    lamb_wt2_base(args)
