@@ -274,6 +274,19 @@ class TransformerXLLanguageModel(FairseqLanguageModel):
         return config_namespace(cfg, TransformerXLConfig)
 
 
+def _input_width(base, name: str, n: int, what: str):
+    """Register the arch ``name``: ``base`` with an input table ``n`` wide (Table 2 has each input at several
+    widths n, which differ in nothing else)."""
+
+    def arch(args):
+        args.define_n = safe_getattr(args, "define_n", n)
+        base(args)
+
+    arch.__name__ = arch.__qualname__ = name
+    arch.__doc__ = f"The {what} input at n = {n}."
+    register_model_architecture("transformer_xl_lm", name)(arch)
+
+
 @register_model_architecture("transformer_xl_lm", "transformer_xl_wt103")
 def transformer_xl_wt103(args):
     """Transformer-XL's WikiText-103 base model (the paper's starred 151M reference), the config's defaults: 16
@@ -295,18 +308,8 @@ def transformer_xl_projective_wt103_n128(args):
     transformer_xl_wt103_d384(args)
 
 
-@register_model_architecture("transformer_xl_lm", "transformer_xl_projective_wt103_n64")
-def transformer_xl_projective_wt103_n64(args):
-    """The projective input at n = 64."""
-    args.define_n = safe_getattr(args, "define_n", 64)
-    transformer_xl_projective_wt103_n128(args)
-
-
-@register_model_architecture("transformer_xl_lm", "transformer_xl_projective_wt103_n256")
-def transformer_xl_projective_wt103_n256(args):
-    """The projective input at n = 256."""
-    args.define_n = safe_getattr(args, "define_n", 256)
-    transformer_xl_projective_wt103_n128(args)
+for _n in (64, 256):
+    _input_width(transformer_xl_projective_wt103_n128, f"transformer_xl_projective_wt103_n{_n}", _n, "projective")
 
 
 @register_model_architecture("transformer_xl_lm", "transformer_xl_define_wt103_n128")
@@ -318,22 +321,5 @@ def transformer_xl_define_wt103_n128(args):
     transformer_xl_wt103_d384(args)
 
 
-@register_model_architecture("transformer_xl_lm", "transformer_xl_define_wt103_n64")
-def transformer_xl_define_wt103_n64(args):
-    """The DeFINE input at n = 64."""
-    args.define_n = safe_getattr(args, "define_n", 64)
-    transformer_xl_define_wt103_n128(args)
-
-
-@register_model_architecture("transformer_xl_lm", "transformer_xl_define_wt103_n256")
-def transformer_xl_define_wt103_n256(args):
-    """The DeFINE input at n = 256."""
-    args.define_n = safe_getattr(args, "define_n", 256)
-    transformer_xl_define_wt103_n128(args)
-
-
-@register_model_architecture("transformer_xl_lm", "transformer_xl_define_wt103_n384")
-def transformer_xl_define_wt103_n384(args):
-    """The DeFINE input at n = 384."""
-    args.define_n = safe_getattr(args, "define_n", 384)
-    transformer_xl_define_wt103_n128(args)
+for _n in (64, 256, 384):
+    _input_width(transformer_xl_define_wt103_n128, f"transformer_xl_define_wt103_n{_n}", _n, "DeFINE")
