@@ -38,22 +38,26 @@ from typing import Dict, List, Optional
 
 import torch.nn as nn
 from fairseq.dataclass import ChoiceEnum
-from fairseq.models import FairseqIncrementalDecoder, FairseqLanguageModel, register_model, register_model_architecture
+from fairseq.models import FairseqIncrementalDecoder, register_model, register_model_architecture
 from fairseq.modules import AdaptiveSoftmax
 from fairseq.utils import safe_getattr
 from torch import Tensor
 
-from define_fairseq.models.compile import CompileConfig, compile_static_parts
+from define_fairseq.models.compile import CompileConfig
 from define_fairseq.models.config_helpers import (
     MAX_POSITIONS,
     check_rate,
     check_tail_widths,
-    config_namespace,
     flag_names,
     parse_cutoff,
 )
 from define_fairseq.models.input_config import InputLayerConfig
-from define_fairseq.models.input_layer import InputLayer, InputLayerSpec, build_input_layer, resolve_input_layer
+from define_fairseq.models.input_layer import (
+    InputLayer,
+    InputLayerLanguageModel,
+    InputLayerSpec,
+    resolve_input_layer,
+)
 from define_fairseq.modules.checks import check_cutoff, check_probability
 from define_fairseq.modules.gated_conv import ACTIVATIONS, GatedConvStack, parse_layer_spec
 
@@ -261,20 +265,13 @@ def build_gated_conv_decoder(cfg, dictionary, layer: InputLayer) -> GatedConvLMD
 
 
 @register_model("gcnn_lm", dataclass=GatedConvLMConfig)
-class GatedConvLanguageModel(FairseqLanguageModel):
+class GatedConvLanguageModel(InputLayerLanguageModel):
     """Gated convolutional LM (see the module docstring). ``forward(src_tokens [B, T], src_lengths=None,
     incremental_state=None)`` as :class:`GatedConvLMDecoder`."""
 
-    @classmethod
-    def build_model(cls, cfg, task):
-        args = cls.resolved_config(cfg)
-        layer = build_input_layer(gated_conv_input_spec(args, task.target_dictionary))
-        return compile_static_parts(cls(build_gated_conv_decoder(args, task.target_dictionary, layer)), args)
-
-    @classmethod
-    def resolved_config(cls, cfg):
-        """``cfg`` (a DictConfig or namespace) as a namespace with every field set: the family's defaults."""
-        return config_namespace(cfg, GatedConvLMConfig)
+    config_class = GatedConvLMConfig
+    input_spec = staticmethod(gated_conv_input_spec)
+    build_decoder = staticmethod(build_gated_conv_decoder)
 
 
 @register_model_architecture("gcnn_lm", "gcnn_lm_8")

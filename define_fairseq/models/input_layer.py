@@ -14,8 +14,10 @@ from typing import Callable, Dict, NamedTuple, Optional
 
 import torch
 import torch.nn as nn
+from fairseq.models import FairseqLanguageModel
 
-from define_fairseq.models.config_helpers import flag_names, parse_cutoff
+from define_fairseq.models.compile import compile_static_parts
+from define_fairseq.models.config_helpers import config_namespace, flag_names, parse_cutoff
 from define_fairseq.models.define_config import DEFINE_FLAGS, define_options
 from define_fairseq.modules import (
     AdaptiveInput,
@@ -214,3 +216,27 @@ def tie_output(layer: InputLayer, output: nn.Module, tie_flag: str) -> nn.Module
         )
     output.weight = layer.weight
     return output
+
+
+class InputLayerLanguageModel(FairseqLanguageModel):
+    """A language model of one decoder over the input layer, its static parts compiled under ``--torch-compile``.
+
+    A family names its options dataclass (``config_class``) and two builders of ``(args, dictionary)``:
+    ``input_spec``, the input layer's :class:`InputLayerSpec`, and ``build_decoder`` (with the built
+    :class:`InputLayer` as a third argument), the decoder over it. Shapes: as the decoder's.
+    """
+
+    config_class: type
+    input_spec: Callable
+    build_decoder: Callable
+
+    @classmethod
+    def build_model(cls, cfg, task):
+        args = cls.resolved_config(cfg)
+        layer = build_input_layer(cls.input_spec(args, task.target_dictionary))
+        return compile_static_parts(cls(cls.build_decoder(args, task.target_dictionary, layer)), args)
+
+    @classmethod
+    def resolved_config(cls, cfg):
+        """``cfg`` (a DictConfig or namespace) as a namespace with every field set: the family's defaults."""
+        return config_namespace(cfg, cls.config_class)

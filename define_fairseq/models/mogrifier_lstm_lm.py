@@ -51,13 +51,12 @@ from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
 from fairseq.dataclass import ChoiceEnum
-from fairseq.models import FairseqLanguageModel, register_model, register_model_architecture
+from fairseq.models import register_model, register_model_architecture
 from fairseq.utils import safe_getattr
 
-from define_fairseq.models.compile import CompileConfig, compile_static_parts
-from define_fairseq.models.config_helpers import config_namespace
+from define_fairseq.models.compile import CompileConfig
 from define_fairseq.models.input_config import InputLayerConfig
-from define_fairseq.models.input_layer import build_input_layer
+from define_fairseq.models.input_layer import InputLayerLanguageModel
 from define_fairseq.models.mogrifier_lm_decoder import STATE_MASKS, build_mogrifier_decoder, mogrifier_input_spec
 
 
@@ -169,23 +168,16 @@ class MogrifierLSTMLMConfig(InputLayerConfig, CompileConfig):
 
 
 @register_model("mogrifier_lstm_lm", dataclass=MogrifierLSTMLMConfig)
-class MogrifierLSTMLMModel(FairseqLanguageModel):
+class MogrifierLSTMLMModel(InputLayerLanguageModel):
     """Mogrifier LSTM language model (see the module docstring).
 
     ``forward(src_tokens [B, T], src_lengths=None, reset_state=None, incremental_state=None)`` as
     :class:`~define_fairseq.models.mogrifier_lm_decoder.MogrifierLMDecoder`.
     """
 
-    @classmethod
-    def build_model(cls, cfg, task):
-        args = cls.resolved_config(cfg)
-        layer = build_input_layer(mogrifier_input_spec(args, task.target_dictionary))
-        return compile_static_parts(cls(build_mogrifier_decoder(args, task.target_dictionary, layer)), args)
-
-    @classmethod
-    def resolved_config(cls, cfg):
-        """``cfg`` (a DictConfig or namespace) as a namespace with every field set: the family's defaults."""
-        return config_namespace(cfg, MogrifierLSTMLMConfig)
+    config_class = MogrifierLSTMLMConfig
+    input_spec = staticmethod(mogrifier_input_spec)
+    build_decoder = staticmethod(build_mogrifier_decoder)
 
 
 def lamb_base(args):

@@ -38,20 +38,24 @@ from typing import Dict, Optional
 
 import torch
 import torch.nn as nn
-from fairseq.models import FairseqIncrementalDecoder, FairseqLanguageModel, register_model, register_model_architecture
+from fairseq.models import FairseqIncrementalDecoder, register_model, register_model_architecture
 from fairseq.utils import safe_getattr
 from torch import Tensor
 
 from define_fairseq.models.carried_state import CarriedState
-from define_fairseq.models.compile import CompileConfig, compile_static_parts
+from define_fairseq.models.compile import CompileConfig
 from define_fairseq.models.config_helpers import (
     MAX_POSITIONS,
-    config_namespace,
     flag_names,
     parse_cutoff,
 )
 from define_fairseq.models.input_config import InputLayerConfig
-from define_fairseq.models.input_layer import InputLayer, InputLayerSpec, build_input_layer, resolve_input_layer
+from define_fairseq.models.input_layer import (
+    InputLayer,
+    InputLayerLanguageModel,
+    InputLayerSpec,
+    resolve_input_layer,
+)
 from define_fairseq.modules.checks import check_cutoff
 from define_fairseq.modules.transformer_xl.layers import TransformerXLStack
 from define_fairseq.modules.transformer_xl.projected_adaptive_softmax import ProjectedAdaptiveSoftmax
@@ -258,20 +262,13 @@ def build_transformer_xl_decoder(cfg, dictionary, layer: InputLayer) -> Transfor
 
 
 @register_model("transformer_xl_lm", dataclass=TransformerXLConfig)
-class TransformerXLLanguageModel(FairseqLanguageModel):
+class TransformerXLLanguageModel(InputLayerLanguageModel):
     """Transformer-XL language model (see the module docstring). ``forward(src_tokens [B, T], src_lengths=None,
     reset_state=None, incremental_state=None)`` as :class:`TransformerXLDecoder`."""
 
-    @classmethod
-    def build_model(cls, cfg, task):
-        args = cls.resolved_config(cfg)
-        layer = build_input_layer(transformer_xl_input_spec(args, task.target_dictionary))
-        return compile_static_parts(cls(build_transformer_xl_decoder(args, task.target_dictionary, layer)), args)
-
-    @classmethod
-    def resolved_config(cls, cfg):
-        """``cfg`` (a DictConfig or namespace) as a namespace with every field set: the family's defaults."""
-        return config_namespace(cfg, TransformerXLConfig)
+    config_class = TransformerXLConfig
+    input_spec = staticmethod(transformer_xl_input_spec)
+    build_decoder = staticmethod(build_transformer_xl_decoder)
 
 
 def _input_width(base, name: str, n: int, what: str):
