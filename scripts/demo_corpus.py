@@ -176,6 +176,16 @@ def split_pairs(pairs: Dict[str, str], held_out: int = TEST_BUCKETS) -> Dict[str
     return splits
 
 
+def html_pages(top: str) -> Iterator[str]:
+    """The path of every ``.html`` file under ``top``, folders and files in name order, so that a corpus built from
+    them comes out the same on every machine."""
+    for directory, subdirs, files in os.walk(top):
+        subdirs.sort()
+        for file in sorted(files):
+            if file.endswith(".html"):
+                yield os.path.join(directory, file)
+
+
 def _write_atomic(path: str, lines: Iterable[str]) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)

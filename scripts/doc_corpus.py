@@ -30,7 +30,7 @@ import os
 import re
 from typing import Dict, Iterator, List, Optional, Tuple
 
-from scripts.demo_corpus import SPLITS, CorpusError, _write_atomic
+from scripts.demo_corpus import SPLITS, CorpusError, _write_atomic, html_pages
 
 # name -> (Debian package, folder of its English HTML under ROOT)
 SOURCES: Dict[str, Tuple[str, str]] = {
@@ -118,12 +118,8 @@ def source_pages(root: str) -> Iterator[Tuple[str, str]]:
                 f"{top} does not exist: ROOT must hold the unpacked package {package} "
                 f"(apt-get download {package}; dpkg-deb -x {package}_*.deb ROOT)"
             )
-        for directory, subdirs, files in os.walk(top):
-            subdirs.sort()
-            for file in sorted(files):
-                if file.endswith(".html"):
-                    path = os.path.join(directory, file)
-                    yield f"{name}/{os.path.relpath(path, top)}", path
+        for path in html_pages(top):
+            yield f"{name}/{os.path.relpath(path, top)}", path
 
 
 def split_of(page: str) -> str:

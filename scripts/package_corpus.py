@@ -38,6 +38,7 @@ from scripts.demo_corpus import (
     TEST_BUCKETS,
     CorpusError,
     add_pair_options,
+    html_pages,
     normalise,
     pairs_line,
     usable_pair,
@@ -130,20 +131,15 @@ def help_pairs(help_dir: str, max_words: int = MAX_WORDS) -> Iterator[Tuple[str,
                 f"{root} does not exist: --help-dir must hold LibreOffice's en-US and de help "
                 f"(the packages libreoffice-help-en-us and libreoffice-help-de)"
             )
-    for directory, subdirs, files in os.walk(english_root):
-        subdirs.sort()
-        for name in sorted(files):
-            if not name.endswith(".html"):
-                continue
-            english_page = os.path.join(directory, name)
-            german_page = os.path.join(german_root, os.path.relpath(english_page, english_root))
-            if not os.path.isfile(german_page):
-                continue
-            german = help_texts(german_page)
-            for key, en in help_texts(english_page).items():
-                de = german.get(key)
-                if de is not None and usable_pair(en, de, max_words):
-                    yield en, de
+    for english_page in html_pages(english_root):
+        german_page = os.path.join(german_root, os.path.relpath(english_page, english_root))
+        if not os.path.isfile(german_page):
+            continue
+        german = help_texts(german_page)
+        for key, en in help_texts(english_page).items():
+            de = german.get(key)
+            if de is not None and usable_pair(en, de, max_words):
+                yield en, de
 
 
 def collect(pairs: Iterator[Tuple[str, str]]) -> Dict[str, str]:
