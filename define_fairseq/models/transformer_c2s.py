@@ -262,5 +262,4 @@ def transformer_c2s_small(args):
     args.decoder_attention_heads = safe_getattr(args, "decoder_attention_heads", 4)
     args.c2s_char_dim = safe_getattr(args, "c2s_char_dim", 128)
     args.c2s_ffn_dim = safe_getattr(args, "c2s_ffn_dim", 256)
-    plugin_defaults(args, TransformerC2SConfig)
-    base_architecture(args)
+    transformer_c2s(args)
