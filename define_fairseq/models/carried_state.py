@@ -69,6 +69,20 @@ def _saved_rows(batch_size: int, state: Any) -> Dict[str, Any]:
     return {"batch_size": batch_size, "dtypes": dtypes, "state": state}
 
 
+def reorder_cached(decoder, incremental_state, key: str, new_order: torch.Tensor, batch_dim: int = 0) -> None:
+    """Reorder for beam search the tensors ``decoder`` (a fairseq incremental decoder) caches under ``key`` in
+    ``incremental_state``: ``index_select(batch_dim, new_order)`` on each; nothing when none are cached.
+
+    Shapes: each cached tensor has the batch B at ``batch_dim``; ``new_order [B']``.
+    """
+    cached = decoder.get_incremental_state(incremental_state, key)
+    if cached is None:
+        return
+    decoder.set_incremental_state(
+        incremental_state, key, {name: value.index_select(batch_dim, new_order) for name, value in cached.items()}
+    )
+
+
 class CarriedState(nn.Module):
     """The bookkeeping of the state carried across batches; see the module docstring.
 
@@ -218,9 +232,4 @@ class IncrementalLSTMState:
     def reorder_incremental_state(
         self, incremental_state: Dict[str, Dict[str, Optional[torch.Tensor]]], new_order: torch.Tensor
     ):
-        cached = self.get_incremental_state(incremental_state, "lstm_state")
-        if cached is None:
-            return
-        self.set_incremental_state(
-            incremental_state, "lstm_state", {key: value.index_select(0, new_order) for key, value in cached.items()}
-        )
+        reorder_cached(self, incremental_state, "lstm_state", new_order)

@@ -43,6 +43,7 @@ from fairseq.modules import AdaptiveSoftmax
 from fairseq.utils import safe_getattr
 from torch import Tensor
 
+from define_fairseq.models.carried_state import reorder_cached
 from define_fairseq.models.compile import CompileConfig
 from define_fairseq.models.config_helpers import (
     MAX_POSITIONS,
@@ -52,12 +53,7 @@ from define_fairseq.models.config_helpers import (
     parse_cutoff,
 )
 from define_fairseq.models.input_config import InputLayerConfig
-from define_fairseq.models.input_layer import (
-    InputLayer,
-    InputLayerLanguageModel,
-    InputLayerSpec,
-    resolve_input_layer,
-)
+from define_fairseq.models.input_layer import InputLayer, InputLayerLanguageModel, InputLayerSpec, resolve_input_layer
 from define_fairseq.modules.checks import check_cutoff, check_probability
 from define_fairseq.modules.gated_conv import ACTIVATIONS, GatedConvStack, parse_layer_spec
 
@@ -189,12 +185,7 @@ class GatedConvLMDecoder(FairseqIncrementalDecoder):
         return [cached[str(i)] for i in range(len(cached))]
 
     def reorder_incremental_state(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]], new_order: Tensor):
-        cached = self.get_incremental_state(incremental_state, "histories")
-        if cached is None:
-            return
-        self.set_incremental_state(
-            incremental_state, "histories", {key: value.index_select(0, new_order) for key, value in cached.items()}
-        )
+        reorder_cached(self, incremental_state, "histories", new_order)
 
     def output_layer(self, features: Tensor, **kwargs) -> Tensor:
         if self.adaptive_softmax is not None:

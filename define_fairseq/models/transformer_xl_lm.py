@@ -42,7 +42,7 @@ from fairseq.models import FairseqIncrementalDecoder, register_model, register_m
 from fairseq.utils import safe_getattr
 from torch import Tensor
 
-from define_fairseq.models.carried_state import CarriedState
+from define_fairseq.models.carried_state import CarriedState, reorder_cached
 from define_fairseq.models.compile import CompileConfig
 from define_fairseq.models.config_helpers import (
     MAX_POSITIONS,
@@ -50,12 +50,7 @@ from define_fairseq.models.config_helpers import (
     parse_cutoff,
 )
 from define_fairseq.models.input_config import InputLayerConfig
-from define_fairseq.models.input_layer import (
-    InputLayer,
-    InputLayerLanguageModel,
-    InputLayerSpec,
-    resolve_input_layer,
-)
+from define_fairseq.models.input_layer import InputLayer, InputLayerLanguageModel, InputLayerSpec, resolve_input_layer
 from define_fairseq.modules.checks import check_cutoff
 from define_fairseq.modules.transformer_xl.layers import TransformerXLStack
 from define_fairseq.modules.transformer_xl.projected_adaptive_softmax import ProjectedAdaptiveSoftmax
@@ -174,13 +169,8 @@ class TransformerXLDecoder(FairseqIncrementalDecoder):
         return memory, [(cached[f"k{i}"], cached[f"v{i}"]) for i in range(layers)]
 
     def reorder_incremental_state(self, incremental_state: Dict[str, Dict[str, Optional[Tensor]]], new_order: Tensor):
-        cached = self.get_incremental_state(incremental_state, "memory")
-        if cached is None:
-            return
         # memory, keys and values are [M, B, *]: the batch is dimension 1
-        self.set_incremental_state(
-            incremental_state, "memory", {key: value.index_select(1, new_order) for key, value in cached.items()}
-        )
+        reorder_cached(self, incremental_state, "memory", new_order, batch_dim=1)
 
     def output_layer(self, features: Tensor, **kwargs) -> Tensor:
         return features
