@@ -27,8 +27,9 @@ import pickle
 import re
 import zipfile
 from collections.abc import Mapping
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 import torch
 
@@ -46,6 +47,15 @@ LEGACY_MAGIC = pickle.dumps(0x1950A86A20F9469CFC6C, protocol=2)  # how torch.sav
 class CheckpointError(ValueError):
     """A file that is not a usable checkpoint, or checkpoints that cannot be averaged; the message names the file
     and says why. The tools of this package that read checkpoints report it as one ``error: ...`` line."""
+
+
+@contextmanager
+def exit_on_checkpoint_error() -> Iterator[None]:
+    """Around a tool's work: a :class:`CheckpointError` ends the program with its one ``error: ...`` line."""
+    try:
+        yield
+    except CheckpointError as e:
+        raise SystemExit(f"error: {e}")
 
 
 def _found(save_dir: Path, epochs: bool):

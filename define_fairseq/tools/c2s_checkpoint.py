@@ -27,7 +27,7 @@ from typing import Dict
 import torch
 from fairseq.utils import safe_getattr
 
-from define_fairseq.tools.average_checkpoints import CheckpointError
+from define_fairseq.tools.average_checkpoints import exit_on_checkpoint_error
 from define_fairseq.tools.distill_c2s import C2S_OPTIONS, load_distilled, read_distilled
 from define_fairseq.tools.distill_c2s_data import checkpoint_table, load_checkpoint_state
 
@@ -103,10 +103,8 @@ def get_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None):
-    try:
+    with exit_on_checkpoint_error():
         build(get_parser().parse_args(argv))
-    except CheckpointError as e:
-        raise SystemExit(f"error: {e}")
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ from torch import Tensor
 
 from define_fairseq.data.char_noise import NOISE_TYPES, parse_noise_types
 from define_fairseq.modules.char2subword import Char2SubwordEmbedding
-from define_fairseq.tools.average_checkpoints import CheckpointError, read_torch_file
+from define_fairseq.tools.average_checkpoints import CheckpointError, exit_on_checkpoint_error, read_torch_file
 from define_fairseq.tools.distill_c2s_data import load_table, noisy_samples, symbols_md5
 from define_fairseq.tools.distill_c2s_losses import (
     LOSS_TERMS,
@@ -335,10 +335,8 @@ def get_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None):
-    try:
+    with exit_on_checkpoint_error():
         distill(get_parser().parse_args(argv))
-    except CheckpointError as e:
-        raise SystemExit(f"error: {e}")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 
 from define_fairseq.modules import DeFINEEmbedding
-from define_fairseq.tools.average_checkpoints import CheckpointError, load_checkpoint
+from define_fairseq.tools.average_checkpoints import CheckpointError, exit_on_checkpoint_error, load_checkpoint
 
 
 def fold_model(model: nn.Module) -> nn.Module:
@@ -110,10 +110,8 @@ def main(argv=None):
     parser.add_argument("checkpoint", help="a checkpoint of a model with DeFINE embeddings")
     parser.add_argument("output", help="where to write the folded checkpoint")
     args = parser.parse_args(argv)
-    try:
+    with exit_on_checkpoint_error():
         fold_checkpoint(args.checkpoint, args.output)
-    except CheckpointError as e:
-        raise SystemExit(f"error: {e}")
 
 
 if __name__ == "__main__":
