@@ -28,6 +28,11 @@ STEMS = ["act", "form", "port", "view", "duct", "fer", "mit", "tend"]
 # 48 words with shared prefixes and stems, and the 8 stems as word-initial subword-nmt pieces: 56 + 4 specials
 SYMBOLS = [p + s for p in PREFIXES for s in STEMS] + [s + "@@" for s in STEMS]
 DIM = 16
+# the teacher transformer's and the student transformer_c2s's 1+1 layers of width DIM
+TINY_TRANSFORMER = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", str(DIM)]
+TINY_TRANSFORMER += ["--decoder-embed-dim", str(DIM), "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32"]
+TINY_TRANSFORMER += ["--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
+ADAM_CPU = ["--optimizer", "adam", "--lr", "0.001", "--cpu"]
 SMALL_C2S = [
     "--c2s-char-dim",
     "32",
@@ -162,27 +167,8 @@ def checkpoint(tmp_path_factory) -> Path:
             "de",
             "--arch",
             "transformer",
-            "--encoder-layers",
-            "1",
-            "--decoder-layers",
-            "1",
-            "--encoder-embed-dim",
-            str(DIM),
-            "--decoder-embed-dim",
-            str(DIM),
-            "--encoder-ffn-embed-dim",
-            "32",
-            "--decoder-ffn-embed-dim",
-            "32",
-            "--encoder-attention-heads",
-            "2",
-            "--decoder-attention-heads",
-            "2",
-            "--optimizer",
-            "adam",
-            "--lr",
-            "0.001",
-            "--cpu",
+            *TINY_TRANSFORMER,
+            *ADAM_CPU,
         ],
     )
     cfg = convert_namespace_to_omegaconf(args)
@@ -405,28 +391,9 @@ def test_c2s_checkpoint_gives_transformer_c2s_the_model_with_the_module_for_the_
             "de",
             "--arch",
             "transformer_c2s",
-            "--encoder-layers",
-            "1",
-            "--decoder-layers",
-            "1",
-            "--encoder-embed-dim",
-            str(DIM),
-            "--decoder-embed-dim",
-            str(DIM),
-            "--encoder-ffn-embed-dim",
-            "32",
-            "--decoder-ffn-embed-dim",
-            "32",
-            "--encoder-attention-heads",
-            "2",
-            "--decoder-attention-heads",
-            "2",
+            *TINY_TRANSFORMER,
             *SMALL_C2S,
-            "--optimizer",
-            "adam",
-            "--lr",
-            "0.001",
-            "--cpu",
+            *ADAM_CPU,
         ]
     )
     model.load_state_dict(checkpoint_utils.load_checkpoint_to_cpu(str(start))["model"], strict=True)
