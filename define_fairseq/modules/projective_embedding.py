@@ -25,31 +25,31 @@ class ProjectiveEmbedding(nn.Module):
 
     Args:
         num_embeddings: V.
-        embedding_dim: n, the table width.
-        output_dim: d, the model width.
+        table_dim: n, the table width.
+        embedding_dim: d, the model width.
         padding_idx: stored only.
 
     Shapes: ``tokens [...]`` (long) -> ``[..., d]``.
     """
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, output_dim: int, padding_idx: Optional[int] = None):
+    def __init__(self, num_embeddings: int, table_dim: int, embedding_dim: int, padding_idx: Optional[int] = None):
         super().__init__()
         for name, value in (
             ("num_embeddings", num_embeddings),
+            ("table_dim", table_dim),
             ("embedding_dim", embedding_dim),
-            ("output_dim", output_dim),
         ):
             check_positive(value, name)
         if padding_idx is not None and not 0 <= padding_idx < num_embeddings:
             raise ValueError(f"padding_idx {padding_idx} is outside the vocabulary of {num_embeddings} words")
         self.num_embeddings = num_embeddings
-        self.table_dim = embedding_dim
-        self.embedding_dim = output_dim
+        self.table_dim = table_dim
+        self.embedding_dim = embedding_dim
         self.padding_idx = padding_idx
-        self.scale = math.sqrt(output_dim)
-        self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim))
-        if embedding_dim != output_dim:
-            self.projection = nn.Parameter(torch.empty(output_dim, embedding_dim))
+        self.scale = math.sqrt(embedding_dim)
+        self.weight = nn.Parameter(torch.empty(num_embeddings, table_dim))
+        if table_dim != embedding_dim:
+            self.projection = nn.Parameter(torch.empty(embedding_dim, table_dim))
         else:
             self.register_parameter("projection", None)
         self.reset_parameters()
