@@ -5,7 +5,7 @@ fast path at full rank, ``nn.LSTM`` of the same size (cuDNN on a GPU), a straigh
 ``nn.LSTMCell`` and full-rank ``nn.Linear`` rounds); ``--compile`` (default on a GPU): ``torch.compile`` of
 ``MogrifierLSTMLayer.reference_step`` called step by step; on a GPU: the fast path's whole forward and backward
 captured as CUDA graphs (``torch.cuda.make_graphed_callables``); ``--triton``: the layers stepped through
-``mogrifier_triton.triton_mogrifier_layer`` (Triton kernels for the element-wise work; on a CPU only under
+``mogrifier.triton_step.triton_mogrifier_layer`` (Triton kernels for the element-wise work; on a CPU only under
 ``TRITON_INTERPRET=1``, the interpreter, with ``--quick``).
 
 Then the stack that ``fairseq-train`` builds for ``mogrifier_lstm_lm_ptb`` (H = 912, r = 5, k = 84, its dropouts
@@ -103,9 +103,9 @@ class TritonSteps(nn.Module):
 
     def __init__(self, model: MogrifierLSTM):
         super().__init__()
-        from define_fairseq.modules import mogrifier_triton  # needs Triton: imported only for this variant
+        from define_fairseq.modules.mogrifier import triton_step  # needs Triton: imported only for this variant
 
-        self.model, self.run_layer = model, mogrifier_triton.triton_mogrifier_layer
+        self.model, self.run_layer = model, triton_step.triton_mogrifier_layer
 
     def forward(self, x):
         y = x.transpose(0, 1).contiguous()
@@ -152,7 +152,7 @@ def main(argv=None):
         "naive": f"straightforward: `nn.Linear` rounds (full rank, r={r}) + `nn.LSTMCell`",
         "compile": "`torch.compile` of `MogrifierLSTMLayer.reference_step`, step by step",
         "graph": "`MogrifierLSTM` fast path as CUDA graphs (`make_graphed_callables`)",
-        "triton": "Triton step (`mogrifier_triton.triton_mogrifier_layer`), step by step",
+        "triton": "Triton step (`mogrifier.triton_step.triton_mogrifier_layer`), step by step",
     }
     makers = {
         "fast": lambda: Output(fast),

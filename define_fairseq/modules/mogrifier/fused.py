@@ -198,12 +198,12 @@ def check_inputs(x: torch.Tensor) -> None:
     """Raises unless the kernels can take ``x``'s dtype and device."""
     if x.dtype not in FUSED_DTYPES:
         raise ValueError(
-            f"mogrifier_fused: the kernels take float32, bfloat16 or float16; got {x.dtype} (float64 runs the "
+            f"mogrifier.fused: the kernels take float32, bfloat16 or float16; got {x.dtype} (float64 runs the "
             f"fast path in torch: MogrifierLSTMLayer.kernels = 'torch')"
         )
     if x.device.type != "cuda" and not mt.INTERPRETED:
         raise ValueError(
-            f"mogrifier_fused: the compiled kernels take CUDA tensors; got one on {x.device}. On a CPU, set "
+            f"mogrifier.fused: the compiled kernels take CUDA tensors; got one on {x.device}. On a CPU, set "
             f"TRITON_INTERPRET=1 before importing define_fairseq.modules.mogrifier.fused (the interpreter)"
         )
 
@@ -314,7 +314,7 @@ class FusedRecurrence(LayerRecurrence):
 
 def fused_mogrifier_layer(layer, x: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor, state_mask=None):
     """``layer.forward(x, h0, c0, state_mask)`` (a :class:`MogrifierLSTMLayer` with rounds) through these kernels
-    whatever the device, as ``mogrifier_triton.triton_mogrifier_layer`` is called. Shapes: ``x [T, B, m]``,
+    whatever the device, as ``triton_step.triton_mogrifier_layer`` is called. Shapes: ``x [T, B, m]``,
     ``h0, c0 [B, n]``, ``state_mask`` None, ``[B, n]`` or ``[T, B, n]`` -> ``(y [T, B, n], (h_T, c_T))``."""
     kernels = layer.kernels
     layer.kernels = "triton"

@@ -159,12 +159,12 @@ def _check(*tensors: torch.Tensor) -> None:
     for t in tensors:
         if t.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise ValueError(
-                f"mogrifier_triton: the kernels compute in float32 and take float32, bfloat16 or float16 tensors; "
+                f"mogrifier.triton_step: the kernels compute in float32 and take float32, bfloat16 or float16 tensors; "
                 f"got {t.dtype} (run float64 through MogrifierLSTMLayer.forward)"
             )
         if t.device.type != "cuda" and not INTERPRETED:
             raise ValueError(
-                f"mogrifier_triton: the compiled kernels take CUDA tensors; got one on {t.device}. On a CPU, set "
+                f"mogrifier.triton_step: the compiled kernels take CUDA tensors; got one on {t.device}. On a CPU, set "
                 f"TRITON_INTERPRET=1 before importing define_fairseq.modules.mogrifier.triton_step (the interpreter)"
             )
 
