@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from c2s_teacher import SMALL_C2S, SYMBOLS, write_teacher_checkpoint
 from conftest import run_module
 
 from define_fairseq.modules.char2subword import CONTINUES_CHAR, WORD_START_CHAR
@@ -23,28 +24,6 @@ from define_fairseq.tools.distill_c2s_losses import (
 )
 
 TOOL = "define_fairseq.tools.distill_c2s"
-PREFIXES = ["con", "pre", "trans", "inter", "re", "un"]
-STEMS = ["act", "form", "port", "view", "duct", "fer", "mit", "tend"]
-# 48 words with shared prefixes and stems, and the 8 stems as word-initial subword-nmt pieces: 56 + 4 specials
-SYMBOLS = [p + s for p in PREFIXES for s in STEMS] + [s + "@@" for s in STEMS]
-DIM = 16
-# the teacher transformer's and the student transformer_c2s's 1+1 layers of width DIM
-TINY_TRANSFORMER = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", str(DIM)]
-TINY_TRANSFORMER += ["--decoder-embed-dim", str(DIM), "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32"]
-TINY_TRANSFORMER += ["--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
-ADAM_CPU = ["--optimizer", "adam", "--lr", "0.001", "--cpu"]
-SMALL_C2S = [
-    "--c2s-char-dim",
-    "32",
-    "--c2s-layers",
-    "1",
-    "--c2s-heads",
-    "2",
-    "--c2s-ffn-dim",
-    "64",
-    "--c2s-max-chars",
-    "12",
-]
 
 
 # -- plain re-computations -------------------------------------------------------------------------------------
@@ -143,65 +122,7 @@ def test_noise_is_one_edit_on_entries_longer_than_four_characters():
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
-    """A fairseq ``transformer`` translation checkpoint (d=16) saved as fairseq's trainer saves one. Its
-    encoder table is built from the letters (a sum of letter vectors plus a per-entry part), so that spelling
-    predicts the vector as in a trained model; rows have fairseq's scale (norm about 1)."""
-    from fairseq import options, tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-    from omegaconf import OmegaConf
-
-    data = tmp_path_factory.mktemp("c2s-dict")
-    lines = "".join(f"{symbol} {100 - i}\n" for i, symbol in enumerate(SYMBOLS))
-    (data / "dict.en.txt").write_text(lines)
-    (data / "dict.de.txt").write_text(lines)
-    parser = options.get_training_parser()
-    args = options.parse_args_and_arch(
-        parser,
-        [
-            str(data),
-            "--task",
-            "translation",
-            "-s",
-            "en",
-            "-t",
-            "de",
-            "--arch",
-            "transformer",
-            *TINY_TRANSFORMER,
-            *ADAM_CPU,
-        ],
-    )
-    cfg = convert_namespace_to_omegaconf(args)
-    task = tasks.setup_task(cfg.task)
-    model = task.build_model(cfg.model)
-    dictionary = task.source_dictionary
-    gen = torch.Generator().manual_seed(0)
-    letters = {c: torch.randn(DIM, generator=gen) for c in "abcdefghijklmnopqrstuvwxyz@"}
-    with torch.no_grad():
-        weight = model.encoder.embed_tokens.weight
-        for i in range(dictionary.nspecial, len(dictionary)):
-            row = sum(letters[c] for c in dictionary[i]) + 0.5 * torch.randn(DIM, generator=gen)
-            weight[i] = row / row.norm()
-    state = {
-        "args": None,
-        "cfg": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
-        "model": model.state_dict(),
-        "criterion": None,
-        "optimizer_history": [
-            {
-                "criterion_name": "CrossEntropyCriterion",
-                "optimizer_name": "FairseqAdam",
-                "lr_scheduler_state": {"best": None},
-                "num_updates": 2,
-            }
-        ],
-        "task_state": {},
-        "extra_state": {"train_iterator": {"epoch": 1}},
-        "last_optimizer_state": None,
-    }
-    path = data / "checkpoint_last.pt"
-    torch.save(state, path)
-    return path
+    return write_teacher_checkpoint(tmp_path_factory.mktemp("c2s-dict"))
 
 
 def _dictionary(checkpoint):
@@ -332,133 +253,3 @@ def test_bad_neighbours_and_a_side_without_table(checkpoint, tmp_path):
 
 
 # -- the distilled module swapped into the trained model (tools/c2s_checkpoint) --------------------------------
-
-
-def test_c2s_checkpoint_gives_transformer_c2s_the_model_with_the_module_for_the_table(checkpoint, tmp_path):
-    from conftest import USER_DIR
-    from fairseq import checkpoint_utils, tasks
-
-    from define_fairseq.tools import c2s_checkpoint
-    from define_fairseq.tools.params import setup_from_train_args
-
-    # the fixture's table rows have norm 1 (RMS d^-0.5, the scale transformer_c2s builds with): a table three
-    # times larger, so that the module must be rescaled when it is swapped in
-    with torch.serialization.safe_globals([argparse.Namespace]):
-        saved = torch.load(checkpoint, weights_only=True)
-    saved["model"]["encoder.embed_tokens.weight"] *= 3
-    data, checkpoint = checkpoint.parent, tmp_path / checkpoint.name
-    torch.save(saved, checkpoint)
-    module_path, start = tmp_path / "c2s.pt", tmp_path / "start.pt"
-    main(
-        [
-            "--checkpoint",
-            str(checkpoint),
-            "--output",
-            str(module_path),
-            "--epochs",
-            "2",
-            "--batch-size",
-            "16",
-            "--lr",
-            "0.01",
-            "--cpu",
-            *SMALL_C2S,
-        ]
-    )
-    c2s_checkpoint.main(["--checkpoint", str(checkpoint), "--c2s", str(module_path), "--output", str(start)])
-    assert not Path(str(start) + ".tmp").exists()
-
-    # the reference: the checkpoint's own Transformer with its encoder table replaced by the distilled module
-    with torch.serialization.safe_globals([argparse.Namespace]):
-        state = checkpoint_utils.load_checkpoint_to_cpu(str(checkpoint))
-    task = tasks.setup_task(state["cfg"].task)
-    reference = task.build_model(state["cfg"].model)
-    reference.load_state_dict(state["model"])
-    reference.encoder.embed_tokens = load_distilled(str(module_path), task.source_dictionary)
-    assert reference.encoder.embed_tokens.output_scale == pytest.approx(3 * DIM**-0.5, rel=1e-3)  # E's scale
-
-    # transformer_c2s as fairseq-train builds it, loaded (strictly) from the written start
-    _, _, model = setup_from_train_args(
-        [
-            str(data),
-            "--user-dir",
-            USER_DIR,
-            "--task",
-            "translation_c2s",
-            "-s",
-            "en",
-            "-t",
-            "de",
-            "--arch",
-            "transformer_c2s",
-            *TINY_TRANSFORMER,
-            *SMALL_C2S,
-            *ADAM_CPU,
-        ]
-    )
-    model.load_state_dict(checkpoint_utils.load_checkpoint_to_cpu(str(start))["model"], strict=True)
-    assert model.encoder.embed_tokens.output_scale == pytest.approx(DIM**-0.5)
-
-    reference.eval()
-    model.eval()
-    gen = torch.Generator().manual_seed(3)
-    dictionary = task.source_dictionary
-    src = torch.randint(dictionary.nspecial, len(dictionary), (3, 6), generator=gen)
-    src[:, -1] = dictionary.eos()
-    prev = torch.randint(dictionary.nspecial, len(dictionary), (3, 4), generator=gen)
-    lengths = torch.full((3,), 6)
-    with torch.no_grad():
-        expected = reference(src, lengths, prev)[0]
-        torch.testing.assert_close(model(src, lengths, prev)[0], expected, rtol=1e-4, atol=1e-5)
-        # and it is not the table's model
-        original = task.build_model(state["cfg"].model)
-        original.load_state_dict(state["model"])
-        assert not torch.allclose(original.eval()(src, lengths, prev)[0], expected, atol=1e-3)
-
-
-def test_c2s_checkpoint_refuses_a_decoder_module_and_names_missing_files(checkpoint, tmp_path):
-    from define_fairseq.tools import c2s_checkpoint
-
-    decoder_module = tmp_path / "decoder.pt"
-    main(
-        [
-            "--checkpoint",
-            str(checkpoint),
-            "--output",
-            str(decoder_module),
-            "--side",
-            "decoder",
-            "--epochs",
-            "0",
-            "--cpu",
-            *SMALL_C2S,
-        ]
-    )
-    out = tmp_path / "start.pt"
-    with pytest.raises(ValueError, match="distilled from a decoder table"):
-        c2s_checkpoint.main(["--checkpoint", str(checkpoint), "--c2s", str(decoder_module), "--output", str(out)])
-    with pytest.raises(FileNotFoundError, match="no_such.pt: no such file"):
-        c2s_checkpoint.main(
-            ["--checkpoint", str(checkpoint), "--c2s", str(tmp_path / "no_such.pt"), "--output", str(out)]
-        )
-    with pytest.raises(FileNotFoundError, match="--output .*the directory .* does not exist"):
-        c2s_checkpoint.main(
-            [
-                "--checkpoint",
-                str(checkpoint),
-                "--c2s",
-                str(decoder_module),
-                "--output",
-                str(tmp_path / "no_such_dir" / "start.pt"),
-            ]
-        )
-    assert not out.exists()
-    # a table whose shape is not the module's: the swap is refused, naming the checkpoint
-    module = load_distilled(str(decoder_module), _dictionary(checkpoint))
-    state = {"model": {c2s_checkpoint.TABLE_KEY: torch.zeros(module.num_embeddings, module.embedding_dim + 1)}}
-    with pytest.raises(
-        ValueError,
-        match=r"--checkpoint ck\.pt: encoder\.embed_tokens\.weight is \(.*\) but the "
-        r"module embeds",
-    ):
-        c2s_checkpoint.swap_in(state, module, "ck.pt")

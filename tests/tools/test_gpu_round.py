@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from conftest import REPO
 
 from benchmarks import gpu_round
@@ -92,6 +93,8 @@ sys.meta_path.insert(0, NoFairseqExtensions())
 """
 
 
+# a whole round end to end (about 40 s): in make test-all; the harness's own behaviour is tested in make test below
+@pytest.mark.slow
 def test_the_round_in_quick_mode_without_fairseqs_compiled_extensions(tmp_path):
     blocker = tmp_path / "blocker"
     blocker.mkdir()
