@@ -1,10 +1,5 @@
 """The DeFINE unit's arguments read from a configuration, and the flags that set each (for its errors)."""
 
-from typing import Optional
-
-from define_fairseq.models.config_helpers import flag_names
-from define_fairseq.modules.define.embedding import DeFINEEmbedding
-
 # DeFINEEmbedding's arguments (and its adaptive map's factor) -> the flags that set them
 DEFINE_FLAGS = dict(
     n="--define-n",
@@ -37,13 +32,3 @@ def define_options(cfg) -> dict:
         map_dropout=getattr(cfg, "define_map_dropout", 0.0),  # absent from the configs of older checkpoints
         token_path=None if getattr(cfg, "define_token_path", None) is None else str(cfg.define_token_path),
     )
-
-
-def build_define_embedding(
-    cfg, vocab_size: int, padding_idx: Optional[int], m: int, m_flag: str, **options
-) -> DeFINEEmbedding:
-    """``DeFINEEmbedding(vocab_size, ...)`` of width ``m`` from a checkpoint's configuration (the folding tool's
-    way to rebuild a unit); its errors name the flags (``m_flag``: the flag that sets ``m``). ``options``: more
-    keyword arguments (the adaptive map)."""
-    with flag_names(m=m_flag, **DEFINE_FLAGS):
-        return DeFINEEmbedding(vocab_size, m=m, padding_idx=padding_idx, **define_options(cfg), **options)

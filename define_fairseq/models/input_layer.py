@@ -103,6 +103,29 @@ def _define(spec: InputLayerSpec) -> nn.Module:
         return DeFINEEmbedding(spec.vocab, m=spec.width, padding_idx=spec.padding_idx, **spec.define, **adaptive)
 
 
+def build_define_embedding(
+    cfg, vocab_size: int, padding_idx: Optional[int], m: int, m_flag: str, adaptive_cutoff=None, adaptive_factor=4
+) -> DeFINEEmbedding:
+    """A ``DeFINEEmbedding`` of width ``m`` (set by ``m_flag``) rebuilt from a checkpoint's configuration, the
+    folding tool's way, through the seam's own DeFINE builder; its errors name the flags."""
+    spec = InputLayerSpec(
+        kind="define",
+        kind_flag="--input-layer",
+        vocab=vocab_size,
+        padding_idx=padding_idx,
+        width=m,
+        width_flag=m_flag,
+        n=cfg.define_n,
+        define=define_options(cfg),
+        folded=False,
+        adaptive_cutoff=adaptive_cutoff,
+        adaptive_factor=adaptive_factor,
+        table_init=fairseq_table_init,
+        scaled_table=False,
+    )
+    return _define(spec)
+
+
 INPUT_KINDS: Dict[str, InputKind] = {
     "table": InputKind(_table, mapped=False, adaptive=True),
     "projective": InputKind(_projective, mapped=True, adaptive=False),

@@ -44,8 +44,7 @@ def _define_prefixes(model_state: Dict[str, torch.Tensor]):
 def fold_state(model_state: Dict[str, torch.Tensor], model_cfg) -> Dict[str, torch.Tensor]:
     """The state dict of the folded model: each DeFINE unit's weights replaced by its ``folded`` table (the map,
     a ``V x n`` table or an adaptive input, is kept)."""
-    from define_fairseq.models.define_config import build_define_embedding
-    from define_fairseq.models.input_layer import adaptive_input_cutoff
+    from define_fairseq.models.input_layer import adaptive_input_cutoff, build_define_embedding
 
     state = dict(model_state)
     for prefix in _define_prefixes(model_state):

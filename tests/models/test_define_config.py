@@ -5,7 +5,8 @@ from argparse import Namespace
 
 import pytest
 
-from define_fairseq.models.define_config import DEFINE_FLAGS, build_define_embedding
+from define_fairseq.models.define_config import DEFINE_FLAGS
+from define_fairseq.models.input_layer import build_define_embedding
 
 DEFAULTS = dict(
     define_n=16,
