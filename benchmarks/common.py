@@ -22,8 +22,8 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence
 import torch
 
 from benchmarks.precision import LOSS_SCALE, MasterWeights
-from benchmarks.records import json_path, of_checks, write
-from benchmarks.targets import Check, figure_line, revision
+from benchmarks.records import figure_line, json_path, of_checks, write
+from benchmarks.targets import Check, revision
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 KEEP_MARK = "<!-- written by hand below this line: kept when the benchmark is run again -->"
@@ -312,16 +312,17 @@ class Bench:
         if checks:
             text += "\n## Targets\n\n" + "\n".join(c.line() for c in checks) + "\n"
         print(text)
-        context = dict(command=self.command(), precision=self.args.dtype, device=self.device_name())
-        print("\n".join(figure_line(c, **context) for c in checks), flush=True)
         path = self.result_path()
+        rev = revision(os.path.dirname(os.path.dirname(RESULTS_DIR)))
+        context = dict(command=self.command(), precision=self.args.dtype, machine=self.device_name(), revision=rev)
+        report = f"results/{os.path.basename(path)}" if path else None
+        figures = of_checks(checks, self.module.rsplit(".", 1)[-1], report, context, self.cuda)
+        print("\n".join(figure_line(r) for r in figures), flush=True)
         if path:
             write_result(path, text)
             print(f"wrote {os.path.relpath(path)}")
             if checks and path.endswith(".md"):
-                rev = revision(os.path.dirname(os.path.dirname(RESULTS_DIR)))
-                name, report = self.module.rsplit(".", 1)[-1], f"results/{os.path.basename(path)}"
-                write(json_path(path), of_checks(checks, name, report, dict(context, revision=rev), self.cuda))
+                write(json_path(path), figures)
                 print(f"wrote {os.path.relpath(json_path(path))}")
         return Result(text, list(checks), self.failed)
 

@@ -116,7 +116,7 @@ def main(argv=None) -> int:
     if out and out != "-":
         write_result(out, text)
         print(f"wrote {os.path.relpath(out)}")
-        context = dict(command=f"python -m benchmarks.gpu_report {command}", revision=rev, device=device)
+        context = dict(command=f"python -m benchmarks.gpu_report {command}", revision=rev, machine=device)
         context["precision"] = "bf16" if cuda else "fp32"  # each benchmark's default on the device
         report = f"results/{os.path.basename(out)}"
         write(json_path(out), [r for name, c in checks for r in of_checks(c, name, report, context, cuda)])

@@ -11,8 +11,10 @@ limit, cut to what is left of ``--budget`` (seconds from the start, the install 
 new paths first (``CUDA_TEST_FILES``), then every benchmark's eager variants, then the ``--torch-compile`` ones.
 After each item it rewrites ``<out-dir>/gpu-round-<gpu>.md`` (one row per figure: the item, the figure beside its
 target, met or not, the ratio method, precision, batch, exit status, seconds, revision, GPU and command; a failure
-row for an item that raised or timed out) and ``gpu-round-<gpu>.json`` (the same rows as records). Each item's log
-and results file are in ``--logs``. ``--device cpu --quick`` runs the harness on a CPU with tiny sizes.
+row for an item that raised or timed out) and ``gpu-round-<gpu>.json``: the same rows as the records every
+benchmark writes (``benchmarks.records.FIELDS``, with the round's ``ROUND_FIELDS``), so that
+``benchmarks.records.load`` and ``benchmarks.pages`` read it like any other report's. Each item's log and results
+file are in ``--logs``. ``--device cpu --quick`` runs the harness on a CPU with tiny sizes.
 """
 
 import argparse
@@ -28,18 +30,8 @@ import tarfile
 import time
 from typing import List, NamedTuple, Optional, Sequence
 
-from benchmarks.targets import (
-    ABSOLUTE_METHOD,
-    GOALS,
-    RATIO_METHOD,
-    REVISION_VARIABLE,
-    Check,
-    parse_figures,
-    revision,
-    show,
-    show_target,
-    target,
-)
+from benchmarks.records import FIELDS, ROUND_FIELDS, parse_figures
+from benchmarks.targets import ABSOLUTE_METHOD, GOALS, RATIO_METHOD, REVISION_VARIABLE, revision, show, show_target
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the CUDA tests of the code that this round measures; plain modules, so they need nothing from tests/conftest.py,
@@ -190,48 +182,68 @@ def failure(text: str, rc: int, limit: float) -> str:
 
 
 def command_of(item: Item) -> str:
-    """``item``'s command as a user types it in the repository: its environment settings, then ``python ...``."""
-    return shlex.join([f"{k}={v}" for k, v in item.env.items()] + ["python"] + item.argv[1:])
+    """``item``'s command as a user types it in the repository: its environment settings, then ``python ...``; the
+    ``--out`` that the round adds (where its log folder keeps the item's results file) left out."""
+    argv = item.argv[1:]
+    if "--out" in argv[:-1]:
+        at = argv.index("--out")
+        argv = argv[:at] + argv[at + 2 :]
+    return shlex.join([f"{k}={v}" for k, v in item.env.items()] + ["python"] + argv)
+
+
+def benchmark_of(item: Item) -> Optional[str]:
+    """The benchmark module an item runs (``train_speed``), or None for the CUDA tests."""
+    module = next((a for a in item.argv if a.startswith("benchmarks.")), None)
+    return module and module.split(".", 1)[1]
+
+
+def verdict(met) -> str:
+    return "n/a" if met is None else "PASS" if met else "FAIL"
 
 
 class Round:
-    """The rows so far and the two files they are written to."""
+    """The rows so far (records, :data:`benchmarks.records.FIELDS` and ``ROUND_FIELDS``) and the two files they are
+    written to."""
 
     def __init__(self, md: str, context: dict, header: Sequence[str]):
         self.md, self.json = md, md[: -len(".md")] + ".json"
         self.context, self.header, self.rows, self.sections = context, list(header), [], []
+        self.report = f"results/{os.path.basename(md)}"
+
+    def row(self, item: Item, record: Optional[dict] = None, **fields) -> dict:
+        """A record of this round: ``record`` (a benchmark's, else one with no figure) with the round's revision,
+        machine, report and ``item``'s command, then ``fields``."""
+        out = {k: None for k in FIELDS + ROUND_FIELDS}
+        out.update(record or {}, item=item.key, command=command_of(item))
+        out["benchmark"] = out["benchmark"] or benchmark_of(item)
+        out.update(revision=self.context["revision"], machine=self.context["machine"], report=self.report)
+        out.update(origin="run", **fields)
+        return out
 
     def add_item(self, item: Item, rc: int, seconds: float, limit: float, text: str, results: Optional[str]):
-        common = dict(self.context, item=item.key, rc=rc, seconds=round(seconds, 1), command=command_of(item))
+        ran = dict(rc=rc, seconds=round(seconds, 1))
         if item.key == "cuda_tests":
             summary = [line.strip("= ") for line in text.splitlines() if re.search(r"\d+ (passed|failed|error)", line)]
             if summary and rc in (0, 1):
-                met = "PASS" if rc == 0 else "FAIL"
-                self.rows.append(dict(common, what="CUDA tests (pytest -m cuda)", status=summary[-1], met=met))
+                self.rows.append(self.row(item, what="CUDA tests (pytest -m cuda)", status=summary[-1], met=rc == 0,
+                                          **ran))  # fmt: skip
                 return self.write()
-        for record in parse_figures(text):
-            if record.get("goal") in GOALS:  # the goal's target on this device, from the one table
-                record["target"] = target(record["goal"], self.context["device"] == "cuda", record["target"])
-                record["met"] = Check(record["what"], record["value"], record["target"], record["at_most"]).verdict()
-            self.rows.append(dict(record, **common, status="measured"))
-        if rc != 0 or not parse_figures(text):
-            self.rows.append(dict(common, what=failure(text, rc, limit), status="failed", met="FAIL"))
+        figures = parse_figures(text)
+        self.rows += [self.row(item, record, status="measured", **ran) for record in figures]
+        if rc != 0 or not figures:
+            self.rows.append(self.row(item, what=failure(text, rc, limit), status="failed", met=False, **ran))
         if results and os.path.exists(results):
             with open(results) as f:
                 self.sections.append(f"### {item.key}\n\n" + re.sub(r"^#", "###", f.read(), flags=re.M))
         self.write()
 
     def skip(self, item: Item):
-        what = f"skipped: less than {MIN_LEFT} s of the budget left"
-        self.rows.append(
-            dict(self.context, item=item.key, command=command_of(item), what=what, status="skipped", met="n/a")
-        )
+        self.rows.append(self.row(item, what=f"skipped: less than {MIN_LEFT} s of the budget left", status="skipped"))
         self.write()
 
     def write(self):
-        records = [{k: (None if v != v else v) for k, v in row.items()} for row in self.rows]
         with open(self.json, "w") as f:
-            json.dump({"context": self.context, "figures": records}, f, indent=1, sort_keys=True)
+            f.write(json.dumps(self.rows, indent=1, sort_keys=True) + "\n")
         with open(self.md, "w") as f:
             f.write(self.markdown())
 
@@ -245,25 +257,26 @@ class Round:
             "|---|---|---|---|---|",
         ]
         for key, goal in GOALS.items():
-            rows = [r for r in self.rows if r.get("goal") == key and "value" in r and r["value"] == r["value"]]
+            rows = [r for r in self.rows if r["goal"] == key and r["value"] is not None]
             if not rows:
                 out.append(f"| {goal.what} | | not measured | n/a | |")
                 continue
             best = (min if goal.at_most else max)(rows, key=lambda r: r["value"])
             target = show_target(best["target"], goal.unit, goal.at_most)
             out.append(
-                f"| {goal.what} | {target} | {show(best['value'], goal.unit)} | {best['met']} | {best['what']} |"
+                f"| {goal.what} | {target} | {show(best['value'], goal.unit)} | {verdict(best['met'])} | "
+                f"{best['what']} |"
             )
         columns = ["item", "figure", "measured", "target", "met", "goal", "ratio", "precision", "batch", "rc", "s"]
         out += ["", "## Rows", "", "| " + " | ".join(columns + ["revision", "GPU", "command"]) + " |"]
         out.append("|" + "---|" * (len(columns) + 3))
         for r in self.rows:
-            measured = show(r["value"], r["unit"]) if "value" in r else r.get("status", "")
-            target = show_target(r["target"], r["unit"], r["at_most"]) if "target" in r else ""
-            cells = [r["item"], r["what"], measured, target, r["met"], r.get("goal", ""), r.get("method", "")]
-            cells += [r.get("precision", ""), r.get("batch", ""), r.get("rc", ""), r.get("seconds", "")]
-            cells += [r["revision"], r["machine"], f"`{r['command']}`"]
-            out.append("| " + " | ".join(str(x).replace("|", "/") for x in cells) + " |")
+            measured = show(r["value"], r["unit"]) if r["value"] is not None else r["status"]
+            target = show_target(r["target"], r["unit"], r["at_most"]) if r["target"] is not None else ""
+            cells = [r["item"], r["what"], measured, target, verdict(r["met"]), r["goal"], r["ratio_method"]]
+            cells += [r["precision"], r["batch"], r["rc"], r["seconds"], r["revision"], r["machine"]]
+            out.append("| " + " | ".join("" if x is None else str(x).replace("|", "/") for x in cells)
+                       + f" | `{r['command']}` |")  # fmt: skip
         return "\n".join(out + [""] + self.sections) + "\n"
 
 

@@ -1,9 +1,10 @@
 """Speed figures as data: one record per figure, in a ``.json`` file beside each Markdown report of ``results/``.
 
-A benchmark writes its records itself (``Bench.finish``, :func:`record`); for the reports committed before it did,
-this module reads them back from the Markdown (the header's command, revision, machine and precision; the figures of
-the ``Targets`` lines, of the ``gpu_report`` summary table and of the columns that give a ratio of medians or a
-median step time)::
+A benchmark writes its records itself (``Bench.finish``, :func:`record`) and prints each as a ``FIGURE`` line
+(:func:`figure_line`) that ``make gpu-round`` reads back (:func:`parse_figures`); for the reports committed before
+it did, this module reads them back from the Markdown (the header's command, revision, machine and precision; the
+figures of the ``Targets`` lines, of the ``gpu_report`` summary table and of the columns that give a ratio of
+medians or a median step time)::
 
     python -m benchmarks.records           # rewrite results/<report>.json from results/<report>.md
     python -m benchmarks.records --check   # exit 1, naming each .json that differs from its report
@@ -11,7 +12,8 @@ median step time)::
 Every ratio is a ratio of medians (:data:`benchmarks.targets.RATIO_METHOD`); a figure whose report gives only
 another (the median of per-round ratios) says so in ``ratio_method``. A target comes from
 :data:`benchmarks.targets.GOALS` where the figure is a goal's; the target the report printed is kept beside it.
-A report that does not record its revision gives ``"revision": null``.
+A report that does not record its revision gives ``"revision": null``. Every ``.json`` of a speed report in
+``results/`` is a list of records with the fields :data:`FIELDS`; a gpu round's records add :data:`ROUND_FIELDS`.
 """
 
 import argparse
@@ -30,6 +32,10 @@ PER_ROUND = "median of per-round ratios (the report gives no ratio of medians fo
 FIELDS = ("benchmark", "what", "value", "unit", "target", "at_most", "goal", "met", "ratio_method", "report_target")
 FIELDS += ("revision", "machine", "precision", "batch", "command", "report", "origin")
 # ``origin``: "run" for the records a benchmark wrote as it ran, "report" for those read back from its Markdown
+# a gpu round's records also name the round's item that measured them, its status ("measured", "failed", "skipped" or
+# pytest's summary), its exit status and its seconds: a failed item is a record with no value
+ROUND_FIELDS = ("item", "status", "rc", "seconds")
+FIGURE_PREFIX = "FIGURE "
 
 
 def record(
@@ -55,8 +61,8 @@ def record(
 
 def of_checks(checks, benchmark: str, report: str, context: dict, gpu: bool) -> List[dict]:
     """The records of a run's checks (:class:`benchmarks.targets.Check`) on a GPU or not; ``context``: the run's
-    command, revision, precision and device (as ``machine``)."""
-    context = dict(context, machine=context.get("device"), report=report, origin="run")
+    command, revision, precision and machine; ``report``: its results file under ``results/`` (None: none)."""
+    context = dict(context, report=report, origin="run")
     context = {k: v for k, v in context.items() if k in FIELDS}
     return [
         record(
@@ -68,10 +74,21 @@ def of_checks(checks, benchmark: str, report: str, context: dict, gpu: bool) -> 
             c.at_most,
             goal=goal_of(c.what, c.goal),
             batch=c.batch or None,
+            gpu=gpu,
             **context,
         )  # fmt: skip
         for c in checks
     ]
+
+
+def figure_line(record: dict) -> str:
+    """``record`` as one machine-readable line of a benchmark's output: ``FIGURE`` and the record as JSON."""
+    return FIGURE_PREFIX + json.dumps(record, sort_keys=True)
+
+
+def parse_figures(text: str) -> List[dict]:
+    """The records of the ``FIGURE`` lines in ``text`` (a benchmark's output), in order."""
+    return [json.loads(line[len(FIGURE_PREFIX) :]) for line in text.splitlines() if line.startswith(FIGURE_PREFIX)]
 
 
 def write(path, records: List[dict]) -> None:

@@ -1,13 +1,12 @@
 """The speed goals in one place, how a benchmark states a figure against its target, and the revision measured.
 
 Every benchmark states each figure as a :class:`Check`; ``Bench.finish`` prints its human line (``- PASS: what:
-1.04x (target >= 1x)``) and one machine-readable line (``FIGURE {json}``, :func:`figure_line`), which
-``benchmarks.gpu_round`` reads. :data:`GOALS` holds the targets of the goals that ``make gpu-round`` measures, for a
+1.04x (target >= 1x)``) and its record (``benchmarks.records``: one ``FIGURE {json}`` line, which
+``benchmarks.gpu_round`` reads). :data:`GOALS` holds the targets of the goals that ``make gpu-round`` measures, for a
 GPU and for a CPU; a benchmark tags its check with the goal's key, and a benchmark that does not is matched by the
 goal's pattern on the check's text. Every speed ratio is a ratio of medians (:data:`RATIO_METHOD`).
 """
 
-import json
 import os
 import re
 import subprocess
@@ -15,7 +14,6 @@ from typing import NamedTuple, Optional
 
 RATIO_METHOD = "ratio of medians"  # the baseline's median time over the variant's, variants timed interleaved
 ABSOLUTE_METHOD = "tokens over the median step time"
-FIGURE_PREFIX = "FIGURE "
 
 
 class Goal(NamedTuple):
@@ -116,26 +114,6 @@ class Check(NamedTuple):
     def line(self) -> str:
         goal = show_target(self.target, self.unit, self.at_most)
         return f"- {self.verdict()}: {self.what}: {show(self.value, self.unit)} (target {goal})"
-
-
-def figure_line(check: Check, **context) -> str:
-    """The machine-readable line of ``check``: ``FIGURE`` and one JSON object (the check's fields, its verdict, the
-    ratio method and ``context``: command, precision, device)."""
-    record = dict(check._asdict(), value=None if check.value != check.value else check.value, met=check.verdict())
-    record["goal"] = goal_of(check.what, check.goal)
-    record["method"] = RATIO_METHOD if check.unit == "x" else ABSOLUTE_METHOD
-    return FIGURE_PREFIX + json.dumps(dict(record, **context), sort_keys=True)
-
-
-def parse_figures(text: str) -> list:
-    """The records of the ``FIGURE`` lines in ``text`` (a benchmark's output), in order."""
-    records = []
-    for line in text.splitlines():
-        if line.startswith(FIGURE_PREFIX):
-            record = json.loads(line[len(FIGURE_PREFIX) :])
-            record["value"] = float("nan") if record["value"] is None else record["value"]
-            records.append(record)
-    return records
 
 
 REVISION_VARIABLE = "DEFINE_FAIRSEQ_REVISION"  # the revision of a copied tree without git, as its copier knew it

@@ -13,7 +13,8 @@ from conftest import REPO
 from benchmarks import gpu_report, group_linear
 from benchmarks.common import KEEP_MARK, Bench, Check, Result, Timings, options, write_result
 from benchmarks.lstm_lm_speed import step_flops
-from benchmarks.targets import GOALS, figure_line, goal_of, parse_figures, revision, target
+from benchmarks.records import FIELDS, figure_line, of_checks, parse_figures
+from benchmarks.targets import GOALS, RATIO_METHOD, goal_of, revision, target
 from benchmarks.train_speed import goal_key
 from benchmarks.txl_speed import io_training_flops, txl_batch
 from benchmarks.workloads import build_model
@@ -75,17 +76,24 @@ def test_checks_at_least_at_most_and_not_measured():
     assert rate.line() == "- FAIL: t: 98,500 tokens/s (target >= 120,000 tokens/s)"
 
 
-def test_figure_lines_carry_the_check_and_its_context_and_parse_back():
+def test_figure_lines_are_the_records_and_parse_back():
     checks = [
         Check("ours vs theirs", 1.25, 1.0, goal="define_train_26k", batch="960 sentences"),
         Check("n", float("nan"), 1),
     ]
-    text = "noise\n" + "\n".join(figure_line(c, command="python -m benchmarks.x", precision="bf16") for c in checks)
+    context = dict(command="python -m benchmarks.x", precision="bf16", machine="NVIDIA H200", revision="abc")
+    written = of_checks(checks, "x", "results/x.md", context, gpu=True)
+    text = "noise\n" + "\n".join(figure_line(r) for r in written)
     first, second = parse_figures(text + "\n- PASS: not a figure line\n")
-    assert first["what"] == "ours vs theirs" and first["value"] == 1.25 and first["met"] == "PASS"
+    assert [first, second] == written and set(first) == set(FIELDS)  # the record the run writes, field for field
+    assert first["what"] == "ours vs theirs" and first["value"] == 1.25 and first["met"] is True
     assert (first["goal"], first["batch"], first["precision"]) == ("define_train_26k", "960 sentences", "bf16")
-    assert first["method"] == "ratio of medians" and first["command"] == "python -m benchmarks.x"
-    assert second["value"] != second["value"] and second["met"] == "n/a"  # nan goes through JSON as null
+    assert first["ratio_method"] == RATIO_METHOD and first["command"] == "python -m benchmarks.x"
+    assert first["target"] == GOALS["define_train_26k"].gpu and first["report_target"] == 1.0
+    assert second["value"] is None and second["met"] is None  # nan goes through JSON as null
+    # a CPU's name does not say "CPU": the run's device decides which of the goal's targets applies
+    (cpu,) = of_checks(checks[:1], "x", None, dict(context, machine="Intel(R) Xeon(R) Processor"), gpu=False)
+    assert cpu["target"] == GOALS["define_train_26k"].cpu != GOALS["define_train_26k"].gpu
 
 
 def test_goals_targets_and_patterns():

@@ -1,6 +1,7 @@
 """``benchmarks/gpu_round.py`` (``make gpu-round``) on a CPU: each item in its own process under its own limit, a
 failing or hanging item losing only itself, the report rewritten after each item with the revision, the command and
-the figure beside the goal's target (or a failure row) in every row, the same rows as JSON records; and a real
+the figure beside the goal's target (or a failure row) in every row, the same rows as the records every benchmark
+writes (``benchmarks.records``), which the records and the pages read like any other report's; and a real
 benchmark in quick mode in a process that cannot load fairseq's compiled extensions, as on a GPU node where
 fairseq's sources are on PYTHONPATH unbuilt."""
 
@@ -14,13 +15,16 @@ import time
 import pytest
 from conftest import REPO
 
-from benchmarks import gpu_round
-from benchmarks.targets import GOALS
+from benchmarks import gpu_round, pages, records
+from benchmarks.targets import GOALS, RATIO_METHOD
 
 PY = sys.executable
+# a benchmark's output: its check as the record Bench.finish prints, with the 1.0 target the check carried
 FIGURE = (
-    "from benchmarks.targets import Check, figure_line; print(figure_line(Check({what!r}, {value}, 1.0, goal={goal!r}, "
-    "batch='8 x 4 tokens'), command='python -m benchmarks.fake', precision='fp32', device='CPU'))"
+    "from benchmarks.records import figure_line, of_checks; from benchmarks.targets import Check; "
+    "(r,) = of_checks([Check({what!r}, {value}, 1.0, goal={goal!r}, batch='8 x 4 tokens')], 'fake', None, "
+    "dict(command='python -m benchmarks.fake', precision='fp32', machine='CPU', revision='x'), gpu=False); "
+    "print(figure_line(r))"
 )
 REVISION = re.compile(r"^([0-9a-f]{7,}(\+dirty)?|unknown \(.*\))$")
 
@@ -49,26 +53,45 @@ def test_a_raising_and_a_hanging_item_lose_only_themselves(tmp_path, monkeypatch
     start = time.monotonic()
     gpu_round.run_items(plan, report, env, str(tmp_path), start + 600, results=False)
     assert time.monotonic() - start < 20  # the hang cost its limit and the grace, not its 300 s
-    rows = {r["item"]: r for r in json.loads((tmp_path / "gpu-round-cpu.json").read_text())["figures"]}
+    written = json.loads((tmp_path / "gpu-round-cpu.json").read_text())
+    assert all(set(r) == set(records.FIELDS + records.ROUND_FIELDS) for r in written)  # one schema, every row
+    rows = {r["item"]: r for r in written}
     assert list(rows) == ["first", "raises", "hangs", "after", "last"]
     assert all(r["revision"] == "abc1234+dirty" and r["machine"] == "CPU" for r in rows.values())
+    assert all(r["report"] == "results/gpu-round-cpu.md" and r["origin"] == "run" for r in rows.values())
     # the goal's CPU target from benchmarks/targets.py, not the 1.0 the line carried
     first = rows["first"]
-    assert (first["value"], first["target"], first["met"]) == (1.2, GOALS["define_train_4k"].cpu, "PASS")
-    assert first["method"] == "ratio of medians" and first["precision"] == "fp32" and first["batch"] == "8 x 4 tokens"
+    assert (first["value"], first["target"], first["met"], first["report_target"]) == (
+        1.2, GOALS["define_train_4k"].cpu, True, 1.0)  # fmt: skip
+    assert first["ratio_method"] == RATIO_METHOD and first["precision"] == "fp32" and first["batch"] == "8 x 4 tokens"
+    assert first["benchmark"] == "fake" and first["command"].startswith("python -c ")  # the item's command
     assert rows["raises"]["what"] == "failed (exit status 1): RuntimeError: deliberately broken"
-    assert rows["raises"]["status"] == "failed" and rows["raises"]["command"].startswith("python -c ")
+    assert rows["raises"]["status"] == "failed" and rows["raises"]["value"] is None and rows["raises"]["met"] is False
     assert rows["hangs"]["rc"] == 124 and rows["hangs"]["what"].startswith("timed out after 2 s")
     # the item after the hang ran, and read a report that already had the two failures
     after = (tmp_path / "after.log").read_text()
     assert "deliberately broken" in after and "timed out after 2 s" in after
     assert rows["after"]["status"] == "failed" and rows["after"]["rc"] == 0  # it printed no figure
     # a benchmark that does not tag its check is matched by the goal's pattern
-    assert rows["last"]["goal"] == "group_linear_dense" and rows["last"]["met"] == "FAIL"
+    assert rows["last"]["goal"] == "group_linear_dense" and rows["last"]["met"] is False
     text = report.md and open(report.md).read()
     assert "| hangs | timed out after 2 s" in text and "`python -c " in text
     assert "| transformer_define vs transformer, training, 4k target tokens a step | >= 1.1x | 1.20x | PASS |" in text
     assert subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode == 1  # nothing left running
+
+
+def test_a_rounds_records_are_read_and_rendered_like_any_reports(tmp_path, monkeypatch):
+    report = gpu_round.Round(str(tmp_path / "gpu-round-cpu.md"), dict(revision="abc1234", machine="CPU",
+                                                                       device="cpu"), [])  # fmt: skip
+    plan = [figure_item("first", "ours vs theirs", 1.2, goal="define_train_4k")]
+    gpu_round.run_items(plan, report, dict(os.environ, PYTHONPATH=REPO), str(tmp_path), time.monotonic() + 60, False)
+    monkeypatch.setattr(records, "RESULTS", tmp_path)
+    monkeypatch.setattr(pages, "RESULTS", tmp_path)
+    (record,) = records.load("gpu-round-cpu.md")
+    assert record["what"] == "ours vs theirs" and record["value"] == 1.2
+    table = pages.figures_table(pages.Figures(("gpu-round-cpu.md",), r"^ours vs"), pages.PAGE)
+    assert "| ours vs theirs | 1.20x | >= 1.1x | yes |" in table and "| CPU, fp32 | abc1234 |" in table
+    assert "gpu-round-cpu.md" not in [md.name for md in records.reports()]  # its records are not read back
 
 
 def test_an_item_is_skipped_when_the_budget_is_spent(tmp_path):
@@ -107,12 +130,12 @@ def test_the_round_in_quick_mode_without_fairseqs_compiled_extensions(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = (tmp_path / "logs" / "gpu-round-cpu.md").read_text()
     assert "compiled extensions found: none" in text and "--quick" in text
-    records = json.loads((tmp_path / "logs" / "gpu-round-cpu.json").read_text())["figures"]
-    (record,) = records
+    (record,) = json.loads((tmp_path / "logs" / "gpu-round-cpu.json").read_text())
     assert record["item"] == "train_4k" and record["goal"] == "define_train_4k" and record["status"] == "measured"
     assert REVISION.match(record["revision"]) and record["machine"] == "CPU" and record["precision"] == "fp32"
     assert record["command"].startswith("python -m benchmarks.train_speed --device cpu --tokens 4000")
-    assert record["value"] > 0 and record["met"] in ("PASS", "FAIL") and record["method"] == "ratio of medians"
+    assert record["value"] > 0 and record["met"] in (True, False) and record["ratio_method"] == RATIO_METHOD
+    assert record["benchmark"] == "train_speed" and record["report"] == "results/gpu-round-cpu.md"
     assert f"| {GOALS['define_train_4k'].what} | >= 1.1x |" in text
 
 
@@ -122,6 +145,6 @@ def test_the_cuda_tests_row_is_pytests_summary(tmp_path):
     report.add_item(tests, 1, 40.0, 120, "..F.\n=== 1 failed, 6 passed, 2 skipped in 39.1s ===\n", None)
     report.add_item(tests, 124, 120.0, 120, "..\n", None)
     (ran, hung) = report.rows
-    assert (ran["status"], ran["met"]) == ("1 failed, 6 passed, 2 skipped in 39.1s", "FAIL")
+    assert (ran["status"], ran["met"], ran["benchmark"]) == ("1 failed, 6 passed, 2 skipped in 39.1s", False, None)
     assert ran["command"].startswith("DEFINE_FAIRSEQ_CUDA_TESTS=gpu python -m pytest")
     assert hung["status"] == "failed" and hung["what"].startswith("timed out after 120 s")
