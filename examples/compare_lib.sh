@@ -192,11 +192,17 @@ print(' '.join(name for updates, _, name in points if updates in kept))" "$dir/p
 }
 
 # compare_point REGIME NAME SEED QUERY VALUE: score the checkpoint of NAME's run with SEED that run_points QUERY
-# VALUE names (score_checkpoint), into OUT/runs/REGIME/NAME.sSEED; skipped when scored.
+# VALUE names (score_checkpoint), into OUT/runs/REGIME/NAME.sSEED; skipped when scored, unless a point after so many
+# updates was scored after others (a rerun with another -L).
 compare_point() {
     local regime=$1 name=$2 seed=$3 query=$4 value=$5 run=$OUT/runs/train/$2.s$3 found checkpoint updates seconds
     local dir=$OUT/runs/$regime/$name.s$seed
-    [[ -f $dir/score ]] && return 0
+    if [[ -f $dir/score ]]; then
+        [[ $query == at-updates ]] || return 0
+        updates=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['updates'])" "$dir/point.json")
+        (( updates == value )) && return 0
+        echo "==> $name, seed $seed: the $regime point again, after $value updates (it was after $updates)"
+    fi
     found=$(python -m scripts.run_points "$run" "$query" "$value")
     [[ $found != *$'\n'* ]] || echo "${found%$'\n'*}" >&2  # its warnings: the last line is the point
     IFS=$'\t' read -r checkpoint updates seconds <<< "${found##*$'\n'}"

@@ -149,22 +149,27 @@ lm_data() {
 }
 
 # train_into DIR LOG ARGS...: define_fairseq.tools.train (fairseq-train's loop with a clean process exit) with ARGS
-# into DIR, its json log in LOG; DIR's checkpoint_best.pt removed (the comparisons score their own points). On a
-# failure, the log's end and an error naming DIR.
+# into DIR, its json log appended to LOG (which holds the start of a run stopped part way); DIR's checkpoint_best.pt
+# removed (the comparisons score their own points). On a failure, the log's end and an error naming DIR.
 train_into() {
     local dir=$1 log=$2; shift 2
     python -m define_fairseq.tools.train "$@" --save-dir "$dir" --no-progress-bar --log-format json \
-        --log-interval 50 > "$log" 2>&1 \
+        --log-interval 50 >> "$log" 2>&1 \
         || { tail -20 "$log" >&2; echo "error: training into $dir failed" >&2; exit 1; }
     rm -f "$dir/checkpoint_best.pt"
 }
 
 # train_run DIR ARGS...: fairseq-train ARGS into DIR (its checkpoints, train.log with --log-format json),
-# skipped when DIR/train.log says the run finished; an unfinished DIR is started over (train_into).
+# skipped when DIR/train.log says the run finished. A run stopped part way (a session's end, a kill) goes on from its
+# last checkpoint, which fairseq-train resumes exactly, its log continued; a DIR with no checkpoint starts over.
 train_run() {
     local dir=$1; shift
     grep -qs "done training" "$dir/train.log" && return 0
-    rm -rf "$dir" && mkdir -p "$dir"
+    if [[ -f $dir/checkpoint_last.pt && -f $dir/train.log.tmp ]]; then
+        echo "==> $dir: stopped part way; on from its last checkpoint"
+    else
+        rm -rf "$dir" && mkdir -p "$dir"
+    fi
     train_into "$dir" "$dir/train.log.tmp" "$@"
     mv "$dir/train.log.tmp" "$dir/train.log"
 }

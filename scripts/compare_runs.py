@@ -26,11 +26,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from scripts.plateau import gain
 from scripts.render_results import ROOT, load as load_data, locked, merge, write_atomic
 
 RUN_NAME = re.compile(r"^(?P<model>.+)\.s(?P<seed>\d+)$")
 LOG_ENTRY = re.compile(r"\| (?P<kind>train_inner|valid|train) \| (?P<json>\{.*\})\s*$")
 DONE = re.compile(r"done training in (?P<seconds>[\d.]+) seconds")
+RESUMED = re.compile(r"Loaded checkpoint .* \(epoch \d+ @ [1-9]\d* updates\)")
 
 
 def _timestamp(line: str) -> Optional[datetime]:
@@ -70,15 +72,16 @@ class Run:
                     self.updates = max(self.updates, int(values["num_updates"]))
                     if "wall" in values:
                         stamp = _timestamp(line)
-                        if restart is None and float(values["wall"]) < last_wall:
-                            # trained on (compare.sh -L): fairseq's clock restarts, or stays at 0, in the resumed
-                            # process, so its times are the log's timestamps from here, after the first part's
-                            restart, offset = stamp, last_wall
                         if restart is None:
                             last_wall = float(values["wall"])
                         elif stamp is not None:
                             last_wall = offset + (stamp - restart).total_seconds()
                         self.wall[int(values["num_updates"])] = last_wall
+            elif RESUMED.search(line):
+                # a process that went on from a checkpoint (compare.sh -L, or a run stopped part way): fairseq's
+                # clock restarts, or stays at 0, there, so its times are the log's timestamps from here on, after
+                # the time trained before (the pause between the two is not training time)
+                restart, offset = _timestamp(line), last_wall
             done = DONE.search(line)
             if done:
                 self.seconds = float(done["seconds"])
@@ -200,6 +203,7 @@ def records(runs: Dict[str, List[Run]], group: str, command: str, device: str) -
     for regime, rs in runs.items():
         for r in rs:
             sizes = {key: float(value) for key, value in r.params.items()}
+            late = gain(r.valid, r.updates)
             found.append(
                 {
                     "group": group,
@@ -210,6 +214,7 @@ def records(runs: Dict[str, List[Run]], group: str, command: str, device: str) -
                     "parameters": sizes,
                     "updates": r.updates,
                     "seconds": r.seconds,
+                    **({} if late is None else {"plateau_gain": round(100 * late, 2)}),
                     **where,
                 }
             )

@@ -29,14 +29,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
 
+from scripts.plateau import THRESHOLD, WINDOW
+from scripts.verdicts import DataError, cells, changes, judge, label, params, verdict
+
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"(<!-- results:(?P<name>[\w./-]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=name) -->)", re.S)
 RUN_KEY = ("group", "model", "point", "seed")
-OWN = "the project's own comparison"
-
-
-class DataError(ValueError):
-    """A data file that cannot be rendered; the message names the file and the fix."""
 
 
 def load(path: Path) -> dict:
@@ -93,28 +91,12 @@ def write_atomic(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def cells(data: dict, group: str, model: str, point: str) -> List[dict]:
-    runs = [r for r in data["runs"] if r.get("group", "") == group and r["model"] == model and r["point"] == point]
-    return sorted(runs, key=lambda r: r["seed"])
-
-
 def summary(values: List[float], digits: int, seeds: List[int]) -> str:
     """mean ± sd (each seed's value), or the one value and its seed."""
     each = ", ".join(f"{v:.{digits}f}" for v in values)
     if len(values) == 1:
         return f"{values[0]:.{digits}f} (seed {seeds[0]})"
     return f"{statistics.fmean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f} ({each})"
-
-
-def verdict(a: List[float], b: List[float], better: str) -> str:
-    """The rule of docs/results.md: 'holds' when a is better than b by more than sd_a + sd_b, 'reversed' when b is,
-    'level' when the means are within the summed spreads, 'not tested' when a side has fewer than two seeds."""
-    if len(a) < 2 or len(b) < 2:
-        return "not tested (one seed)"
-    gap = statistics.fmean(a) - statistics.fmean(b)
-    if abs(gap) <= statistics.stdev(a) + statistics.stdev(b):
-        return "level"
-    return "holds" if (gap < 0) == (better == "lower") else "reversed"
 
 
 def groups_and_models(data: dict) -> List[Tuple[str, str]]:
@@ -126,17 +108,6 @@ def groups_and_models(data: dict) -> List[Tuple[str, str]]:
     for run in runs:
         seen.setdefault((run.get("group", ""), run["model"]), None)
     return list(seen)
-
-
-def params(data: dict, group: str, model: str) -> dict:
-    for run in data["runs"]:
-        if run.get("group", "") == group and run["model"] == model and run.get("parameters"):
-            return run["parameters"]
-    return {}
-
-
-def label(data: dict, model: str) -> str:
-    return (data.get("labels") or {}).get(model, f"`{model}`")
 
 
 def table(data: dict) -> str:
@@ -207,43 +178,6 @@ def best_means(data: dict, rows: List[Tuple[str, str]]) -> Dict[Tuple[str, str],
     return best
 
 
-def side(data: dict, group: str, model: str, point: str) -> Tuple[List[float], str]:
-    runs = cells(data, group, model, point)
-    values = [r["value"] for r in runs]
-    if not values:
-        raise DataError(f"a verdict names {model} at {point} ({group or 'no group'}), which has no runs")
-    p = params(data, group, model)
-    size = f"{p['total']:.2f}M, " if "total" in p else ""
-    digits = data.get("digits", 2)
-    spread = f" ± {statistics.stdev(values):.{digits}f}" if len(values) > 1 else ""
-    return (
-        values,
-        f"{label(data, model)} ({size}{len(values)} seed{'s' * (len(values) > 1)}): "
-        f"{statistics.fmean(values):.{digits}f}{spread}",
-    )
-
-
-def judge(data: dict, v: dict) -> dict:
-    """One verdict: both sides, the difference, the rule's answer and what differs besides the model."""
-    point = next(p for p in data["points"] if p["key"] == v["point"])
-    group = v.get("group", "")
-    a, a_text = side(data, group, v["a"], v["point"])
-    b, b_text = side(data, group, v["b"], v["point"])
-    gap = statistics.fmean(a) - statistics.fmean(b)
-    digits = data.get("digits", 2)
-    relative = f", {100 * gap / statistics.fmean(b):+.1f}%" if statistics.fmean(b) else ""
-    return {
-        "claim": v.get("claim") or OWN,
-        "where": ", ".join(x for x in (group, point["label"]) if x),
-        "pair": f"{v['a']} against {v['b']}",
-        "a": a_text,
-        "b": b_text,
-        "gap": f"{gap:+.{digits}f}{relative}",
-        "verdict": verdict(a, b, data["better"]),
-        "differs": v.get("differs", "–"),
-    }
-
-
 def verdict_table(data: dict) -> str:
     header = ["claim tested", "where", "a", "b", "a − b", "verdict (docs/results.md)", "besides the model"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -267,10 +201,31 @@ def provenance(data: dict) -> str:
     )
 
 
+def levelled(data: dict) -> str:
+    """At each point whose runs carry their late gain (``plateau_gain``), how many met the plateau rule."""
+    parts = []
+    for point in data["points"]:
+        gains = [r["plateau_gain"] for r in cells_all(data, point["key"]) if r.get("plateau_gain") is not None]
+        if gains:
+            met = sum(g < 100 * THRESHOLD for g in gains)
+            parts.append(f"{point['label']}: {met} of {len(gains)} runs (gains {min(gains):.2f}% to {max(gains):.2f}%)")
+    if not parts:
+        return ""
+    return (
+        f"Levelled off by the plateau rule (validation perplexity down by less than {THRESHOLD:.0%} over the last "
+        f"{WINDOW:.0%} of the updates; docs/results.md) at " + "; ".join(parts) + "."
+    )
+
+
 def render(data: dict) -> str:
     parts = [table(data), "", provenance(data)]
+    if levelled(data):
+        parts += ["", levelled(data)]
     if data.get("verdicts"):
         parts += ["", verdict_table(data)]
+    found = changes(data)
+    if found:
+        parts += ["", "With training, " + "; ".join(f"{pair}: {what}" for pair, what in found) + "."]
     return "\n".join(parts) + "\n"
 
 
@@ -288,6 +243,8 @@ def render_claims(root: Path) -> str:
             judged = [judge(data, data["verdicts"][i]) for i in claim["verdicts"]]
             measured = "; ".join(f"{j['where']}: {j['a']} against {j['b']}" for j in judged)
             verdicts = "; ".join(f"{j['verdict']} ({j['pair']}, {j['where']})" for j in judged)
+            chosen = dict(data, verdicts=[data["verdicts"][i] for i in claim["verdicts"]])
+            verdicts += "".join(f"; with training, {what}" for _, what in changes(chosen))
             differs = "; ".join(dict.fromkeys(j["differs"] for j in judged))
             rows.append(
                 (

@@ -4,6 +4,7 @@ import json
 import os
 import random
 import re
+import shutil
 import subprocess
 
 import pytest
@@ -102,6 +103,32 @@ def test_longer_training_continues_finished_runs_to_the_score_of_one_long_run(to
         assert scores[0] == scores[1], regime
     log = (continued / "runs" / "train" / "lstm_adaptive.s1" / "train.log").read_text()
     assert log.count("done training") == 2
+
+
+def test_a_run_stopped_part_way_goes_on_from_its_last_checkpoint_and_a_longer_L_scores_the_point_again(
+    toy_corpus, tmp_path
+):
+    """A run stopped after a checkpoint (a session's end: its log still train.log.tmp, nothing scored) goes on from
+    there to the scores of a run trained at once; a rerun with a longer -L trains on and scores its point again."""
+    common = ["-s", 1, "-i", 10, "-m", "lstm_adaptive", "-c", toy_corpus, "-T", "-u", 20]
+    stopped, at_once = tmp_path / "stopped", tmp_path / "at_once"
+    run_script("examples/language_model/compare.sh", "-o", stopped, *common)
+    run = stopped / "runs" / "train" / "lstm_adaptive.s1"
+    log = (run / "train.log").read_text()
+    (run / "train.log.tmp").write_text(log[: log.index("done training")].rsplit("\n", 1)[0] + "\n")
+    for path in (run / "train.log", run / "points.json"):
+        path.unlink()
+    shutil.rmtree(stopped / "runs" / "updates")
+    proc = run_script("examples/language_model/compare.sh", "-o", stopped, *common, "-L", 40)
+    assert "stopped part way; on from its last checkpoint" in proc.stdout
+    run_script("examples/language_model/compare.sh", "-o", at_once, *common, "-L", 60)
+    score = lambda out, regime: (out / "runs" / regime / "lstm_adaptive.s1" / "score").read_text()  # noqa: E731
+    assert score(stopped, "updates") == score(at_once, "updates")
+    proc = run_script("examples/language_model/compare.sh", "-o", stopped, *common, "-L", 60)
+    assert "the long point again, after 60 updates (it was after 40)" in proc.stdout
+    assert score(stopped, "long") == score(at_once, "long")
+    log = (run / "train.log").read_text()
+    assert log.count("done training") == 2 and log.count("Loaded checkpoint") == 2
 
 
 def test_transformer_xl_compare_puts_the_projective_input_at_defines_count(tmp_path):

@@ -107,23 +107,28 @@ def test_points_of_one_run_give_each_regime_its_updates_time_and_curve(tmp_path,
     assert cut.valid == curve[:2] and max(cut.wall) == 400
 
 
-def test_a_run_trained_on_keeps_one_clock(tmp_path):
-    """A run trained further (compare.sh -L on a finished OUT) appends the log of a second process, whose wall clock
-    fairseq restarts (or leaves at 0): its times continue the first part's, from the log lines' timestamps."""
+def test_a_run_trained_on_keeps_one_clock_without_the_pauses(tmp_path):
+    """A run trained further (compare.sh -L on a finished OUT) or stopped part way and gone on with appends the log of
+    another process, whose wall clock fairseq restarts (or leaves at 0): its times continue the time trained before,
+    from the log lines' timestamps after the process loaded the checkpoint; the pause in between does not count."""
     write_run(tmp_path, "updates", "define", 1, 30.0, [(100, 8.0), (200, 7.0)], 100)
     log = tmp_path / "runs" / "updates" / "define.s1" / "train.log"
-    more = [("00:01:00", 300), ("00:01:30", 400)]
-    log.write_text(
-        log.read_text()
-        + "".join(
-            f"2026-01-01 {time} | INFO | train_inner | {json.dumps({'num_updates': str(u), 'wall': '0'})}\n"
-            for time, u in more
+
+    def process(loaded, resumed_at, inner):
+        text = (
+            f"2026-01-01 {loaded} | INFO | fairseq.trainer | Loaded checkpoint x.pt (epoch 1 @ {resumed_at} updates)\n"
         )
-    )
+        return text + "".join(
+            f"2026-01-01 {time} | INFO | train_inner | {json.dumps({'num_updates': str(u), 'wall': '0'})}\n"
+            for time, u in inner
+        )
+
+    more = process("00:00:40", 200, [("00:01:00", 300), ("00:01:30", 400)])
+    log.write_text(log.read_text() + more + process("00:10:00", 400, [("00:10:20", 500)]))
     from scripts.compare_runs import load
 
     run = load(tmp_path, "updates")[0]
-    assert run.wall == {100: 50.0, 200: 100.0, 300: 100.0, 400: 130.0}
+    assert run.wall == {100: 50.0, 200: 100.0, 300: 120.0, 400: 150.0, 500: 170.0}
 
 
 def test_the_data_file_keeps_every_point_and_merges_with_what_it_holds(tmp_path):

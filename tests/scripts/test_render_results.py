@@ -142,3 +142,44 @@ def test_two_writers_keep_each_others_runs(tmp_path):
         ("define", 2),
     ]
     assert not list(tmp_path.glob("*.tmp*"))
+
+
+def two_points(long_b, gains=(0.4, 0.9)):
+    """toy_data with a longer-training point: a's lead at 'updates' holds (10.5 against 13.5)."""
+    data = toy_data()
+    data["points"] = [{"key": "updates", "label": "3,000 updates"}, {"key": "long", "label": "30,000 updates"}]
+    for run in list(data["runs"]):
+        data["runs"].append(dict(run, point="long", value=run["value"] - 5, plateau_gain=gains[run["seed"] - 1]))
+    for run in data["runs"]:
+        if run["model"] == "b" and run["point"] == "long":
+            run["value"] = long_b[run["seed"] - 1]
+    data["verdicts"].append({"a": "a", "b": "b", "point": "long", "claim": None, "differs": "nothing"})
+    return data
+
+
+@pytest.mark.parametrize(
+    "long_b, change",
+    [
+        ((6.6, 7.1), "holds, shrinking (-22.2% at 3,000 updates → -19.7% at 30,000 updates)"),  # 5.5 against 6.85
+        ((12.0, 13.0), "holds, growing (-22.2% at 3,000 updates → -56.0% at 30,000 updates)"),
+        ((5.0, 6.5), "vanishes (-22.2% at 3,000 updates → -4.3% at 30,000 updates)"),  # level: 5.5 against 5.75
+        ((3.0, 3.5), "reverses (-22.2% at 3,000 updates → +69.2% at 30,000 updates)"),
+    ],
+)
+def test_the_page_says_what_became_of_a_lead_with_longer_training(long_b, change):
+    """The verdicts after the short run and after longer training, read together: the lead grows or shrinks where it
+    holds at both, else vanishes or reverses; the relative gaps of both points are shown."""
+    text = render_results.render(two_points(long_b))
+    line = text.strip().splitlines()[-1]
+    gaps = [
+        100 * (statistics.fmean(a) - statistics.fmean(b)) / statistics.fmean(b)
+        for a, b in (([10.0, 11.0], [13.0, 14.0]), ([5.0, 6.0], list(long_b)))
+    ]
+    assert f"{gaps[0]:+.1f}%" in change and f"{gaps[1]:+.1f}%" in change
+    assert line == f"With training, `a` against `b`: {change}."
+
+
+def test_the_page_says_how_many_runs_met_the_plateau_rule_at_each_point():
+    text = render_results.render(two_points((9.0, 10.0), gains=(0.4, 1.5)))
+    assert "30,000 updates: 2 of 4 runs (gains 0.40% to 1.50%)" in text
+    assert "3,000 updates:" not in text.split("Levelled off")[1].split("\n")[0]  # no gains recorded there

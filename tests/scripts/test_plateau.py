@@ -1,0 +1,61 @@
+"""scripts.plateau: the rule that says when a run's validation perplexity has levelled off."""
+
+import json
+
+import pytest
+
+from scripts.plateau import first_plateau, gain, main
+
+# (updates, validation loss in base 2): falling fast, then by 0.01 bits (0.69% in perplexity) over the last fifth
+CURVE = [(1000, 9.0), (2000, 8.0), (3000, 7.5), (4000, 7.2), (5000, 7.1), (6000, 7.09), (7000, 7.08), (8000, 7.08)]
+
+
+def test_the_gain_is_the_fall_in_perplexity_since_the_last_validation_before_the_last_fifth():
+    # at 5,000 the last fifth starts at 4,000: 2^7.2 -> 2^7.1
+    assert gain(CURVE, 5000) == pytest.approx(1 - 2**7.1 / 2**7.2)
+    # at 6,000 it starts at 4,800, after 4,000: the last validation before it is 4,000's
+    assert gain(CURVE, 6000) == pytest.approx(1 - 2 ** (7.09 - 7.2))
+    assert gain(CURVE, 7000) == pytest.approx(1 - 2 ** (7.08 - 7.1))  # from 5,600: 5,000's
+    assert gain(CURVE, 8000) == pytest.approx(1 - 2 ** (7.08 - 7.09))  # from 6,400: 6,000's
+
+
+def test_no_gain_where_the_count_was_not_validated_or_nothing_comes_before_its_last_fifth():
+    assert gain(CURVE, 4500) is None
+    assert gain(CURVE, 1000) is None  # 800 updates: no validation yet
+
+
+def test_the_first_plateau_is_the_first_validation_with_a_gain_under_one_percent():
+    # 5,000: 6.7%; 6,000: 7.3%; 7,000: 1.4%; 8,000: 0.69%
+    gains = {u: gain(CURVE, u) for u, _ in CURVE}
+    expected = next(u for u, g in gains.items() if g is not None and g < 0.01)
+    assert first_plateau(CURVE) == expected == 8000
+    assert first_plateau(CURVE, threshold=0.001) is None
+    assert first_plateau(CURVE[:6]) is None
+
+
+def write_log(path, curve, finished):
+    lines = [
+        f"2026-01-01 00:00:00 | INFO | valid | {json.dumps({'valid_loss': str(loss), 'valid_num_updates': str(u)})}"
+        for u, loss in curve
+    ]
+    if finished:
+        lines.append("2026-01-01 00:00:00 | INFO | fairseq_cli.train | done training in 10.0 seconds")
+    path.mkdir(parents=True)
+    (path / ("train.log" if finished else "train.log.tmp")).write_text("\n".join(lines) + "\n")
+
+
+def test_the_report_reads_finished_and_running_runs_and_gives_the_count_every_run_met_it_by(tmp_path, capsys):
+    write_log(tmp_path / "runs" / "train" / "a.s1", CURVE, finished=True)
+    write_log(tmp_path / "runs" / "train" / "b.s1", CURVE[:6], finished=False)  # still training
+    main([str(tmp_path)])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == "a.s1 | 8000 | 0.69% | 8000"  # 1 - 2^(7.08 - 7.09)
+    assert lines[2] == "b.s1 | 6000 | 7.34% | not yet"
+    assert "not levelled off yet: b.s1" in lines[3]
+    main([str(tmp_path), "--threshold", "0.08"])
+    assert capsys.readouterr().out.splitlines()[-1] == "every run had met the rule by 5000 updates (-L 5000)"
+
+
+def test_an_out_without_runs_is_refused(tmp_path):
+    with pytest.raises(SystemExit, match="holds no run; give the comparison's OUT"):
+        main([str(tmp_path)])
