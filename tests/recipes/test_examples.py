@@ -131,6 +131,21 @@ def test_a_run_stopped_part_way_goes_on_from_its_last_checkpoint_and_a_longer_L_
     assert log.count("done training") == 2 and log.count("Loaded checkpoint") == 2
 
 
+def test_language_model_compare_puts_r3_at_r2s_count_by_its_width(toy_corpus, tmp_path):
+    """lstm_adaptive_define_eq: R3 with the adaptive input and softmax at the largest n whose model has no more
+    parameters than R2, so its count is within 2% of R2's (the paper's R3 has +1.3%)."""
+    out = tmp_path / "out"
+    models = ("-m", "lstm_adaptive lstm_adaptive_define_eq")
+    run_script(
+        "examples/language_model/compare.sh", "-o", out, "-s", 1, "-u", 10, "-i", 10, "-T", *models, "-c", toy_corpus
+    )
+    n, define_eq, r2 = map(int, (out / "define_eq_lstm").read_text().splitlines()[0].split("\t"))
+    assert n % 4 == 0 and n < 256 and 0.98 * r2 <= define_eq <= r2
+    log = (out / "runs" / "train" / "lstm_adaptive_define_eq.s1" / "train.log").read_text()
+    assert f"'define_n': {n}," in log and f"num. shared model params: {define_eq:,} " in log  # the model trained
+    assert f"lstm_adaptive_define_eq: n = {n}." in (out / "results.md").read_text()
+
+
 def test_transformer_xl_compare_puts_the_projective_input_at_defines_count(tmp_path):
     # 400 words and k = 64: table rows enough for DeFINE's unit to buy the projective input more columns
     corpus = tmp_path / "corpus"
