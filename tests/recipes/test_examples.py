@@ -88,45 +88,29 @@ def test_language_model_compare_writes_its_table_and_curves(toy_corpus, tmp_path
     assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_longer_training_continues_finished_runs_to_the_score_of_one_long_run(toy_corpus, tmp_path):
-    """-L on an OUT whose runs are done trains them on from checkpoint_last.pt: its point after LONG updates scores
-    exactly what a run trained that long at once scores."""
-    common = ["-s", 1, "-i", 10, "-m", "lstm_adaptive", "-c", toy_corpus, "-T"]
-    continued, at_once = tmp_path / "continued", tmp_path / "at_once"
-    run_script("examples/language_model/compare.sh", "-o", continued, "-u", 20, *common)
-    assert not (continued / "runs" / "long").exists()
-    proc = run_script("examples/language_model/compare.sh", "-o", continued, "-u", 20, "-L", 40, *common)
-    assert "on from 20 to 40 updates" in proc.stdout
-    run_script("examples/language_model/compare.sh", "-o", at_once, "-u", 20, "-L", 40, *common)
-    for regime in ("updates", "long"):
-        scores = [(out / "runs" / regime / "lstm_adaptive.s1" / "score").read_text() for out in (continued, at_once)]
-        assert scores[0] == scores[1], regime
-    log = (continued / "runs" / "train" / "lstm_adaptive.s1" / "train.log").read_text()
-    assert log.count("done training") == 2
-
-
-def test_a_run_stopped_part_way_goes_on_from_its_last_checkpoint_and_a_longer_L_scores_the_point_again(
-    toy_corpus, tmp_path
-):
+def test_runs_go_on_from_their_last_checkpoint_to_the_scores_of_one_run_trained_at_once(toy_corpus, tmp_path):
     """A run stopped after a checkpoint (a session's end: its log still train.log.tmp, nothing scored) goes on from
-    there to the scores of a run trained at once; a rerun with a longer -L trains on and scores its point again."""
+    there; -L on a finished OUT trains its runs on and scores the longer point again: each point scores exactly what
+    a run trained that long at once scores."""
     common = ["-s", 1, "-i", 10, "-m", "lstm_adaptive", "-c", toy_corpus, "-T", "-u", 20]
-    stopped, at_once = tmp_path / "stopped", tmp_path / "at_once"
-    run_script("examples/language_model/compare.sh", "-o", stopped, *common)
-    run = stopped / "runs" / "train" / "lstm_adaptive.s1"
+    continued, at_once = tmp_path / "continued", tmp_path / "at_once"
+    run_script("examples/language_model/compare.sh", "-o", continued, *common)
+    assert not (continued / "runs" / "long").exists()
+    run = continued / "runs" / "train" / "lstm_adaptive.s1"
     log = (run / "train.log").read_text()
     (run / "train.log.tmp").write_text(log[: log.index("done training")].rsplit("\n", 1)[0] + "\n")
     for path in (run / "train.log", run / "points.json"):
         path.unlink()
-    shutil.rmtree(stopped / "runs" / "updates")
-    proc = run_script("examples/language_model/compare.sh", "-o", stopped, *common, "-L", 40)
+    shutil.rmtree(continued / "runs" / "updates")
+    proc = run_script("examples/language_model/compare.sh", "-o", continued, *common, "-L", 40)
     assert "stopped part way; on from its last checkpoint" in proc.stdout
-    run_script("examples/language_model/compare.sh", "-o", at_once, *common, "-L", 60)
-    score = lambda out, regime: (out / "runs" / regime / "lstm_adaptive.s1" / "score").read_text()  # noqa: E731
-    assert score(stopped, "updates") == score(at_once, "updates")
-    proc = run_script("examples/language_model/compare.sh", "-o", stopped, *common, "-L", 60)
+    proc = run_script("examples/language_model/compare.sh", "-o", continued, *common, "-L", 60)
+    assert "on from 40 to 60 updates" in proc.stdout
     assert "the long point again, after 60 updates (it was after 40)" in proc.stdout
-    assert score(stopped, "long") == score(at_once, "long")
+    run_script("examples/language_model/compare.sh", "-o", at_once, *common, "-L", 60)
+    for regime in ("updates", "long"):
+        scores = [(out / "runs" / regime / "lstm_adaptive.s1" / "score").read_text() for out in (continued, at_once)]
+        assert scores[0] == scores[1], regime
     log = (run / "train.log").read_text()
     assert log.count("done training") == 2 and log.count("Loaded checkpoint") == 2
 
