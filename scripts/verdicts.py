@@ -96,7 +96,8 @@ def change(data: dict, earlier: dict, later: dict) -> str:
     first, second = judge(data, earlier), judge(data, later)
     verdicts = (first["verdict"], second["verdict"])
     if any(v.startswith("not tested") for v in verdicts):
-        word = "not tested at both points"
+        alone = " and ".join(j["where"] for j in (first, second) if j["verdict"].startswith("not tested"))
+        word = f"not judged, one seed at {alone}"
     elif verdicts == ("holds", "holds"):
         word = "holds, growing" if abs(second["relative"]) > abs(first["relative"]) else "holds, shrinking"
     else:
