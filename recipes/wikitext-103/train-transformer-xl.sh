@@ -21,7 +21,7 @@ to the input table):
   transformer_xl_define_wt103_nN         d 384 with DeFINE on a V x N table (N = 384, 256, 128, 64; DeFINE N = 3,
                                          k = 4096, m = 384)
 CONFIGS
-)" "A resumed run's memory restarts empty at its first batch (a warning says so).
+)" "A resumed run goes on exactly: the checkpoint holds the memory carried from batch to batch.
 eval.sh CONFIG then scores valid and test with Transformer-XL's evaluation settings."
 }
 
