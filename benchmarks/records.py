@@ -135,9 +135,11 @@ def check_record(match, benchmark: str, context: dict) -> dict:
     value = None if value == "n/a" else float(value.replace(",", ""))
     unit = "x" if match.group("unit") in ("x", "×", None) else match.group("unit")
     what = re.sub(r"(>=|<=) [\d.,]+x (faster than )?", "vs ", what)  # the target is a field of its own
+    if qual.startswith("(") and qual.endswith(")"):  # one pair: the qualifier may end in a parenthesis of its own
+        qual = qual[1:-1]
     return record(
         benchmark,
-        f"{what} ({qual.strip('()')})" if qual else what,
+        f"{what} ({qual})" if qual else what,
         value,
         unit,
         float(bound.group(2).replace(",", "")) if bound else None,

@@ -24,6 +24,7 @@ REPORT = """# Training speed: transformer_define vs transformer
 - FAIL: GroupLinear vs dense at 1024 -> 2048, g=4, 8192 tokens: 0.51x (target >= 2.5x)
 - PASS: ours evaluation tokens/s >= 1.3x theirs: 1.31x (median of per-round ratios 1.33x)
 - PASS: ours folded vs theirs: 1.29x (median of per-round ratios)
+- FAIL (training, batch 20 (a named batch)): ours tokens/s >= 3x theirs: 2.32x (ratio of medians)
 """
 
 
@@ -51,6 +52,8 @@ def test_a_report_is_read_into_records(tmp_path):
     second = rows["ours evaluation tokens/s vs theirs"]  # the target moves out of the text into its field
     assert (second["value"], second["ratio_method"], second["target"]) == (1.31, RATIO_METHOD, 1.3)
     assert rows["ours folded vs theirs"]["ratio_method"] == records.PER_ROUND  # the report's only estimate
+    qualified = rows["ours tokens/s vs theirs (training, batch 20 (a named batch))"]  # its own parentheses kept
+    assert (qualified["value"], qualified["target"]) == (2.32, 3.0)
 
 
 def test_a_revision_in_the_header_is_kept(tmp_path):
