@@ -109,11 +109,13 @@ def data_parallel_table(path: Path = RESULTS / "data_parallel.json") -> str:
 
 class Figures(NamedTuple):
     """A table of measured figures: the records of ``reports`` (names under ``results/``) whose text ``pattern``
-    finds, in the reports' order; ``targeted``: only those the report stated against a target."""
+    finds, in the reports' order; ``targeted``: only those the report stated against a target. ``bounds``: rows
+    ``(label, a, b)`` of the ratio of two of a report's median times, ``a / b``, where the report has both."""
 
     reports: Tuple[str, ...]
     pattern: str
     targeted: bool = False
+    bounds: Tuple[Tuple[str, str, str], ...] = ()
 
 
 GPU_REPORTS = ("gpu-nvidia-h100-80gb-hbm3.md", "gpu-nvidia-h200.md")
@@ -138,6 +140,15 @@ FIGURES = {
     "txl": Figures(
         ("txl_speed-tcmalloc.md",) + GPU_REPORTS,
         r"(wt103_n128|DeFINE n=128).* vs standard 384",
+        # the context network is the same in both models: the standard step over it alone is the most that any
+        # input and output layer could gain in training
+        bounds=(
+            (
+                "bound on any input layer's training gain: standard 384 step over the context network alone's",
+                "transformer_xl_wt103_d384 step",
+                "context network alone (same in both) step",
+            ),
+        ),
     ),
     "lstm-lm": Figures(
         ("lstm_lm_speed-tcmalloc.md",) + GPU_REPORTS,
@@ -163,6 +174,13 @@ def figures_table(spec: Figures, page: Path) -> str:
             tokens = re.search(r"([\d,]+) target tokens", r["batch"] or "")
             batch = f"{int(tokens.group(1).replace(',', '')):,} target tokens" if tokens else ""
             rows.append((r["what"], batch, value, target, met, link, f"{r['machine']}, {r['precision']}", revision))
+        times = {r["what"]: r for r in records.load(report) if r["unit"] == "ms"}
+        for label, a, b in spec.bounds:
+            if a in times and b in times:
+                r = times[a]
+                value = show(times[a]["value"] / times[b]["value"], "x")
+                machine = f"{r['machine']}, {r['precision']}"
+                rows.append((label, "", value, "-", "-", link, machine, r["revision"] or "revision not recorded"))
     if not rows:
         raise ValueError(f"no record of {', '.join(spec.reports)} matches {spec.pattern!r}")
     header = ["figure", "batch", "measured", "target", "met", "report", "machine, precision", "revision"]

@@ -61,3 +61,14 @@ def test_every_goal_has_a_row():
 def test_every_table_is_rendered_on_some_page():
     used = {m.group("name") for page in pages.pages() for m in pages.BLOCK.finditer(page.read_text())}
     assert set(pages.RENDERERS) <= used
+
+
+def test_a_bound_row_is_the_ratio_of_its_reports_two_median_times():
+    spec = pages.FIGURES["txl"]
+    label, a, b = spec.bounds[0]
+    text = pages.figures_table(spec, pages.ROOT / "examples" / "transformer_xl" / "README.md")
+    rows = [line for line in text.splitlines() if line.startswith(f"| {label} |")]
+    assert len(rows) == len(spec.reports)  # every report times both
+    for report, row in zip(spec.reports, rows):
+        times = {r["what"]: r["value"] for r in pages.records.load(report)}
+        assert f"| {times[a] / times[b]:.2f}x |" in row and f"[{report}]" in row
