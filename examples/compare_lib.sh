@@ -81,8 +81,8 @@ Its points, scored by $1:
     took for UPDATES updates with the same seed (the others train $((TIME_MARGIN - 100))% past UPDATES for it);
   - longer training (with -L): after LONG updates, for seeds 1..LONG_SEEDS (default 1); runs already done train
     on from their last checkpoint (the same run as one trained that long at once), as does a run stopped part way.
-    python -m scripts.plateau OUT gives the first LONG at which every run had levelled off (validation perplexity
-    down by less than 1% over the last 20% of its updates; docs/results.md).
+    python -m scripts.plateau OUT gives the first LONG at which every run had levelled off (its best validation
+    perplexity down by less than 1% over the last 20% of its updates; docs/results.md).
 -x adds fairseq-train arguments to every model alike; -d cuda and -p bf16 train on the GPU, in bfloat16.
 Writes OUT/results.md and OUT/curves.png (validation loss against updates and time; needs matplotlib).
 OUT defaults to $OUT. A rerun skips what is done; give each setting (-x) its own OUT.

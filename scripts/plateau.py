@@ -1,6 +1,7 @@
 """The plateau rule of the language-model comparisons (``docs/results.md``): a run has levelled off after U updates
-when its validation perplexity improved by less than 1% over the last 20% of them, from its last validation at or
-before 0.8 U to the one at U::
+when its best validation perplexity so far fell by less than 1% over the last 20% of them, from the best at or
+before 0.8 U to the best at or before U. The best so far, not the last validation: a stream's validation perplexity
+rises and falls with the position in the epoch (each epoch starts the streams again), by more than 1%::
 
     python -m scripts.plateau OUT [--window 0.2] [--threshold 0.01]
 
@@ -18,16 +19,15 @@ WINDOW, THRESHOLD = 0.2, 0.01
 
 
 def gain(valid: Sequence[Tuple[int, float]], at: int, window: float = WINDOW) -> Optional[float]:
-    """The relative fall of validation perplexity over the last ``window`` of ``at`` updates: 1 - ppl(at) / ppl(start),
-    start the last validation at or before (1 - window) * at; None when ``at`` was not validated or no validation
-    comes early enough. ``valid``: (updates, loss in base 2, fairseq's), by updates."""
-    losses = dict(valid)
-    if at not in losses:
+    """The relative fall of the best validation perplexity over the last ``window`` of ``at`` updates:
+    1 - best ppl up to ``at`` / best ppl up to (1 - window) * ``at``; None when ``at`` was not validated or no
+    validation comes early enough. ``valid``: (updates, loss in base 2, fairseq's), by updates."""
+    if at not in dict(valid):
         return None
-    earlier = [u for u, _ in valid if u <= (1 - window) * at]
+    earlier = [loss for u, loss in valid if u <= (1 - window) * at]
     if not earlier:
         return None
-    return 1 - 2 ** (losses[at] - losses[max(earlier)])
+    return 1 - 2 ** (min(loss for u, loss in valid if u <= at) - min(earlier))
 
 
 def first_plateau(

@@ -212,7 +212,7 @@ def levelled(data: dict) -> str:
     if not parts:
         return ""
     return (
-        f"Levelled off by the plateau rule (validation perplexity down by less than {THRESHOLD:.0%} over the last "
+        f"Levelled off by the plateau rule (best validation perplexity down by less than {THRESHOLD:.0%} over the last "
         f"{WINDOW:.0%} of the updates; docs/results.md) at " + "; ".join(parts) + "."
     )
 

@@ -10,13 +10,22 @@ from scripts.plateau import first_plateau, gain, main
 CURVE = [(1000, 9.0), (2000, 8.0), (3000, 7.5), (4000, 7.2), (5000, 7.1), (6000, 7.09), (7000, 7.08), (8000, 7.08)]
 
 
-def test_the_gain_is_the_fall_in_perplexity_since_the_last_validation_before_the_last_fifth():
+def test_the_gain_is_the_fall_of_the_best_perplexity_over_the_last_fifth():
     # at 5,000 the last fifth starts at 4,000: 2^7.2 -> 2^7.1
     assert gain(CURVE, 5000) == pytest.approx(1 - 2**7.1 / 2**7.2)
-    # at 6,000 it starts at 4,800, after 4,000: the last validation before it is 4,000's
+    # at 6,000 it starts at 4,800: the best up to then is 4,000's
     assert gain(CURVE, 6000) == pytest.approx(1 - 2 ** (7.09 - 7.2))
     assert gain(CURVE, 7000) == pytest.approx(1 - 2 ** (7.08 - 7.1))  # from 5,600: 5,000's
     assert gain(CURVE, 8000) == pytest.approx(1 - 2 ** (7.08 - 7.09))  # from 6,400: 6,000's
+
+
+def test_a_rise_between_validations_is_no_gain_and_no_loss():
+    """A stream's validation perplexity rises where an epoch starts the streams again and falls back: only a new best
+    counts, so neither the rise nor the fall back to the old best moves the gain."""
+    bumpy = [(1000, 8.0), (2000, 7.0), (3000, 7.3), (4000, 7.0), (5000, 7.2)]
+    assert gain(bumpy, 5000) == 0.0  # best 7.0 at 2,000 and still 7.0
+    assert gain(bumpy + [(6000, 6.99)], 6000) == pytest.approx(1 - 2 ** (6.99 - 7.0))
+    assert first_plateau(bumpy) == 3000  # from 2,400 (the best, 7.0 at 2,000) to 7.0: the rise is no gain
 
 
 def test_no_gain_where_the_count_was_not_validated_or_nothing_comes_before_its_last_fifth():
