@@ -196,7 +196,8 @@ def provenance(data: dict) -> str:
     seeds = sorted({r["seed"] for r in data["runs"]})
     return (
         f"{data['metric']} ({data['better']} is better): mean ± standard deviation over the seeds, each seed's "
-        f"value in brackets; seeds {', '.join(map(str, seeds))}. Command as published: {found['command']}. "
+        f"value in brackets; seed{'s' * (len(seeds) > 1)} {', '.join(map(str, seeds))}. Command as published: "
+        f"{found['command']}. "
         f"Revision: {found['revision']}. Machine: {found['machine']}."
     )
 
