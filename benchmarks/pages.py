@@ -161,7 +161,8 @@ def figures_table(spec: Figures, page: Path) -> str:
     rows = []
     for report in spec.reports:
         link = f"[{report}]({os.path.relpath(RESULTS / report, page.parent)})"
-        for r in records.load(report):
+        found = records.load(report)
+        for r in found:
             if not re.search(spec.pattern, r["what"]) or spec.targeted and r["report_target"] is None:
                 continue
             value = show(float("nan") if r["value"] is None else r["value"], r["unit"]) if r["unit"] != "ms" else \
@@ -174,7 +175,7 @@ def figures_table(spec: Figures, page: Path) -> str:
             tokens = re.search(r"([\d,]+) target tokens", r["batch"] or "")
             batch = f"{int(tokens.group(1).replace(',', '')):,} target tokens" if tokens else ""
             rows.append((r["what"], batch, value, target, met, link, f"{r['machine']}, {r['precision']}", revision))
-        times = {r["what"]: r for r in records.load(report) if r["unit"] == "ms"}
+        times = {r["what"]: r for r in found if r["unit"] == "ms"}
         for label, a, b in spec.bounds:
             if a in times and b in times:
                 r = times[a]

@@ -220,8 +220,9 @@ def levelled(data: dict) -> str:
 
 def render(data: dict) -> str:
     parts = [table(data), "", provenance(data)]
-    if levelled(data):
-        parts += ["", levelled(data)]
+    rule = levelled(data)
+    if rule:
+        parts += ["", rule]
     if data.get("verdicts"):
         parts += ["", verdict_table(data)]
     found = changes(data)
