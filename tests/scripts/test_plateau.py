@@ -68,3 +68,9 @@ def test_the_report_reads_finished_and_running_runs_and_gives_the_count_every_ru
 def test_an_out_without_runs_is_refused(tmp_path):
     with pytest.raises(SystemExit, match="holds no run; give the comparison's OUT"):
         main([str(tmp_path)])
+
+
+@pytest.mark.parametrize("flag", ["--window", "--threshold"])
+def test_a_window_or_threshold_outside_0_to_1_is_refused(tmp_path, flag):
+    with pytest.raises(SystemExit, match="--window and --threshold are fractions between 0 and 1"):
+        main([str(tmp_path), flag, "1.5"])
