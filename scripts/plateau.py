@@ -6,8 +6,9 @@ rises and falls with the position in the epoch (each epoch starts the streams ag
     python -m scripts.plateau OUT [--window 0.2] [--threshold 0.01]
 
 prints, for each training run of a comparison's ``OUT/runs/train`` (finished or still training), the updates its log
-reaches, its gain over the last 20% of them, and the first validation at which it met the rule; then the first
-update count at which every run had met it: the ``-L`` to give the comparison for its plateau point.
+reaches, its gain over the last 20% of them, and the validation from which it has met the rule at every validation
+since; then the first update count from which every run has: the ``-L`` to give the comparison for its plateau
+point.
 """
 
 import argparse
@@ -33,12 +34,19 @@ def gain(valid: Sequence[Tuple[int, float]], at: int, window: float = WINDOW) ->
 def first_plateau(
     valid: Sequence[Tuple[int, float]], window: float = WINDOW, threshold: float = THRESHOLD
 ) -> Optional[int]:
-    """The first validated update count at which the run met the rule, or None."""
+    """The validated update count from which the run has met the rule at every validation since, or None when its
+    last one does not. Not merely the first that met it: a validation perplexity that rises early (an unstable
+    start) gives no gain over a window, and the run falls a long way after it."""
+    since = None
     for updates, _ in valid:
         found = gain(valid, updates, window)
-        if found is not None and found < threshold:
-            return updates
-    return None
+        if found is None:
+            continue
+        if found < threshold:
+            since = updates if since is None else since
+        else:
+            since = None
+    return since
 
 
 def validations(log: Path) -> List[Tuple[int, float]]:
@@ -60,7 +68,7 @@ def report(out: Path, window: float = WINDOW, threshold: float = THRESHOLD) -> s
     runs = sorted(d for d in (out / "runs" / "train").glob("*") if d.is_dir() and RUN_NAME.match(d.name))
     if not runs:
         raise SystemExit(f"error: {out / 'runs' / 'train'} holds no run; give the comparison's OUT")
-    lines = [f"run | updates | gain over the last {window:.0%} | met the rule (gain < {threshold:.0%}) first at"]
+    lines = [f"run | updates | gain over the last {window:.0%} | since (gain < {threshold:.0%} there and after)"]
     firsts = []
     for run in runs:
         log = next((run / name for name in ("train.log", "train.log.tmp") if (run / name).is_file()), None)
@@ -76,7 +84,7 @@ def report(out: Path, window: float = WINDOW, threshold: float = THRESHOLD) -> s
         shown = "-" if found is None else f"{100 * found:.2f}%"
         lines.append(f"{run.name} | {last} | {shown} | {first if first is not None else 'not yet'}")
     if all(f is not None for f in firsts):
-        lines.append(f"every run had met the rule by {max(firsts)} updates (-L {max(firsts)})")
+        lines.append(f"every run has met the rule since {max(firsts)} updates (-L {max(firsts)})")
     else:
         waiting = [r.name for r, f in zip(runs, firsts) if f is None]
         lines.append(f"not levelled off yet: {', '.join(waiting)}; train them longer (a larger -L)")

@@ -42,6 +42,16 @@ def test_the_first_plateau_is_the_first_validation_with_a_gain_under_one_percent
     assert first_plateau(CURVE[:6]) is None
 
 
+def test_a_rise_at_an_unstable_start_is_no_plateau_once_the_run_falls_again():
+    """A validation perplexity that rises early gives no gain over that window, but the run is far from level: the
+    plateau is where the rule holds at every validation since, and none while the last one fails it."""
+    unstable = [(1000, 11.0), (2000, 12.3), (3000, 7.2), (4000, 6.9), (5000, 6.6)]
+    assert gain(unstable, 2000) == 0.0
+    assert first_plateau(unstable) is None
+    # 6,000: from 4,800's best (6.9 at 4,000) to 6.6, 19%; 7,000: from 5,600's (6.6), none
+    assert first_plateau(unstable + [(6000, 6.6), (7000, 6.6)]) == 7000
+
+
 def write_log(path, curve, finished):
     lines = [
         f"2026-01-01 00:00:00 | INFO | valid | {json.dumps({'valid_loss': str(loss), 'valid_num_updates': str(u)})}"
@@ -53,7 +63,7 @@ def write_log(path, curve, finished):
     (path / ("train.log" if finished else "train.log.tmp")).write_text("\n".join(lines) + "\n")
 
 
-def test_the_report_reads_finished_and_running_runs_and_gives_the_count_every_run_met_it_by(tmp_path, capsys):
+def test_the_report_reads_finished_and_running_runs_and_gives_the_count_every_run_met_it_since(tmp_path, capsys):
     write_log(tmp_path / "runs" / "train" / "a.s1", CURVE, finished=True)
     write_log(tmp_path / "runs" / "train" / "b.s1", CURVE[:6], finished=False)  # still training
     main([str(tmp_path)])
@@ -62,7 +72,7 @@ def test_the_report_reads_finished_and_running_runs_and_gives_the_count_every_ru
     assert lines[2] == "b.s1 | 6000 | 7.34% | not yet"
     assert "not levelled off yet: b.s1" in lines[3]
     main([str(tmp_path), "--threshold", "0.08"])
-    assert capsys.readouterr().out.splitlines()[-1] == "every run had met the rule by 5000 updates (-L 5000)"
+    assert capsys.readouterr().out.splitlines()[-1] == "every run has met the rule since 5000 updates (-L 5000)"
 
 
 def test_an_out_without_runs_is_refused(tmp_path):
