@@ -12,6 +12,7 @@ DEFINE_FLAGS = dict(
     dropout="--define-dropout",
     init="--define-init",
     map_dropout="--define-map-dropout",
+    output_norm="--define-output-norm",
     factor="--adaptive-input-factor",
 )
 
@@ -30,5 +31,6 @@ def define_options(cfg) -> dict:
         dropout=cfg.define_dropout,
         init=str(cfg.define_init),
         map_dropout=getattr(cfg, "define_map_dropout", 0.0),  # absent from the configs of older checkpoints
+        output_norm=str(getattr(cfg, "define_output_norm", "none")),  # the same
         token_path=None if getattr(cfg, "define_token_path", None) is None else str(cfg.define_token_path),
     )

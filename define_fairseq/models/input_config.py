@@ -16,7 +16,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from define_fairseq.models.input_layer import INPUT_KINDS
 from define_fairseq.modules.define.embedding import TOKEN_PATHS
-from define_fairseq.modules.define.unit import ACTIVATIONS, INITS, NORMS, VARIANTS
+from define_fairseq.modules.define.unit import ACTIVATIONS, INITS, NORMS, OUTPUT_NORMS, VARIANTS
 
 
 @dataclass
@@ -54,6 +54,13 @@ class DeFINEUnitConfig(FairseqDataclass):
     )
     define_norm: Optional[ChoiceEnum(NORMS)] = field(
         default=None, metadata={"help": "normalisation after each DeFINE expansion layer (default: group)"}
+    )
+    define_output_norm: ChoiceEnum(OUTPUT_NORMS) = field(
+        default="none",
+        metadata={
+            "help": "layer: a LayerNorm over the DeFINE unit's output, which holds the model's input at unit scale "
+            "(an LSTM's gates saturate as the reduce layer's linear output grows); none: the output as it is"
+        },
     )
     define_dropout: float = field(default=0.0, metadata={"help": "dropout after each DeFINE expansion layer"})
     define_map_dropout: float = field(

@@ -7,12 +7,13 @@ source examples/lib.sh
 
 SAVE_EVERY=200 TIME_MARGIN=200
 OUT=lm_compare_output SEEDS=3 UPDATES=3000
-MODELS="lstm_adaptive lstm_adaptive_define lstm_adaptive_define_eq transformer_lm transformer_lm_define"
-MODELS+=" transformer_lm_define_eq"
+MODELS="lstm_adaptive lstm_adaptive_define lstm_adaptive_define_eq lstm_adaptive_define_ln_eq transformer_lm"
+MODELS+=" transformer_lm_define transformer_lm_define_eq"
 declare -A MODEL=(
     [lstm_adaptive]="--arch lstm_lm_adaptive_wt103"
     [lstm_adaptive_define]="--arch lstm_lm_define_wt103_n3 --define-k 1024"
     [lstm_adaptive_define_eq]="--arch lstm_lm_define_wt103_n3 --define-k 1024 --define-n {}"
+    [lstm_adaptive_define_ln_eq]="--arch lstm_lm_define_wt103_n3 --define-k 1024 --define-output-norm layer --define-n {}"
     [transformer_lm]="--arch transformer_lm --share-decoder-input-output-embed"
     [transformer_lm_define]="--arch transformer_lm_define --define-n 64 --define-k 512"
     [transformer_lm_define_eq]="--arch transformer_lm_define --define-n {} --define-k 512"
@@ -31,6 +32,8 @@ Models (Adam at a constant lr 0.001, dropout 0.1, the gradient norm clipped at 0
   lstm_adaptive_define_eq R3 at R2's parameter count, as the paper's R3 nearly is (+1.3%): adaptive input and
                           softmax at the largest width n (a multiple of 4) whose model has no more parameters
                           than lstm_adaptive, DeFINE mapping n to 256
+  lstm_adaptive_define_ln_eq  the same with a LayerNorm over DeFINE's output (--define-output-norm layer), at
+                          R2's parameter count too
   transformer_lm          2 layers, d 256, FFN 1024, 4 heads, softmax tied to the V x 256 table (64-token
                           blocks, scored with 32 tokens of context)
   transformer_lm_define   the same with a V x 64 table and DeFINE (N = 3, k = 512) to 256, softmax tied to it
@@ -64,14 +67,19 @@ if [[ " $MODELS " == *" transformer_lm_define_eq "* ]]; then
     MODEL[transformer_lm_define_eq]=${MODEL[transformer_lm_define_eq]//\{\}/$EQUAL_SIZE}
 fi
 
-# lstm_adaptive_define_eq's n: the largest multiple of the unit's 4 groups from 16 (the third adaptive band has
-# n/16) to 256 within lstm_adaptive's count, -x's arguments included, kept in OUT/define_eq_lstm.
-if [[ " $MODELS " == *" lstm_adaptive_define_eq "* ]]; then
-    equal_size "$OUT/define_eq_lstm" "${MODEL[lstm_adaptive]} $EXTRA" "${MODEL[lstm_adaptive_define_eq]} $EXTRA" \
+# The n of lstm_adaptive_define_eq and lstm_adaptive_define_ln_eq: the largest multiple of the unit's 4 groups from
+# 16 (the third adaptive band has n/16) to 256 within lstm_adaptive's count, -x's arguments included, kept in
+# OUT/define_eq_lstm and OUT/define_ln_eq_lstm.
+NOTE=""
+for name in lstm_adaptive_define_eq lstm_adaptive_define_ln_eq; do
+    [[ " $MODELS " == *" $name "* ]] || continue
+    file=$OUT/define_eq_lstm
+    [[ $name == lstm_adaptive_define_eq ]] || file=$OUT/define_ln_eq_lstm
+    equal_size "$file" "${MODEL[lstm_adaptive]} $EXTRA" "${MODEL[$name]} $EXTRA" \
         16 256 4 "$OUT/data-bin" "${COMMON[@]}" "${LSTM[@]}" --cpu
-    MODEL[lstm_adaptive_define_eq]=${MODEL[lstm_adaptive_define_eq]//\{\}/$EQUAL_SIZE}
-    NOTE="lstm_adaptive_define_eq: n = $EQUAL_SIZE."
-fi
+    MODEL[$name]=${MODEL[$name]//\{\}/$EQUAL_SIZE}
+    NOTE+="${NOTE:+ }$name: n = $EQUAL_SIZE."
+done
 
 # run_args NAME SEED (compare_run's): NAME's family and model, with -x's arguments.
 run_args() {

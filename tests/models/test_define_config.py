@@ -19,6 +19,7 @@ DEFAULTS = dict(
     define_dropout=0.0,
     define_init="unit",
     define_map_dropout=0.0,
+    define_output_norm="none",
 )
 
 
@@ -50,6 +51,11 @@ def test_the_defaults_build():
         (dict(define_dropout=1.0), "--define-dropout=1.0: a dropout probability"),
         (dict(define_map_dropout=-0.5), "--define-map-dropout=-0.5: a dropout probability"),
         (dict(define_variant="delight", define_norm="layer"), "--define-norm='layer': the authors' unit normalises"),
+        (dict(define_output_norm="group"), "--define-output-norm='group': unknown; choose one of none, layer"),
+        (
+            dict(define_variant="delight", define_output_norm="layer"),
+            "--define-output-norm='layer': the authors' unit normalises its output already",
+        ),
     ],
 )
 def test_errors_name_the_flag(overrides, message):
@@ -79,6 +85,7 @@ def test_every_argument_of_the_unit_has_a_flag():
         "dropout",
         "init",
         "map_dropout",
+        "output_norm",
     }
 
 

@@ -337,3 +337,12 @@ def test_embedding_width_must_match_the_lstm_input(lm_task):
         RecurrentLMDecoder(
             dictionary, embed, LSTMStack(16, [16]), output_projection=torch.nn.Linear(16, len(dictionary))
         )
+
+
+def test_the_define_output_norm_flag_reaches_the_unit(lm_data):
+    flags = CASES["lstm_lm_define_wt103_n3"][1]
+    plain = setup_model(lm_data, "lstm_lm_define_wt103_n3", *flags)[2].decoder.embed_tokens.define
+    normed = setup_model(lm_data, "lstm_lm_define_wt103_n3", *flags, "--define-output-norm", "layer")[2]
+    normed = normed.decoder.embed_tokens.define
+    assert plain.output_norm is None
+    assert isinstance(normed.output_norm, torch.nn.LayerNorm) and normed.output_norm.normalized_shape == (16,)

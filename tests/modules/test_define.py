@@ -179,3 +179,43 @@ def test_unit_init_gives_outputs_of_unit_scale_for_unit_inputs(variant):
         assert torch.equal(a.weight, b.weight)
     ratio = unit.layers[-1].weight / linear.layers[-1].weight
     torch.testing.assert_close(ratio, ratio.flatten()[0].expand_as(ratio))
+
+
+# -- the output norm ---------------------------------------------------------------------------------------------
+
+
+def test_by_default_the_output_is_the_reduce_layers_and_the_unit_has_no_output_norm():
+    unit = DeFINE(16, 64, 24)
+    assert unit.output_norm is None
+    assert not [key for key in unit.state_dict() if key.startswith("output_norm")]
+
+
+def test_the_output_norm_is_a_layer_norm_of_the_reduce_layers_output():
+    torch.manual_seed(3)
+    plain = DeFINE(16, 64, 24)
+    normed = DeFINE(16, 64, 24, output_norm="layer")
+    normed.load_state_dict(plain.state_dict(), strict=False)  # the same unit, plus its output norm
+    with torch.no_grad():  # a gain and a bias that are not the identity's
+        normed.output_norm.weight.uniform_(0.5, 1.5)
+        normed.output_norm.bias.uniform_(-0.5, 0.5)
+    e = torch.randn(5, 7, 16, dtype=torch.float64)
+    plain, normed = plain.double(), normed.double()
+    norm = normed.output_norm
+    expected = F.layer_norm(plain(e), (24,), norm.weight, norm.bias, norm.eps)
+    torch.testing.assert_close(normed(e), expected, rtol=1e-12, atol=1e-12)
+    assert sum(p.numel() for p in normed.parameters()) == sum(p.numel() for p in plain.parameters()) + 2 * 24
+
+
+def test_the_output_norm_holds_the_output_at_unit_scale_whatever_the_input_scale():
+    # the unit's gain and bias start as the identity's: every position has mean 0 and variance v / (v + eps)
+    torch.manual_seed(4)
+    unit = DeFINE(16, 64, 24, output_norm="layer").double()
+    for scale in (1e-2, 1.0, 1e3):
+        y = unit(scale * torch.randn(50, 16, dtype=torch.float64))
+        torch.testing.assert_close(y.mean(-1), torch.zeros(50, dtype=torch.float64), rtol=0, atol=1e-12)
+        assert y.var(-1, unbiased=False).sub(1).abs().max() < 1e-3  # eps 1e-5 against a variance far above it
+
+
+def test_an_unknown_output_norm_is_refused():
+    with pytest.raises(ValueError, match=re.escape("output_norm='batch': unknown")):
+        DeFINE(16, 64, 24, output_norm="batch")

@@ -178,3 +178,23 @@ def test_table_path_through_an_adaptive_map_equals_the_unique_path():
     torch.testing.assert_close(out_t, out_u, rtol=1e-12, atol=1e-12)
     for a, b in zip(grads_t, grads_u):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_an_output_norm_is_part_of_what_every_path_and_the_folded_table_compute():
+    emb = make(output_norm="layer").double()
+    with torch.no_grad():
+        emb.define.output_norm.bias.fill_(0.5)
+    literal = emb.define(emb.table.weight[tokens()] * math.sqrt(16))
+    # every position normalised to mean 0, then shifted by the norm's bias
+    torch.testing.assert_close(literal.mean(-1), torch.full((2, 4), 0.5, dtype=torch.float64), rtol=0, atol=1e-12)
+    for path in TOKEN_PATHS:
+        emb.token_path = path
+        torch.testing.assert_close(emb(tokens()), literal, rtol=1e-12, atol=1e-12)
+    emb.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(emb.fold()(tokens()), literal, rtol=1e-12, atol=1e-12)
+
+
+def test_the_authors_unit_takes_no_output_norm():
+    with pytest.raises(ValueError, match=re.escape("output_norm='layer': the authors' unit normalises its output")):
+        make(variant="delight", output_norm="layer")

@@ -117,17 +117,24 @@ def test_runs_go_on_from_their_last_checkpoint_to_the_scores_of_one_run_trained_
 
 def test_language_model_compare_puts_r3_at_r2s_count_by_its_width(toy_corpus, tmp_path):
     """lstm_adaptive_define_eq: R3 with the adaptive input and softmax at the largest n whose model has no more
-    parameters than R2, so its count is within 2% of R2's (the paper's R3 has +1.3%)."""
+    parameters than R2, so its count is within 2% of R2's (the paper's R3 has +1.3%); lstm_adaptive_define_ln_eq the
+    same with a LayerNorm over DeFINE's output, sized on its own."""
     out = tmp_path / "out"
-    models = ("-m", "lstm_adaptive lstm_adaptive_define_eq")
+    models = ("-m", "lstm_adaptive lstm_adaptive_define_eq lstm_adaptive_define_ln_eq")
     run_script(
         "examples/language_model/compare.sh", "-o", out, "-s", 1, "-u", 10, "-i", 10, "-T", *models, "-c", toy_corpus
     )
-    n, define_eq, r2 = map(int, (out / "define_eq_lstm").read_text().splitlines()[0].split("\t"))
-    assert n % 4 == 0 and n < 256 and 0.98 * r2 <= define_eq <= r2
-    log = (out / "runs" / "train" / "lstm_adaptive_define_eq.s1" / "train.log").read_text()
-    assert f"'define_n': {n}," in log and f"num. shared model params: {define_eq:,} " in log  # the model trained
-    assert f"lstm_adaptive_define_eq: n = {n}." in (out / "results.md").read_text()
+    report = (out / "results.md").read_text()
+    for name, file, norm in (
+        ("lstm_adaptive_define_eq", "define_eq_lstm", "none"),
+        ("lstm_adaptive_define_ln_eq", "define_ln_eq_lstm", "layer"),
+    ):
+        n, define_eq, r2 = map(int, (out / file).read_text().splitlines()[0].split("\t"))
+        assert n % 4 == 0 and n < 256 and 0.98 * r2 <= define_eq <= r2
+        log = (out / "runs" / "train" / f"{name}.s1" / "train.log").read_text()
+        assert f"'define_n': {n}," in log and f"num. shared model params: {define_eq:,} " in log  # the model trained
+        assert f"'define_output_norm': {norm}," in log
+        assert f"{name}: n = {n}." in report
 
 
 def test_transformer_xl_compare_puts_the_projective_input_at_defines_count(tmp_path):

@@ -8,7 +8,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from define_fairseq.modules.adaptive_input import AdaptiveInput
-from define_fairseq.modules.checks import check_probability
+from define_fairseq.modules.checks import ParameterError, check_probability
 from define_fairseq.modules.define.delight import DelightDeFINE
 from define_fairseq.modules.define.unit import DeFINE
 from define_fairseq.modules.parameter_cache import ParameterCache
@@ -86,9 +86,10 @@ class DeFINEEmbedding(MappedEmbedding):
 
     Args:
         num_embeddings: vocabulary size V.
-        n, k, m, depth, max_groups, variant, activation, norm, dropout, init: see :class:`DeFINE`; ``variant="delight"``
-            builds :class:`DelightDeFINE`. ``activation`` and ``norm`` default to the variant's (``gelu`` and
-            ``group``; ``swish`` for ``delight``).
+        n, k, m, depth, max_groups, variant, activation, norm, dropout, init, output_norm: see :class:`DeFINE`;
+            ``variant="delight"`` builds :class:`DelightDeFINE` (whose output is normalised already, so it takes no
+            ``output_norm``). ``activation`` and ``norm`` default to the variant's (``gelu`` and ``group``;
+            ``swish`` for ``delight``).
         padding_idx: row of the table kept at zero.
         map_dropout: dropout on the scaled map output, before the unit, with one mask per sequence (the first
             dimension of ``tokens``) and feature, shared by its positions: the authors' ``delight_emb_dropout``.
@@ -118,6 +119,7 @@ class DeFINEEmbedding(MappedEmbedding):
         init: str = "unit",
         map_dropout: float = 0.0,
         token_path: Optional[str] = None,
+        output_norm: str = "none",
     ):
         super().__init__()
         check_probability(map_dropout, "map_dropout")
@@ -132,9 +134,13 @@ class DeFINEEmbedding(MappedEmbedding):
         self.embed_scale = math.sqrt(n)
         options = dict(depth=depth, max_groups=max_groups, dropout=dropout, norm=norm or "group")
         if variant == "delight":
+            if output_norm != "none":
+                raise ParameterError("output_norm", repr(output_norm), "the authors' unit normalises its output already")
             self.define = DelightDeFINE(n, k, m, activation=activation or "swish", **options)
         else:
-            self.define = DeFINE(n, k, m, variant=variant, activation=activation or "gelu", init=init, **options)
+            self.define = DeFINE(
+                n, k, m, variant=variant, activation=activation or "gelu", init=init, output_norm=output_norm, **options
+            )
         self._eval_table = ParameterCache()
 
     @property

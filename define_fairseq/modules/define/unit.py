@@ -12,6 +12,9 @@ Choices where the paper is silent:
   the reduce layer too (Fig. 5c).
 * Each expansion layer is followed by a per-group LayerNorm (groups stay independent), an activation
   (GELU) and dropout; the reduce layer is linear. All layers have a bias.
+* ``output_norm="layer"`` (not the default) adds a LayerNorm over the reduce layer's output, as the authors' unit
+  normalises its output layer: it holds the context model's input at unit scale, where the linear output may grow
+  with training (into an LSTM, far enough to saturate its gates).
 """
 
 import math
@@ -38,6 +41,7 @@ ACTIVATIONS = {
     "none": None,
 }
 NORMS = ("group", "layer", "none")
+OUTPUT_NORMS = ("none", "layer")
 INITS = ("unit", "linear")
 """``unit``: ``nn.Linear``'s initialisation, then the last layer scaled so that the unit maps unit-variance inputs to
 unit-variance outputs, the scale of the embedding it replaces. ``linear``: ``nn.Linear``'s alone (output variance
@@ -166,6 +170,8 @@ class DeFINE(nn.Module):
         norm: ``group`` (LayerNorm per group), ``layer`` (LayerNorm over the whole width) or ``none``.
         dropout: dropout after each expansion layer.
         init: one of ``INITS``.
+        output_norm: one of ``OUTPUT_NORMS``: ``layer`` normalises the output (a LayerNorm over m, with its gain
+            and bias); ``none`` leaves the reduce layer's output as it is.
 
     Shapes: ``[..., n] -> [..., m]``.
     """
@@ -182,10 +188,12 @@ class DeFINE(nn.Module):
         norm: str = "group",
         dropout: float = 0.0,
         init: str = "unit",
+        output_norm: str = "none",
     ):
         super().__init__()
         check_choice(activation, ACTIVATIONS, "activation")
         check_choice(norm, NORMS, "norm")
+        check_choice(output_norm, OUTPUT_NORMS, "output_norm")
         check_probability(dropout, "dropout")
         check_choice(init, INITS, "init")
         self.sizes = define_layer_sizes(n, k, m, depth, max_groups, variant)
@@ -203,6 +211,8 @@ class DeFINE(nn.Module):
                 self.norms.append(nn.LayerNorm(out_features))
             else:
                 self.norms.append(nn.Identity())
+        # None rather than an Identity: the default unit's state dict and module tree stay as they were
+        self.output_norm = nn.LayerNorm(m) if output_norm == "layer" else None
         if init == "unit":
             self.scale_to_unit_output()
 
@@ -236,7 +246,10 @@ class DeFINE(nn.Module):
             elif self.variant == "define_concat":
                 h = torch.cat([e, h], dim=-1)
             h = layer(h)
+        if self.output_norm is not None:
+            h = self.output_norm(h)
         return h
 
     def extra_repr(self) -> str:
-        return f"n={self.n}, k={self.k}, m={self.m}, variant={self.variant}, activation={self.activation}"
+        text = f"n={self.n}, k={self.k}, m={self.m}, variant={self.variant}, activation={self.activation}"
+        return text + (", output_norm=layer" if self.output_norm is not None else "")
