@@ -135,7 +135,9 @@ class DeFINEEmbedding(MappedEmbedding):
         options = dict(depth=depth, max_groups=max_groups, dropout=dropout, norm=norm or "group")
         if variant == "delight":
             if output_norm != "none":
-                raise ParameterError("output_norm", repr(output_norm), "the authors' unit normalises its output already")
+                raise ParameterError(
+                    "output_norm", repr(output_norm), "the authors' unit normalises its output already"
+                )
             self.define = DelightDeFINE(n, k, m, activation=activation or "swish", **options)
         else:
             self.define = DeFINE(
