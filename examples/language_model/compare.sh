@@ -31,7 +31,8 @@ Models (Adam at a constant lr 0.001, dropout 0.1, the gradient norm clipped at 0
   lstm_adaptive_define    R3: the same with DeFINE (N = 3, k = 1024, n = m = 256) on the adaptive input
   lstm_adaptive_define_eq R3 at R2's parameter count, as the paper's R3 nearly is (+1.3%): adaptive input and
                           softmax at the largest width n (a multiple of 4) whose model has no more parameters
-                          than lstm_adaptive, DeFINE mapping n to 256
+                          than lstm_adaptive, DeFINE mapping n to 256; the last LSTM layer, which the tied
+                          softmax reads, has width n too (lstm_lm_define's default)
   lstm_adaptive_define_ln_eq  the same with a LayerNorm over DeFINE's output (--define-output-norm layer), at
                           R2's parameter count too
   transformer_lm          2 layers, d 256, FFN 1024, 4 heads, softmax tied to the V x 256 table (64-token
