@@ -1,23 +1,26 @@
 """How far the first LSTM layer's gates of a comparison's LSTM language models saturate: for every kept checkpoint
 under ``OUT/runs/train`` (``checkpoint_E_U.pt``: a point's), the root mean square of the LSTM's input and the share
-of the first layer's gate pre-activations beyond +-6 (where a sigmoid's slope is below 0.0025, so little gradient
-passes), on the first tokens of the validation split::
+of the first layer's gate pre-activations beyond +-6 (where a sigmoid's slope is below 0.0025, a hundredth of its
+largest, and a tanh's lower still, so little gradient passes), on the first tokens of the validation split::
 
     python -m scripts.lstm_gates OUT [--models A,B] [--updates 3000,30000] [--tokens 7000] [--rows 20] > gates.tsv
 
 The tokens are laid out as ``--rows`` contiguous streams, read from a zero state in eval mode, in float64. Prints a
 tab-separated table: model, seed, updates, input_rms, then the share for the input, forget, cell and output gates
-and for all four. Models whose decoder has no LSTM stack (``lstm_lm_define``, ``awd_lstm_lm``) are skipped.
+and for all four. Measures the models whose decoder reads an :class:`LSTMStack` (``lstm_lm_define``,
+``awd_lstm_lm``); says on stderr which checkpoints it skips.
 """
 
 import argparse
-import re
 import sys
 from pathlib import Path
 from typing import Iterator, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
+
+from define_fairseq.tools.average_checkpoints import UPDATE_CHECKPOINT
+from scripts.compare_runs import RUN_NAME
 
 THRESHOLD = 6.0
 GATES = ("i", "f", "g", "o")
@@ -49,46 +52,61 @@ def gate_preactivations(lstm: nn.LSTM, x: torch.Tensor) -> Tuple[torch.Tensor, t
 
 
 def saturation(pre: torch.Tensor, threshold: float = THRESHOLD) -> List[float]:
-    """The share of ``pre [..., 4, H]`` beyond +-``threshold``, for each gate and then for all four."""
+    """The share of ``pre`` beyond +-``threshold``, for each gate and then for all four.
+
+    Shapes: ``pre [..., 4, H]`` -> 5 floats."""
     beyond = (pre.abs() > threshold).to(torch.float64)
     per_gate = beyond.transpose(0, -2).reshape(4, -1).mean(dim=1)
     return [*per_gate.tolist(), beyond.mean().item()]
 
 
 def checkpoints(out: Path) -> Iterator[Tuple[str, int, int, Path]]:
-    """``(model, seed, updates, path)`` of every ``runs/train/MODEL.sSEED/checkpoint_E_U.pt`` under ``out``."""
-    for path in sorted((out / "runs" / "train").glob("*.s*/checkpoint_*_*.pt")):
-        run = re.fullmatch(r"(.+)\.s(\d+)", path.parent.name)
-        found = re.fullmatch(r"checkpoint_\d+_(\d+)\.pt", path.name)
-        if run and found:
-            yield run.group(1), int(run.group(2)), int(found.group(1)), path
+    """``(model, seed, updates, path)`` of every ``runs/train/MODEL.sSEED/checkpoint_E_U.pt`` under ``out``, by
+    model, seed and updates."""
+    found = []
+    for path in (out / "runs" / "train").glob("*.s*/checkpoint_*_*.pt"):
+        run, name = RUN_NAME.match(path.parent.name), UPDATE_CHECKPOINT.match(path.name)
+        if run and name:
+            found.append((run["model"], int(run["seed"]), int(name.group(2)), path))
+    return iter(sorted(found))
+
+
+def validation_stream(data: Path, dictionary, tokens: int, rows: int) -> torch.Tensor:
+    """The first ``tokens`` tokens (fewer where the split is shorter) of ``data``'s validation split, every line
+    ending in EOS as binarized, as ``rows`` contiguous streams.
+
+    Shapes: ``-> [rows, T]``."""
+    from fairseq.data import data_utils
+
+    split = data_utils.load_indexed_dataset(str(data / "valid"), dictionary)
+    if split is None:
+        raise ValueError(f"{data}/valid.bin: no validation split to read (fairseq-preprocess --validpref)")
+    stream = torch.cat([split[i] for i in range(len(split))])
+    kept = min(tokens, len(stream))
+    if kept < rows:
+        raise ValueError(f"{data}/valid.bin: {len(stream)} tokens, fewer than --rows {rows}")
+    return stream[: kept - kept % rows].view(rows, -1)
 
 
 def measure(path: Path, data: Path, tokens: int, rows: int, threshold: float) -> Optional[List[float]]:
     """``[input_rms, shares...]`` of the checkpoint at ``path`` on ``data``'s validation split, or None when its
-    decoder has no LSTM stack."""
+    decoder reads no :class:`LSTMStack`."""
     from fairseq import checkpoint_utils
-    from fairseq.data import data_utils
+
+    from define_fairseq.modules.awd_lstm.lstm_stack import LSTMStack
 
     models, _, task = checkpoint_utils.load_model_ensemble_and_task([str(path)], arg_overrides={"data": str(data)})
     model = models[0].eval().double()
     stack = getattr(model.decoder, "lstm", None)
-    if stack is None or not hasattr(stack, "layers"):
+    if not isinstance(stack, LSTMStack):
         return None
-    split = data_utils.load_indexed_dataset(str(data / "valid"), task.target_dictionary)
-    if split is None:
-        raise FileNotFoundError(f"{data}/valid.bin: no validation split to read (fairseq-preprocess --validpref)")
-    stream = torch.cat([split[i] for i in range(len(split))])[: tokens - tokens % rows]
-    if len(stream) < rows:
-        raise ValueError(f"{data}/valid.bin: {len(stream)} tokens, fewer than --rows {rows}")
     seen = []
     hook = stack.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
     with torch.no_grad():
-        model(stream.view(rows, -1))
+        model(validation_stream(data, task.target_dictionary, tokens, rows))
         hook.remove()
-        x = seen[0]
-        pre, _ = gate_preactivations(stack.layers[0].lstm, x)
-    return [x.pow(2).mean().sqrt().item(), *saturation(pre, threshold)]
+        pre, _ = gate_preactivations(stack.layers[0].lstm, seen[0])
+    return [seen[0].pow(2).mean().sqrt().item(), *saturation(pre, threshold)]
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -100,28 +118,31 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--rows", type=int, default=20, help="contiguous streams they are laid out in (default 20)")
     parser.add_argument("--threshold", type=float, default=THRESHOLD, help="|pre-activation| counted (default 6)")
     args = parser.parse_args(argv)
-    if args.tokens < args.rows or args.rows < 1:
-        raise SystemExit("error: --tokens must be at least --rows, and --rows at least 1")
+    if args.rows < 1 or args.tokens < args.rows:
+        parser.error(f"--rows {args.rows} must be at least 1 and --tokens {args.tokens} at least --rows")
+    found = list(checkpoints(args.out))
+    if not found:
+        parser.error(f"{args.out}/runs/train holds no checkpoint_E_U.pt; give a comparison's OUT")
+    for flag, column, given in (("--models", 0, args.models), ("--updates", 2, args.updates)):
+        if given:
+            wanted = given.split(",")
+            missing = sorted(set(wanted) - {str(c[column]) for c in found})
+            if missing:
+                parser.error(f"{flag}: no kept checkpoint under {args.out}/runs/train has {', '.join(missing)}")
+            found = [c for c in found if str(c[column]) in wanted]
     from fairseq import utils
 
     utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[1] / "define_fairseq")))
-    found = list(checkpoints(args.out))
-    if not found:
-        raise SystemExit(f"error: {args.out}/runs/train holds no checkpoint_E_U.pt; give a comparison's OUT")
-    if args.models:
-        found = [c for c in found if c[0] in args.models.split(",")]
-    if args.updates:
-        found = [c for c in found if str(c[2]) in args.updates.split(",")]
-    if not found:
-        raise SystemExit(
-            f"error: {args.out}/runs/train holds no checkpoint of --models {args.models} at --updates {args.updates}"
-        )
     print("\t".join(["model", "seed", "updates", "input_rms", *(f"share_{g}" for g in GATES), "share"]))
     for model, seed, updates, path in found:
-        values = measure(path, args.out / "data-bin", args.tokens, args.rows, args.threshold)
-        if values is not None:
-            print("\t".join([model, str(seed), str(updates), *(f"{v:.4f}" for v in values)]))
-            sys.stdout.flush()
+        try:
+            values = measure(path, args.out / "data-bin", args.tokens, args.rows, args.threshold)
+        except ValueError as error:
+            parser.error(str(error))
+        if values is None:
+            print(f"skipped {path}: its decoder reads no LSTM stack", file=sys.stderr)
+            continue
+        print("\t".join([model, str(seed), str(updates), *(f"{v:.4f}" for v in values)]), flush=True)
 
 
 if __name__ == "__main__":

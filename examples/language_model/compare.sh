@@ -13,7 +13,8 @@ declare -A MODEL=(
     [lstm_adaptive]="--arch lstm_lm_adaptive_wt103"
     [lstm_adaptive_define]="--arch lstm_lm_define_wt103_n3 --define-k 1024"
     [lstm_adaptive_define_eq]="--arch lstm_lm_define_wt103_n3 --define-k 1024 --define-n {}"
-    [lstm_adaptive_define_ln_eq]="--arch lstm_lm_define_wt103_n3 --define-k 1024 --define-output-norm layer --define-n {}"
+    [lstm_adaptive_define_ln_eq]="--arch lstm_lm_define_wt103_n3 --define-k 1024 --define-output-norm layer
+                                  --define-n {}"
     [transformer_lm]="--arch transformer_lm --share-decoder-input-output-embed"
     [transformer_lm_define]="--arch transformer_lm_define --define-n 64 --define-k 512"
     [transformer_lm_define_eq]="--arch transformer_lm_define --define-n {} --define-k 512"

@@ -54,7 +54,8 @@ def test_the_defaults_build():
         (dict(define_output_norm="group"), "--define-output-norm='group': unknown; choose one of none, layer"),
         (
             dict(define_variant="delight", define_output_norm="layer"),
-            "--define-output-norm='layer': the authors' unit normalises its output already",
+            "--define-output-norm='layer': the authors' unit (--define-variant='delight') normalises its output "
+            "already; leave it at 'none'",
         ),
     ],
 )

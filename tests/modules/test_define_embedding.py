@@ -196,5 +196,7 @@ def test_an_output_norm_is_part_of_what_every_path_and_the_folded_table_compute(
 
 
 def test_the_authors_unit_takes_no_output_norm():
-    with pytest.raises(ValueError, match=re.escape("output_norm='layer': the authors' unit normalises its output")):
+    with pytest.raises(
+        ValueError, match=re.escape("output_norm='layer': the authors' unit (variant='delight') normalises its output")
+    ):
         make(variant="delight", output_norm="layer")

@@ -136,7 +136,10 @@ class DeFINEEmbedding(MappedEmbedding):
         if variant == "delight":
             if output_norm != "none":
                 raise ParameterError(
-                    "output_norm", repr(output_norm), "the authors' unit normalises its output already"
+                    "output_norm",
+                    repr(output_norm),
+                    "the authors' unit ({variant}) normalises its output already; leave it at 'none'",
+                    related={"variant": repr(variant)},
                 )
             self.define = DelightDeFINE(n, k, m, activation=activation or "swish", **options)
         else:

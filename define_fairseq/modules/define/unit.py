@@ -171,7 +171,8 @@ class DeFINE(nn.Module):
         dropout: dropout after each expansion layer.
         init: one of ``INITS``.
         output_norm: one of ``OUTPUT_NORMS``: ``layer`` normalises the output (a LayerNorm over m, with its gain
-            and bias); ``none`` leaves the reduce layer's output as it is.
+            and bias), which gives it unit variance whatever the reduce layer's scale, so ``init="unit"`` leaves that
+            layer at ``nn.Linear``'s; ``none`` leaves the reduce layer's output as it is.
 
     Shapes: ``[..., n] -> [..., m]``.
     """
