@@ -14,7 +14,7 @@ and for all four. Measures the models whose decoder reads an :class:`LSTMStack` 
 import argparse
 import sys
 from pathlib import Path
-from typing import Iterator, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -60,7 +60,7 @@ def saturation(pre: torch.Tensor, threshold: float = THRESHOLD) -> List[float]:
     return [*per_gate.tolist(), beyond.mean().item()]
 
 
-def checkpoints(out: Path) -> Iterator[Tuple[str, int, int, Path]]:
+def checkpoints(out: Path) -> List[Tuple[str, int, int, Path]]:
     """``(model, seed, updates, path)`` of every ``runs/train/MODEL.sSEED/checkpoint_E_U.pt`` under ``out``, by
     model, seed and updates."""
     found = []
@@ -68,7 +68,7 @@ def checkpoints(out: Path) -> Iterator[Tuple[str, int, int, Path]]:
         run, name = RUN_NAME.match(path.parent.name), UPDATE_CHECKPOINT.match(path.name)
         if run and name:
             found.append((run["model"], int(run["seed"]), int(name.group(2)), path))
-    return iter(sorted(found))
+    return sorted(found)
 
 
 def validation_stream(data: Path, dictionary, tokens: int, rows: int) -> torch.Tensor:
@@ -120,7 +120,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     args = parser.parse_args(argv)
     if args.rows < 1 or args.tokens < args.rows:
         parser.error(f"--rows {args.rows} must be at least 1 and --tokens {args.tokens} at least --rows")
-    found = list(checkpoints(args.out))
+    found = checkpoints(args.out)
     if not found:
         parser.error(f"{args.out}/runs/train holds no checkpoint_E_U.pt; give a comparison's OUT")
     for flag, column, given in (("--models", 0, args.models), ("--updates", 2, args.updates)):
