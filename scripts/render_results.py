@@ -35,6 +35,7 @@ from scripts.verdicts import DataError, cells, changes, judge, label, params, ve
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"(<!-- results:(?P<name>[\w./-]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=name) -->)", re.S)
 RUN_KEY = ("group", "model", "point", "seed")
+PROVENANCE = ("command", "revision", "machine")
 
 
 def load(path: Path) -> dict:
@@ -66,10 +67,15 @@ def load(path: Path) -> dict:
 
 
 def merge(old: List[dict], new: List[dict]) -> List[dict]:
-    """The runs of ``old`` and ``new``, a new run replacing an old one with the same group, model, point and seed."""
+    """The runs of ``old`` and ``new``, a new run replacing an old one with the same group, model, point and seed;
+    an old run whose measurements are unchanged keeps its command, revision and machine, the ones it ran under."""
     key = lambda run: tuple(run.get(k, "") for k in RUN_KEY)  # noqa: E731
+    measured = lambda run: {k: v for k, v in run.items() if k not in PROVENANCE}  # noqa: E731
     merged = {key(run): run for run in old}
-    merged.update((key(run), run) for run in new)
+    for run in new:
+        kept = merged.get(key(run))
+        if kept is None or measured(kept) != measured(run):
+            merged[key(run)] = run
     return sorted(merged.values(), key=lambda run: tuple(str(run.get(k, "")).zfill(6) for k in RUN_KEY))
 
 

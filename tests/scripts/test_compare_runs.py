@@ -146,3 +146,20 @@ def test_the_data_file_keeps_every_point_and_merges_with_what_it_holds(tmp_path)
     main([str(other), "--metric", "BLEU", "--data", str(tmp_path / "results.json"), "--group", "demo"])
     data = json.loads((tmp_path / "results.json").read_text())
     assert [(r["seed"], r["value"]) for r in data["runs"]] == [(1, 26.0), (2, 27.0)]
+
+
+def test_a_run_merged_again_unchanged_keeps_the_revision_it_ran_under(tmp_path):
+    write_run(tmp_path, "updates", "baseline", 1, 26.0, [(200, 8.0)], 100)
+    write_run(tmp_path, "updates", "define", 1, 25.0, [(200, 8.0)], 100)
+    path = tmp_path / "results.json"
+    main([str(tmp_path), "--metric", "BLEU", "--command", "bash compare.sh -s 1"])
+    data = json.loads(path.read_text())
+    for run in data["runs"]:
+        run["revision"], run["command"] = "0ld0ld0", "an older command"
+    path.write_text(json.dumps(data))
+    (tmp_path / "runs" / "updates" / "define.s1" / "score").write_text("24.0\n")  # define scored again, differently
+    main([str(tmp_path), "--metric", "BLEU", "--command", "bash compare.sh -s 1"])
+    runs = {r["model"]: r for r in json.loads(path.read_text())["runs"]}
+    assert (runs["baseline"]["revision"], runs["baseline"]["command"]) == ("0ld0ld0", "an older command")
+    assert runs["define"]["value"] == 24.0 and runs["define"]["revision"] != "0ld0ld0"
+    assert runs["define"]["command"] == "bash compare.sh -s 1"
