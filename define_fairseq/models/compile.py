@@ -16,15 +16,25 @@ With ``--torch-compile-mode reduce-overhead`` (CUDA graphs) a compiled region's 
 next replay overwrites, so the Transformer-XL memory carried to the next batch is cloned out of them
 (``TransformerXLStack.clone_memory``) and each forward of the Transformer-XL decoder starts a new CUDA-graph step
 (``torch.compiler.cudagraph_mark_step_begin``). The recurrent models compile only their DeFINE embeddings, whose
-output is used within the step, and carry a state computed eagerly.
+output is used within the step, and carry a state computed eagerly. Two backward calls before an optimizer step
+(``--update-freq`` above 1) would accumulate a parameter's gradient into a buffer that the next replay overwrites
+(pytorch/pytorch#169545): that combination stops at the second backward with an error naming both flags
+(:func:`refuse_accumulation`; the model's flags do not include ``--update-freq``, so it is caught where it happens).
+
+Each compiled part checks itself against its eager forward on the first call of each call signature
+(:class:`~define_fairseq.modules.checked_path.CheckedPath`, in evaluation mode: the compiled dropout draws other
+random numbers than the eager one), and on a failure or a difference warns and runs eagerly from then on.
 """
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Optional
 
+import torch
 import torch.nn as nn
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
+from define_fairseq.modules.checked_path import CheckedPath, flatten
 from define_fairseq.modules.define.embedding import DeFINEEmbedding
 from define_fairseq.modules.transformer_xl.layers import TransformerXLLayer, TransformerXLStack
 
@@ -84,8 +94,62 @@ def compile_static_parts(model: nn.Module, cfg) -> nn.Module:
         if isinstance(part, DeFINEEmbedding):
             part.token_path = token_path
         part.compile(**options)
+        part._compiled_call_impl = CheckedCompiledCall(part, part._compiled_call_impl)
     graphs = options.get("mode") == "reduce-overhead"
+    if graphs:
+        refuse_accumulation(model)
     for module in model.modules():
         if isinstance(module, TransformerXLStack):
             module.clone_memory = module.mark_cudagraph_steps = graphs
     return model
+
+
+class CheckedCompiledCall:
+    """A compiled part's call (what ``nn.Module.compile`` installs), checked against the part's eager call on the
+    first call of each signature (mode, grad mode, the tensors' shapes and dtypes)."""
+
+    def __init__(self, part: nn.Module, compiled):
+        self.part, self.compiled = part, compiled
+        self.check = CheckedPath(
+            f"the compiled {type(part).__name__}",
+            "dropping --torch-compile",
+            f"compiling {type(part).__name__} with torch.compile, once per shape (the first steps wait for it)",
+            check_mode=self.evaluation,
+        )
+
+    @contextlib.contextmanager
+    def evaluation(self):
+        was_training = self.part.training
+        self.part.train(False)
+        try:
+            yield
+        finally:
+            self.part.train(was_training)
+
+    def __call__(self, *args, **kwargs):
+        shapes = tuple((tuple(t.shape), t.dtype) for t in flatten(list(args)) + flatten(kwargs))
+        key = (self.part.training, torch.is_grad_enabled(), shapes)
+        compiled, eager = (lambda *a: self.compiled(*a, **kwargs)), (lambda *a: self.part._call_impl(*a, **kwargs))
+        return self.check(key, compiled, eager, args, self.part.parameters())
+
+
+def refuse_accumulation(model: nn.Module) -> None:
+    """Make a second backward into a compiled part's parameters before their gradients are reset (fairseq sets
+    them to None at every update) raise, naming ``--update-freq`` and ``--torch-compile-mode reduce-overhead``."""
+    for part in compiled_parts(model):
+        for parameter in part.parameters():
+            if parameter.requires_grad:
+                parameter.register_hook(_refusal(parameter))
+
+
+def _refusal(parameter: nn.Parameter):
+    def hook(grad):
+        if parameter.grad is not None:
+            raise RuntimeError(
+                "--torch-compile-mode reduce-overhead cannot accumulate gradients over several backward calls "
+                "(--update-freq above 1): the CUDA graphs overwrite the first gradient (pytorch/pytorch#169545); "
+                "use --update-freq 1, or another --torch-compile-mode (default: no CUDA graphs)"
+            )
+        return grad
+
+    return hook

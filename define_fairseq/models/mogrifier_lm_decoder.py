@@ -14,6 +14,7 @@ from define_fairseq.models.config_helpers import flag_names
 from define_fairseq.models.input_layer import InputLayer, InputLayerSpec, resolve_input_layer
 from define_fairseq.models.recurrent_decoder import RecurrentDecoder
 from define_fairseq.modules.checks import check_probability
+from define_fairseq.modules.mogrifier.layer import KERNELS
 from define_fairseq.modules.mogrifier.lstm import MogrifierLSTM
 from define_fairseq.modules.tied_output import TiedOutput
 from define_fairseq.modules.variance_scaling import variance_scaling_
@@ -143,6 +144,8 @@ def check_mogrifier_config(cfg) -> None:
         raise ValueError(
             f"--mogrifier-mos-components={cfg.mogrifier_mos_components} must be at least 1 (1: one softmax)"
         )
+    if str(cfg.mogrifier_kernels) not in KERNELS:
+        raise ValueError(f"--mogrifier-kernels={cfg.mogrifier_kernels}: give one of {', '.join(KERNELS)}")
     if not (cfg.mogrifier_l2_penalty >= 0 and math.isfinite(cfg.mogrifier_l2_penalty)):
         raise ValueError(f"--mogrifier-l2-penalty={cfg.mogrifier_l2_penalty} must be >= 0")
 
@@ -172,6 +175,8 @@ def build_mogrifier_decoder(cfg, dictionary, layer: InputLayer) -> MogrifierLMDe
             state_dropout_per_step=str(cfg.mogrifier_state_dropout_mask) == "step",
         )
     lstm.cuda_graphs = not cfg.mogrifier_no_cuda_graphs  # on a GPU only (MogrifierLSTM.cuda_graphs)
+    for lstm_layer in lstm.layers:
+        lstm_layer.kernels = str(cfg.mogrifier_kernels)
     with flag_names(
         dropout="--mogrifier-output-dropout"
         if cfg.mogrifier_projection_dropout is None

@@ -58,6 +58,7 @@ from define_fairseq.models.compile import CompileConfig
 from define_fairseq.models.input_config import InputLayerConfig
 from define_fairseq.models.input_layer import InputLayerLanguageModel
 from define_fairseq.models.mogrifier_lm_decoder import STATE_MASKS, build_mogrifier_decoder, mogrifier_input_spec
+from define_fairseq.modules.mogrifier.layer import KERNELS
 
 
 @dataclass
@@ -154,7 +155,16 @@ class MogrifierLSTMLMConfig(InputLayerConfig, CompileConfig):
         metadata={
             "help": "on a GPU, run each BPTT window of the Mogrifier LSTM eagerly (thousands of small kernel "
             "launches) instead of replaying it as CUDA graphs, one per window shape (forward and backward in "
-            "training, the forward in evaluation); the computed function is the same"
+            "training, the forward in evaluation); the computed function is the same. The graphs check "
+            "themselves against the eager path on their first call and fall back to it with a warning"
+        },
+    )
+    mogrifier_kernels: ChoiceEnum(KERNELS) = field(
+        default="auto",
+        metadata={
+            "help": "the per-step work of a layer with rounds: auto (Triton kernels on a GPU, checked against torch "
+            "on their first call, with a fallback), triton (always, unchecked) or torch (never); "
+            "DEFINE_FAIRSEQ_EAGER=1 runs every accelerated path of the plugin eagerly"
         },
     )
     mogrifier_l2_penalty: float = field(

@@ -9,6 +9,7 @@ import pytest
 import torch
 from cuda_device import CUDA_TESTS, DEVICE, fp32_arithmetic
 from mogrifier_reference import randomize
+from static_graphs import static_buffer_capture
 
 from define_fairseq.modules.mogrifier import graphs as mogrifier_graphs
 from define_fairseq.modules.mogrifier.lstm import MogrifierLSTM
@@ -92,7 +93,72 @@ def test_new_shapes_beyond_the_limit_run_eagerly_with_a_warning(eager_captures, 
     assert len(lstm.graphs.graphs) == 1 and len(eager_captures) == 3
 
 
+def accumulated(lstm, windows, device="cpu", seed=0):
+    """What ``--update-freq windows`` does with the stack: one backward per window, the state carried (detached) from
+    one window to the next, gradients summed into ``.grad`` from None; returns the outputs, states and ``.grad``s."""
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    dtype = next(lstm.parameters()).dtype
+    state, results = None, []
+    for _ in range(windows):
+        x = torch.randn(B, T, C, generator=g, dtype=dtype).to(device).requires_grad_(True)
+        out, state = lstm(x, state)
+        flat = [t for pair in state for t in pair]
+        loss = sum((t * torch.randn(t.shape, generator=g, dtype=dtype).to(device)).sum() for t in [out] + flat)
+        loss.backward()
+        results += [t.detach() for t in [out] + flat]
+        state = [(h.detach(), c.detach()) for h, c in state]
+    return results + [p.grad for p in lstm.parameters()]
+
+
+@pytest.fixture
+def static_buffers(monkeypatch):
+    """The training capture replaced by a stand-in that hands out static output and gradient buffers, as CUDA graphs
+    do (tests/helpers/static_graphs.py), and every CPU call graphed."""
+    monkeypatch.setattr(mogrifier_graphs.WindowGraphs, "capture_training", staticmethod(static_buffer_capture))
+    monkeypatch.setattr(mogrifier_graphs.WindowGraphs, "usable", lambda self, x, masks: masks is None)
+
+
+@pytest.mark.parametrize("windows", [2, 3])
+def test_accumulation_over_windows_equals_the_eager_path(static_buffers, windows):
+    """``--update-freq 2`` and 3 through static buffers, with dropout, float64: every parameter's ``.grad`` is the
+    eager path's sum over the windows to 1e-12 (both compute the same sums; only the copies differ)."""
+    graphed = model(0.3).double()
+    graphed.cuda_graphs = True
+    got, want = accumulated(graphed, windows), accumulated(model(0.3).double(), windows)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_accumulation_through_the_buffers_themselves_is_wrong(static_buffers, monkeypatch):
+    """The stand-in reproduces pytorch/pytorch#181723: without ``own_gradients`` a parameter keeps a view of the
+    static buffer as its ``.grad`` and the second window's replay overwrites it: ``2 g_2`` instead of ``g_1 + g_2``."""
+    monkeypatch.setattr(mogrifier_graphs, "own_gradients", lambda node: None)
+    graphed = model().double()
+    graphed.cuda_graphs = True
+    n = len(list(graphed.parameters()))
+    got = accumulated(graphed, 2)[-n:]
+    both, first = accumulated(model().double(), 2)[-n:], accumulated(model().double(), 1)[-n:]
+    for a, g12, g1 in zip(got, both, first):
+        torch.testing.assert_close(a, 2 * (g12 - g1), rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(got[0], both[0])
+
+
 cuda_mark, skip_without_cuda = CUDA_TESTS
+
+
+@cuda_mark
+@skip_without_cuda
+@pytest.mark.parametrize("windows", [2, 3])
+def test_cuda_graphs_accumulation_equals_the_eager_path(windows):
+    """On the device, real CUDA graphs: ``.grad`` summed over 2 and 3 windows (state carried, no dropout) equals the
+    eager path's to float32 rounding of the same kernels (1e-6), not twice the last window's."""
+    with fp32_arithmetic():
+        graphed = model().to(DEVICE)
+        graphed.cuda_graphs = True
+        got, want = accumulated(graphed, windows, DEVICE), accumulated(model().to(DEVICE), windows, DEVICE)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 @cuda_mark

@@ -14,6 +14,13 @@ overwrites. One graph per call signature (shape, dtype, mode, grad mode, which i
 :data:`MAX_GRAPHS`; a later signature (a last, shorter batch beyond them), explicit dropout masks, autocast, or a
 CPU input run the eager path, the same function (the first such signature warns). While capturing, the layers keep
 no buffers from call to call (the graph's own memory pool holds them).
+
+The backward of a graphed callable hands out its static gradient buffers (detached views of them): a parameter
+whose ``.grad`` is None would keep such a view as its gradient, which the next backward replay overwrites before
+adding to it (two backward calls before an optimizer step, as with ``--update-freq 2``, would give ``2 g_2`` instead
+of ``g_1 + g_2``; pytorch/pytorch#181723). So every gradient leaving a replay is cloned out of the buffers
+(:func:`own_gradients`). The captures are the class's ``capture_training`` and ``capture_inference``, which a test
+replaces by a stand-in that hands out static buffers in the same way.
 """
 
 import warnings
@@ -72,6 +79,14 @@ def _capture_inference(window: _Window, sample: Sequence[torch.Tensor]) -> Calla
     return replay
 
 
+def own_gradients(node) -> None:
+    """Make the gradients that autograd ``node`` (a graph replay's) passes on copies, not its static buffers."""
+    if node is not None:
+        node.register_hook(
+            lambda grad_inputs, grad_outputs: tuple(None if g is None else g.clone() for g in grad_inputs)
+        )
+
+
 class WindowGraphs:
     """The CUDA graphs of one stack, by call signature (see the module docstring). Not copied, not pickled."""
 
@@ -100,7 +115,7 @@ class WindowGraphs:
             self.graphs, self.parameters = {}, parameters
         flat = [t for pair in state for t in pair]
         grad = torch.is_grad_enabled()
-        key = (tuple(x.shape), x.dtype, x.device, lstm.training, grad, tuple(t.requires_grad for t in [x] + flat))
+        key = self.signature(lstm, x, flat)
         replay = self.graphs.get(key)
         if replay is None:
             if len(self.graphs) >= MAX_GRAPHS:
@@ -114,9 +129,16 @@ class WindowGraphs:
                 return None
             replay = self.graphs[key] = self._capture(lstm, x, flat, grad)
         outputs = replay(x, *flat)
+        own_gradients(outputs[0].grad_fn)
         out = outputs[0].clone()
         rest = [t.clone() for t in outputs[1:]]
         return out, [(rest[i], rest[i + 1]) for i in range(0, len(rest), 2)]
+
+    @staticmethod
+    def signature(lstm: nn.Module, x: torch.Tensor, flat: List[torch.Tensor]) -> tuple:
+        """What one graph serves: shape, dtype, device, mode, grad mode, which inputs require grad."""
+        requires = tuple(t.requires_grad for t in [x] + flat)
+        return (tuple(x.shape), x.dtype, x.device, lstm.training, torch.is_grad_enabled(), requires)
 
     def _capture(self, lstm: nn.Module, x: torch.Tensor, flat: List[torch.Tensor], grad: bool) -> Callable:
         window = _Window(lstm).train(lstm.training)

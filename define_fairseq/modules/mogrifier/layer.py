@@ -35,6 +35,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from define_fairseq.modules.checked_path import CheckedPath, eager_only
 from define_fairseq.modules.mogrifier.recurrence import LayerRecurrence, MogrifierLayerFunction
 from define_fairseq.modules.mogrifier.threads import Workspace
 from define_fairseq.modules.variance_scaling import variance_scaling_
@@ -116,12 +117,15 @@ class MogrifierLSTMLayer(nn.Module):
     ``nn.LSTM``; one bias vector, as the official code), and ``mogrifier[i]`` (:class:`MogrifierRound`) for
     round ``i + 1``: ``n -> m`` for odd rounds (they gate x), ``m -> n`` for even rounds (they gate h).
 
-    ``kernels`` (an attribute, not saved): ``"auto"`` runs the fast path's per-step work as Triton kernels on CUDA
-    tensors of float32, bfloat16 or float16 (the parameters' dtype) when the layer has rounds, in torch otherwise;
-    ``"triton"`` always (on a CPU only under Triton's interpreter, for tests); ``"torch"`` never.
+    ``kernels`` (an attribute, not saved; ``--mogrifier-kernels``): ``"auto"`` runs the fast path's per-step work
+    as Triton kernels on CUDA tensors of float32, bfloat16 or float16 (the parameters' dtype) when the layer has
+    rounds, each call signature checked against the torch recurrence on its first call (a failure or a difference
+    warns and runs torch from then on), in torch otherwise; ``"triton"`` always, unchecked (on a CPU only under
+    Triton's interpreter, for tests); ``"torch"`` never. ``DEFINE_FAIRSEQ_EAGER=1`` runs torch whatever it says.
     """
 
     kernels: str = "auto"
+    fused_devices = ("cuda",)  # where "auto" takes the Triton kernels (a test adds the CPU, with a stand-in)
 
     def __init__(
         self,
@@ -144,6 +148,11 @@ class MogrifierLSTMLayer(nn.Module):
         self.weight_hh = nn.Parameter(torch.empty(4 * n, n))
         self.bias = nn.Parameter(torch.empty(4 * n))
         self.workspace = Workspace()  # the fast path's buffers, reused from call to call
+        self.kernel_check = CheckedPath(
+            "the Mogrifier LSTM's Triton kernels",
+            "--mogrifier-kernels torch (MogrifierLSTMLayer.kernels = 'torch')",
+            "compiling the Mogrifier's Triton kernels, once per width and dtype",
+        )
         self.mogrifier = nn.ModuleList(
             MogrifierRound(n, input_size, rank) if i % 2 == 0 else MogrifierRound(input_size, n, rank)
             for i in range(rounds)
@@ -233,6 +242,18 @@ class MogrifierLSTMLayer(nn.Module):
             return y, (h.squeeze(0), c.squeeze(0))
         params = self.round_parameters()
         kind = self.recurrence_kind(x)
+        inputs = [x, h0, c0, state_mask]
+        if kind is LayerRecurrence or self.kernels == "triton":
+            return self._recur(kind, *inputs)
+        key = (tuple(x.shape), x.dtype, x.device, None if state_mask is None else state_mask.dim(),
+               torch.is_grad_enabled(), tuple(t.requires_grad for t in (x, h0, c0)))  # fmt: skip
+        parameters = [self.weight_ih, self.weight_hh, self.bias] + params
+        fast, eager = (lambda *a: self._recur(kind, *a)), (lambda *a: self._recur(LayerRecurrence, *a))
+        return self.kernel_check(key, fast, eager, inputs, parameters)
+
+    def _recur(self, kind: Type[LayerRecurrence], x, h0, c0, state_mask):
+        """The fast path's recurrence ``kind`` over the window (one autograd Function with its own backward)."""
+        params = self.round_parameters()
         tensors = [x, h0, c0, self.weight_ih, self.weight_hh, self.bias] + params
         inputs = (x, h0, c0, state_mask, self.weight_ih, self.weight_hh, self.bias, self.cap_input_gate, self.rank)
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
@@ -245,16 +266,22 @@ class MogrifierLSTMLayer(nn.Module):
         """The recurrence that runs ``x`` (see ``kernels``): :class:`LayerRecurrence` or the Triton kernels'."""
         if self.kernels not in KERNELS:
             raise ValueError(f"MogrifierLSTMLayer.kernels={self.kernels!r}: give one of {', '.join(KERNELS)}")
+        if eager_only():
+            return LayerRecurrence
         fused = self.kernels == "triton" or (
             self.kernels == "auto"
-            and x.is_cuda
+            and self.kernel_check.on
+            and x.device.type in self.fused_devices
             and self.rounds > 0
             and x.dtype in FUSED_DTYPES
             and x.dtype == self.weight_ih.dtype  # the kernels multiply operands of one dtype
         )
-        if not fused:
-            return LayerRecurrence
-        from define_fairseq.modules.mogrifier.fused import FusedRecurrence  # imports Triton: only where its kernels run
+        return self.fused_recurrence() if fused else LayerRecurrence
+
+    @staticmethod
+    def fused_recurrence() -> Type[LayerRecurrence]:
+        """The Triton kernels' recurrence (imports Triton: only where its kernels run; a test replaces it)."""
+        from define_fairseq.modules.mogrifier.fused import FusedRecurrence
 
         return FusedRecurrence
 

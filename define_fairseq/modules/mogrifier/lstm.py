@@ -20,6 +20,7 @@ from typing import List, Optional
 import torch
 import torch.nn as nn
 
+from define_fairseq.modules.checked_path import CheckedPath
 from define_fairseq.modules.checks import ParameterError, check_probability
 from define_fairseq.modules.mogrifier.graphs import WindowGraphs
 from define_fairseq.modules.mogrifier.layer import LSTMState, MogrifierDropoutMasks, MogrifierLSTMLayer
@@ -49,7 +50,9 @@ class MogrifierLSTM(nn.Module):
     :meth:`load_lstm_weights` / :meth:`to_lstm` copy the LSTM weights from / to an ``nn.LSTM``.
 
     ``cuda_graphs`` (an attribute, not saved; default off): a CUDA input with the masks drawn inside runs as CUDA
-    graphs, one per call signature (:class:`~define_fairseq.modules.mogrifier.graphs.WindowGraphs`).
+    graphs, one per call signature (:class:`~define_fairseq.modules.mogrifier.graphs.WindowGraphs`), each checked
+    against the eager path on its first call (:class:`~define_fairseq.modules.checked_path.CheckedPath`: on a
+    failure or a difference the stack warns and runs eagerly from then on).
     """
 
     cuda_graphs: bool = False
@@ -104,6 +107,12 @@ class MogrifierLSTM(nn.Module):
         self.shared_mask_dropout = bool(shared_mask_dropout)
         self.state_dropout_per_step = bool(state_dropout_per_step)
         self.graphs = WindowGraphs()
+        self.graph_check = CheckedPath(
+            "the Mogrifier LSTM's CUDA graphs",
+            "--mogrifier-no-cuda-graphs (MogrifierLSTM.cuda_graphs = False)",
+            "capturing the Mogrifier's windows as CUDA graphs, once per shape (the first step waits for the capture "
+            "and for the compilation of the Triton kernels)",
+        )
         self.layers = nn.ModuleList(
             MogrifierLSTMLayer(
                 input_size if i == 0 else hidden_size, hidden_size, rounds, rank, self.cap_input_gate, self.forget_bias
@@ -148,13 +157,21 @@ class MogrifierLSTM(nn.Module):
     ):
         """``x [B, T, input_size]`` -> ``(output [B, T, H], new_state)``. ``masks`` (optional) overrides the
         dropout masks, in any mode; by default they are drawn in training mode and absent in eval mode."""
-        if self.cuda_graphs and self.graphs.usable(x, masks):
+        if self.cuda_graphs and self.graph_check.on and self.graphs.usable(x, masks):
             self._check(x, state)
             if x.shape[1] > 0:
-                result = self.graphs.run(self, x, self.zero_state(x.shape[0], x) if state is None else state)
-                if result is not None:
-                    return result
+                flat = [t for pair in (self.zero_state(x.shape[0], x) if state is None else state) for t in pair]
+                key = self.graphs.signature(self, x, flat)
+                return self.graph_check(key, self._graphed, self._eager, [x, *flat], self.parameters())
         return self._run(x, state, masks, reference=False)
+
+    def _graphed(self, x, *flat):
+        """The window through its CUDA graph (the eager path where no more graphs may be captured)."""
+        state = [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
+        return self.graphs.run(self, x, state) or self._run(x, state, None, reference=False)
+
+    def _eager(self, x, *flat):
+        return self._run(x, [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)], None, reference=False)
 
     def reference_forward(
         self, x: torch.Tensor, state: Optional[List[LSTMState]] = None, masks: Optional[MogrifierDropoutMasks] = None
