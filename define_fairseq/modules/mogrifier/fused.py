@@ -15,9 +15,12 @@ Per time step and layer:
 
 Kernels compute in float32 and store in the buffers' dtype, where the torch fast path rounds; their products take
 float32 in IEEE float32, bfloat16 and float16 on the tensor cores with float32 sums (as cuBLAS); float64 runs the
-fast path in torch. Triton decides at import whether the kernels are
-compiled (CUDA tensors) or interpreted (``TRITON_INTERPRET=1`` set before the import: CPU tensors, for tests).
+fast path in torch. A rank wider than the widest block of it that fits the device's shared memory is taken in
+chunks (:func:`rank_block`): every rank launches. Triton decides at import whether the kernels are compiled (CUDA
+tensors) or interpreted (``TRITON_INTERPRET=1`` set before the import: CPU tensors, for tests).
 """
+
+import functools
 
 import torch
 
@@ -37,6 +40,8 @@ from define_fairseq.modules.mogrifier.threads import Threads
 
 BLOCK_ROWS = 16  # rows (batch) per program; tl.dot needs at least 16 in every dimension
 BLOCK_COLS = 64  # output columns per program, and the width of every inner-dimension chunk
+# KB of shared memory a block may opt in to, by compute capability, where torch cannot say (above: OutOfResources)
+SHARED_KB = {(7, 0): 96, (7, 5): 64, (8, 0): 163, (8, 6): 99, (8, 7): 163, (8, 9): 99, (9, 0): 227, (10, 0): 227}
 
 
 @triton.jit
@@ -51,34 +56,46 @@ def _dot(a, b, F32: tl.constexpr):
 
 
 @triton.jit
+def _forward_chunk(
+    cond_ptr, cond_stride, right_ptr, left_ptr, u_ptr, u_stride, rows, row_ok, cols, col_ok, k0, IN: tl.constexpr,
+    K: tl.constexpr, F32: tl.constexpr, BB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+):  # fmt: skip
+    # columns k0 .. k0 + BK of u = cond @ right^T [BB, K] (stored, rounded as the weight gradient reads it, by the
+    # first column of programs) and their part of a = u @ left^T
+    ks = k0 + tl.arange(0, BK)
+    u = tl.full((BB, BK), 0.0, tl.float32)
+    for start in range(0, IN, BN):
+        i = start + tl.arange(0, BN)
+        c = tl.load(cond_ptr + rows[:, None] * cond_stride + i[None, :], (row_ok[:, None]) & (i[None, :] < IN), 0.0)
+        r = tl.load(right_ptr + ks[None, :] * IN + i[:, None], (i[:, None] < IN) & (ks[None, :] < K), 0.0)
+        u += _dot(c, r, F32)
+    u = u.to(u_ptr.dtype.element_ty)
+    if tl.program_id(1) == 0:
+        tl.store(u_ptr + rows[:, None] * u_stride + ks[None, :], u, row_ok[:, None] & (ks[None, :] < K))
+    left = tl.load(left_ptr + cols[None, :] * K + ks[:, None], (ks[:, None] < K) & col_ok[None, :], 0.0)
+    return _dot(u, left, F32)
+
+
+@triton.jit
 def _round_forward_kernel(
     cond_ptr, cond_stride, right_ptr, left_ptr, bias_ptr, v_ptr, v_stride, out_ptr, out_stride, th_ptr, u_ptr,
-    u_stride, B, IN: tl.constexpr, OUT: tl.constexpr, K, LOW_RANK: tl.constexpr, F32: tl.constexpr,
+    u_stride, B, IN: tl.constexpr, OUT: tl.constexpr, K: tl.constexpr, LOW_RANK: tl.constexpr, F32: tl.constexpr,
     BB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
 ):  # fmt: skip
-    # IN and OUT are a model's fixed widths, compile-time constants: one compilation per model, and the interpreter
-    # (TRITON_INTERPRET=1) cannot take a runtime integer as a loop bound under numpy 2.4 or newer
+    # IN, OUT and K are a model's fixed widths and rank, compile-time constants: one compilation per model, and the
+    # interpreter (TRITON_INTERPRET=1) cannot take a runtime integer as a loop bound under numpy 2.4 or newer
     rows = tl.program_id(0) * BB + tl.arange(0, BB)
     cols = tl.program_id(1) * BN + tl.arange(0, BN)
     row_ok, col_ok = rows < B, cols < OUT
-    inner = tl.arange(0, BN)
-    if LOW_RANK:  # u = cond @ right^T [BB, K], then a = u @ left^T
-        ks = tl.arange(0, BK)
-        u = tl.full((BB, BK), 0.0, tl.float32)
-        for start in range(0, IN, BN):
-            i = start + inner
-            c = tl.load(cond_ptr + rows[:, None] * cond_stride + i[None, :], (row_ok[:, None]) & (i[None, :] < IN), 0.0)
-            r = tl.load(right_ptr + ks[None, :] * IN + i[:, None], (i[:, None] < IN) & (ks[None, :] < K), 0.0)
-            u += _dot(c, r, F32)
-        u = u.to(u_ptr.dtype.element_ty)  # rounded as the buffer that the weight gradient reads
-        if tl.program_id(1) == 0:
-            tl.store(u_ptr + rows[:, None] * u_stride + ks[None, :], u, row_ok[:, None] & (ks[None, :] < K))
-        left = tl.load(left_ptr + cols[None, :] * K + ks[:, None], (ks[:, None] < K) & col_ok[None, :], 0.0)
-        a = _dot(u, left, F32)
+    if LOW_RANK:  # u = cond @ right^T [BB, K], then a = u @ left^T, over the rank in chunks of BK
+        args = (cond_ptr, cond_stride, right_ptr, left_ptr, u_ptr, u_stride, rows, row_ok, cols, col_ok)
+        a = _forward_chunk(*args, 0, IN, K, F32, BB, BN, BK)
+        for k0 in range(BK, K, BK):  # none unless the rank is wider than the block that fits in shared memory
+            a += _forward_chunk(*args, k0, IN, K, F32, BB, BN, BK)
     else:  # a = cond @ weight^T, weight [OUT, IN] at left_ptr
         a = tl.full((BB, BN), 0.0, tl.float32)
         for start in range(0, IN, BN):
-            i = start + inner
+            i = start + tl.arange(0, BN)
             c = tl.load(cond_ptr + rows[:, None] * cond_stride + i[None, :], (row_ok[:, None]) & (i[None, :] < IN), 0.0)
             w = tl.load(left_ptr + cols[None, :] * IN + i[:, None], (i[:, None] < IN) & col_ok[None, :], 0.0)
             a += _dot(c, w, F32)
@@ -91,42 +108,67 @@ def _round_forward_kernel(
 
 
 @triton.jit
+def _dhalf(
+    d_ptr, d_stride, th_ptr, v_ptr, v_stride, dhalf_ptr, d_old_ptr, d_old_stride, rows, row_ok, o, first,
+    OUT: tl.constexpr, STORE: tl.constexpr,
+):  # fmt: skip
+    # d(a / 2) = d_out v (1 - th^2) of the columns o (with STORE the first column of programs also stores it and
+    # d_v = d_out (1 + th) into d_old, never into d itself, which the others read)
+    ok = row_ok[:, None] & (o[None, :] < OUT)
+    d = tl.load(d_ptr + rows[:, None] * d_stride + o[None, :], ok, 0.0).to(tl.float32)
+    th = tl.load(th_ptr + rows[:, None] * OUT + o[None, :], ok, 0.0).to(tl.float32)
+    v = tl.load(v_ptr + rows[:, None] * v_stride + o[None, :], ok, 0.0).to(tl.float32)
+    dh = (d * v * (1.0 - th * th)).to(dhalf_ptr.dtype.element_ty)  # rounded as the stored d(a / 2)
+    if STORE:
+        tl.store(dhalf_ptr + rows[:, None] * OUT + o[None, :], dh, ok & first)
+        tl.store(d_old_ptr + rows[:, None] * d_old_stride + o[None, :], d + d * th, ok & first)
+    return dh
+
+
+@triton.jit
+def _backward_chunk(
+    dargs, left_ptr, right_ptr, low_ptr, low_stride, rows, row_ok, cols, col_ok, first, k0, IN: tl.constexpr,
+    OUT: tl.constexpr, K: tl.constexpr, F32: tl.constexpr, BB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    STORE: tl.constexpr,
+):  # fmt: skip
+    # columns k0 .. k0 + BK of low = d(a / 2) @ left (stored for right's gradient) and their part of low @ right
+    ks = k0 + tl.arange(0, BK)
+    low = tl.full((BB, BK), 0.0, tl.float32)
+    for start in range(0, OUT, BN):
+        o = start + tl.arange(0, BN)
+        dh = _dhalf(*dargs, rows, row_ok, o, first, OUT, STORE)
+        left = tl.load(left_ptr + o[:, None] * K + ks[None, :], (o[:, None] < OUT) & (ks[None, :] < K), 0.0)
+        low += _dot(dh, left, F32)
+    low = low.to(low_ptr.dtype.element_ty)
+    tl.store(low_ptr + rows[:, None] * low_stride + ks[None, :], low, row_ok[:, None] & (ks[None, :] < K) & first)
+    right = tl.load(right_ptr + ks[:, None] * IN + cols[None, :], (ks[:, None] < K) & col_ok[None, :], 0.0)
+    return _dot(low, right, F32)
+
+
+@triton.jit
 def _round_backward_kernel(
     d_ptr, d_stride, th_ptr, v_ptr, v_stride, dhalf_ptr, d_old_ptr, d_old_stride, left_ptr, right_ptr, low_ptr,
-    low_stride, dcond_ptr, dcond_stride, B, IN: tl.constexpr, OUT: tl.constexpr, K, LOW_RANK: tl.constexpr,
-    F32: tl.constexpr, BB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    low_stride, dcond_ptr, dcond_stride, B, IN: tl.constexpr, OUT: tl.constexpr, K: tl.constexpr,
+    LOW_RANK: tl.constexpr, F32: tl.constexpr, BB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
 ):  # fmt: skip
-    # Each program: its rows' d(a / 2) = d_out v (1 - th^2) over all OUT columns (the first column of programs also
-    # stores it and d_v = d_out (1 + th) into d_old, never d itself, which the others read), then its block of
-    # d_cond += d(a / 2) @ Q / 2, Q = left @ right (low rank: d(a / 2) @ left, stored for right's gradient) or weight
+    # Each program: its rows' d(a / 2) (_dhalf), then its block of d_cond += d(a / 2) Q / 2 (Q: left @ right or weight)
     rows = tl.program_id(0) * BB + tl.arange(0, BB)
     cols = tl.program_id(1) * BN + tl.arange(0, BN)  # columns of cond
     row_ok, col_ok = rows < B, cols < IN
     first = tl.program_id(1) == 0
-    inner = tl.arange(0, BN)
-    ks = tl.arange(0, BK)
-    low = tl.full((BB, BK), 0.0, tl.float32)
-    acc = tl.full((BB, BN), 0.0, tl.float32)
-    for start in range(0, OUT, BN):
-        o = start + inner
-        ok = row_ok[:, None] & (o[None, :] < OUT)
-        d = tl.load(d_ptr + rows[:, None] * d_stride + o[None, :], ok, 0.0).to(tl.float32)
-        th = tl.load(th_ptr + rows[:, None] * OUT + o[None, :], ok, 0.0).to(tl.float32)
-        v = tl.load(v_ptr + rows[:, None] * v_stride + o[None, :], ok, 0.0).to(tl.float32)
-        dh = (d * v * (1.0 - th * th)).to(dhalf_ptr.dtype.element_ty)  # rounded as the stored d(a / 2)
-        tl.store(dhalf_ptr + rows[:, None] * OUT + o[None, :], dh, ok & first)
-        tl.store(d_old_ptr + rows[:, None] * d_old_stride + o[None, :], d + d * th, ok & first)
-        if LOW_RANK:
-            left = tl.load(left_ptr + o[:, None] * K + ks[None, :], (o[:, None] < OUT) & (ks[None, :] < K), 0.0)
-            low += _dot(dh, left, F32)
-        else:
+    dargs = (d_ptr, d_stride, th_ptr, v_ptr, v_stride, dhalf_ptr, d_old_ptr, d_old_stride)
+    if LOW_RANK:
+        args = (dargs, left_ptr, right_ptr, low_ptr, low_stride, rows, row_ok, cols, col_ok, first)
+        acc = _backward_chunk(*args, 0, IN, OUT, K, F32, BB, BN, BK, True)
+        for k0 in range(BK, K, BK):  # none unless the rank is wider than the block (d(a / 2) recomputed for each)
+            acc += _backward_chunk(*args, k0, IN, OUT, K, F32, BB, BN, BK, False)
+    else:
+        acc = tl.full((BB, BN), 0.0, tl.float32)
+        for start in range(0, OUT, BN):
+            o = start + tl.arange(0, BN)
+            dh = _dhalf(*dargs, rows, row_ok, o, first, OUT, True)
             w = tl.load(left_ptr + o[:, None] * IN + cols[None, :], (o[:, None] < OUT) & col_ok[None, :], 0.0)
             acc += _dot(dh, w, F32)
-    if LOW_RANK:
-        low = low.to(low_ptr.dtype.element_ty)
-        tl.store(low_ptr + rows[:, None] * low_stride + ks[None, :], low, row_ok[:, None] & (ks[None, :] < K) & first)
-        right = tl.load(right_ptr + ks[:, None] * IN + cols[None, :], (ks[:, None] < K) & col_ok[None, :], 0.0)
-        acc = _dot(low, right, F32)
     ok = row_ok[:, None] & col_ok[None, :]
     target = dcond_ptr + rows[:, None] * dcond_stride + cols[None, :]
     tl.store(target, tl.load(target, ok, 0.0).to(tl.float32) + 0.5 * acc, ok)
@@ -194,6 +236,38 @@ def _cell_backward_kernel(
     mt._store_gate_gradients(dg_ptr, dc_ptr, offs, mask, gate, n, i, f, j, o, i_used, c_prev, tanh_c, dh, dc, CAP)
 
 
+@functools.lru_cache(maxsize=None)
+def shared_memory_limit(device: torch.device) -> int:
+    """The bytes of shared memory one block of a kernel may use on ``device``: sm_90's for the interpreter, 48 KB
+    (what every CUDA device gives) for a device that neither torch nor ``SHARED_KB`` knows."""
+    if device.type != "cuda":
+        return SHARED_KB[(9, 0)] << 10
+    props = torch.cuda.get_device_properties(device)
+    return getattr(props, "shared_memory_per_block_optin", 0) or SHARED_KB.get((props.major, props.minor), 48) << 10
+
+
+def round_shared_memory(backward: bool, element_size: int, block_k: int) -> int:
+    """At most the bytes of shared memory Triton 3.6 gives a low-rank round kernel with rank chunks ``block_k`` wide
+    (sm_80, sm_90, any widths, 4 warps, 3 stages; test_mogrifier_fused_compile.py checks it): the ``[BB, BK]`` and
+    ``[BK, BN]`` tiles of the product over the rank, and the tiles that the loop over the widths loads."""
+    bb, bn = BLOCK_ROWS, BLOCK_COLS
+    tiles = element_size * block_k * (bb + bn)
+    if element_size == 4:  # IEEE float32 products: every operand through shared memory, no loads in flight
+        return tiles + 4 * (block_k * bn + (6 if backward else 2) * bb * bn)
+    # 16 bits: the loop's loads (with the backward's three [BB, BN]) in flight in two buffers (cp.async, 3 stages)
+    return max(tiles, 2 * element_size * (block_k * bn + (3 if backward else 1) * bb * bn))
+
+
+def rank_block(rank: int, dtype: torch.dtype, limit: int, backward: bool) -> int:
+    """``BK``, the width of a round kernel's chunks of the rank: its next power of two (one chunk, the kernel as
+    before) where the kernel then fits ``limit`` bytes of shared memory, else the widest power of two that fits
+    (the same products; the sum over the rank in chunks rounds differently), at least 16 (which fits any device)."""
+    block = max(16, triton.next_power_of_2(max(rank, 1)))
+    while block > 16 and round_shared_memory(backward, torch.finfo(dtype).bits // 8, block) > limit:
+        block //= 2
+    return block
+
+
 def check_inputs(x: torch.Tensor) -> None:
     """Raises unless the kernels can take ``x``'s dtype and device."""
     if x.dtype not in FUSED_DTYPES:
@@ -221,7 +295,8 @@ class FusedRecurrence(LayerRecurrence):
         if self.r == 0:
             raise ValueError("FusedRecurrence runs layers with rounds >= 1 (rounds = 0 is an LSTM: the fast path)")
         self.params = [tuple(p.contiguous() for p in params) for params in self.rounds]
-        self.block_k = max(16, triton.next_power_of_2(max(self.rank, 1)))
+        limit = shared_memory_limit(x.device)  # blocks as wide as fit: every rank launches on every device
+        self.block_k = [rank_block(self.rank, x.dtype, limit, backward) for backward in (False, True)]
         self.f32 = x.dtype == torch.float32 or mt.INTERPRETED  # products in float32 (see _dot)
 
     def _grid(self, width: int):
@@ -248,7 +323,7 @@ class FusedRecurrence(LayerRecurrence):
             _round_forward_kernel[self._grid(width)](
                 cond, cond.stride(0), right, left, params[-1], gated, gated.stride(0), out, out.stride(0), th, u,
                 u.stride(0), self.B, inner, width, rank, LOW_RANK=rank > 0, F32=self.f32, BB=BLOCK_ROWS,
-                BN=BLOCK_COLS, BK=self.block_k,
+                BN=BLOCK_COLS, BK=self.block_k[0],
             )  # fmt: skip
             if i % 2 == 0:
                 xv = out
@@ -305,7 +380,7 @@ class FusedRecurrence(LayerRecurrence):
             _round_backward_kernel[self._grid(inner)](
                 d_new, d_new.stride(0), self.tanhs[i][t], gated, gated.stride(0), dhalf, d_old, d_old.stride(0), left,
                 right, low, low.stride(0), d_cond, d_cond.stride(0), B, inner, width, rank, LOW_RANK=rank > 0,
-                F32=self.f32, BB=BLOCK_ROWS, BN=BLOCK_COLS, BK=self.block_k,
+                F32=self.f32, BB=BLOCK_ROWS, BN=BLOCK_COLS, BK=self.block_k[1],
             )  # fmt: skip
             chains[is_x] = d_old
         self.d_state = chains[False]
