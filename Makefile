@@ -105,23 +105,30 @@ GPU_IMAGE_HAS := click cloudpickle colorama contourpy cycler cython execnet font
 # triton (requirements-dev.txt: its CPU interpreter runs the Triton kernels' tests) is left out too: a CUDA torch
 # brings its own, and without it those tests skip.
 WHEELHOUSE_SKIP ?= torch triton $(if $(filter 3.12,$(PY)),$(GPU_IMAGE_HAS))
+# Requirements the GPU node does not run, left out of its wheelhouse (PY=3.12) with whatever only they need: ruff
+# (`make lint`, 10 MB) and transformers (a test dependency of the CPU suite; the GPU image has its own).
+NODE_UNUSED := ruff transformers
+NODE_UNUSED_RE := $(subst $(eval) ,|,$(strip $(NODE_UNUSED)))
+WHEELHOUSE_REQUIREMENTS = $(if $(filter 3.12,$(PY)),$(WHEELHOUSE)/.build/requirements.txt,$(REQUIREMENTS))
 # What install-offline installs by name (a version already there is kept): build tools, then $(REQUIREMENTS).
 OFFLINE_BASE := "$(SETUPTOOLS)" numpy cython
 PLATFORMS := $(foreach p,manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 \
   manylinux_2_5_x86_64 manylinux1_x86_64,--platform $(p))
 FOR_TARGET = --python-version $(PY) --implementation cp $(PLATFORMS) --only-binary :all:
-# The GPU node's wheelhouse stays under 40 MB (24 MB); one for an environment that has only torch also carries
+# The GPU node's wheelhouse stays under 25 MB (14 MB); one for an environment that has only torch also carries
 # numpy, scipy and scikit-learn (fairseq imports them on start-up) and matplotlib (the compare scripts' plots): 122 MB.
-WHEELHOUSE_MAX_MB ?= $(if $(filter 3.12,$(PY)),40,140)
+WHEELHOUSE_MAX_MB ?= $(if $(filter 3.12,$(PY)),25,140)
 
 # Runs pip from .venv (fairseq's sdist metadata imports torch); antlr4-python3-runtime (hydra-core's) has no
 # wheel on the registry: it is pure Python, and its wheel is built here.
 wheelhouse: install
 	rm -rf $(WHEELHOUSE) && mkdir -p $(WHEELHOUSE)/.build
 	$(PIP) wheel --no-deps -w $(WHEELHOUSE) antlr4-python3-runtime==4.9.3
+	$(if $(filter 3.12,$(PY)),grep -hviE '^($(NODE_UNUSED_RE))([^a-z0-9._-]|$$)' $(REQUIREMENTS) \
+	  >$(WHEELHOUSE)/.build/requirements.txt)
 	$(PIP) install $(FOR_TARGET) --dry-run --target $(WHEELHOUSE)/.build/target --ignore-installed --quiet \
 	  --find-links $(WHEELHOUSE) \
-	  --report $(WHEELHOUSE)/.build/report.json "$(SETUPTOOLS)" "$(NUMPY)" $(CYTHON) $(REQUIREMENTS:%=-r %)
+	  --report $(WHEELHOUSE)/.build/report.json "$(SETUPTOOLS)" "$(NUMPY)" $(CYTHON) $(WHEELHOUSE_REQUIREMENTS:%=-r %)
 	$(VENV_PY) -c 'import json, re, sys; skip = {re.sub("[-_.]+", "-", n).lower() for n in sys.argv[2:]}; \
 	  wanted = [(i["metadata"]["name"], i["metadata"]["version"]) for i in json.load(open(sys.argv[1]))["install"]]; \
 	  print("\n".join(f"{n}=={v}" for n, v in wanted if re.sub("[-_.]+", "-", n).lower() not in skip))' \
@@ -148,6 +155,8 @@ wheelhouse: install
 OFFLINE_ENV := env -u PIP_INDEX_URL -u PIP_EXTRA_INDEX_URL -u PIP_FIND_LINKS -u PIP_NO_INDEX -u PIP_CONSTRAINT \
   -u PIP_REQUIREMENT PIP_CONFIG_FILE=/dev/null
 FAIRSEQ_SDIST = $(firstword $(wildcard $(WHEELHOUSE)/fairseq_fixed-*.tar.gz))
+# from a wheelhouse: the requirements of NODE_UNUSED that it has no wheel of (one made for PY=3.12) are not installed
+OFFLINE_LEAVE_OUT = $(if $(FAIRSEQ_SDIST),$(foreach n,$(NODE_UNUSED),$(if $(wildcard $(WHEELHOUSE)/$(n)-*.whl),,-e $(n))))
 ENV_PIP = $(if $(FAIRSEQ_SDIST),$(OFFLINE_ENV)) $(PYTHON) -m pip --disable-pip-version-check install \
   $(if $(FAIRSEQ_SDIST),--no-index --find-links $(abspath $(WHEELHOUSE)))
 
@@ -164,7 +173,7 @@ install-env:
 	$(ENV_PIP) $(OFFLINE_BASE)
 	@$(PYTHON) -m pip show fairseq-fixed >/dev/null 2>&1 || { echo "==> compiling $(FAIRSEQ)"; \
 	  env -u CUDA_HOME $(ENV_PIP) --no-cache-dir --no-build-isolation --no-deps $(or $(FAIRSEQ_SDIST),$(FAIRSEQ)); }
-	$(ENV_PIP) $$(sed -e 's/#.*//' -e 's/[=<>!~;].*//' $(REQUIREMENTS))
+	$(ENV_PIP) $$(sed -e 's/#.*//' -e 's/[=<>!~;].*//' $(REQUIREMENTS) | grep -vix $(or $(OFFLINE_LEAVE_OUT),-e ''))
 	$(ENV_PIP) --no-build-isolation --no-deps --use-pep517 -e .
 	@prefix=$$($(PYTHON) -c 'import sys; print(sys.prefix)'); touch $$prefix/.installed; \
 	  $(PYTHON) -c 'import torch, numpy, fairseq; print("$@: torch", torch.__version__, "numpy", \

@@ -5,26 +5,32 @@ each benchmark's own tables follow in the same file (default ``benchmarks/result
 
 A missed target does not stop the run; a benchmark that raises is reported in the table and the others still run
 (exit status 1 when something raised, 0 otherwise). ``--device cpu --quick`` checks the whole report on a CPU.
+
+:class:`Round` is the report of ``make gpu-round`` (``benchmarks/gpu_round.py`` runs its items, each in its own
+process): its rows as records, its Markdown report and the summary that the round prints last.
 """
 
 import argparse
 import gc
 import importlib
+import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import time
 import traceback
+from typing import Optional, Sequence
 
 import numpy
 import torch
 
 from benchmarks.common import RESULTS_DIR, error_text, slug, table, write_result
-from benchmarks.records import json_path, of_checks, write
-from benchmarks.targets import revision, show, show_target
+from benchmarks.records import FIELDS, ROUND_FIELDS, json_path, of_checks, parse_figures, write
+from benchmarks.targets import GOALS, revision, show, show_target
 
 # (benchmark, its options): each a few tens of seconds on one H100 (the Mogrifier's torch.compile about a minute)
 RUNS = (
@@ -145,6 +151,161 @@ def environment(cuda: bool) -> str:
         f"{props.name} ({props.total_memory / 2**30:.0f} GiB, compute capability {props.major}.{props.minor}), "
         f"{driver}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}, " + text
     )
+
+
+# ---- make gpu-round's report: benchmarks/gpu_round.py runs the items (each with a key, a limit, its argv, its extra
+# environment and, for a pytest item, what it checks) and hands each one's output to a Round
+SUMMARY_CHARS = 11000  # the summary printed last fits in the 12,000 characters of output that a GPU loan returns
+CELL_CHARS = 160  # a result in the summary, cut to this; the report holds it whole
+
+
+def verdict(met) -> str:
+    return "n/a" if met is None else "PASS" if met else "FAIL"
+
+
+def is_tests(item) -> bool:
+    """Whether ``item`` runs pytest (one row: pytest's summary) rather than a benchmark (a row per figure)."""
+    return "pytest" in item.argv
+
+
+def failure(text: str, rc: int, limit: float, missing: str = "figure") -> str:
+    """Why an item failed, for its row: a timeout, else the last error line of its output."""
+    lines = [line.strip() for line in text.splitlines() if re.search(r"Error|error:|Exception|Killed", line)]
+    why = lines[-1][:200].replace("|", "/") if lines else f"no {missing} printed (exit status {rc})"
+    return f"timed out after {limit:.0f} s; {why}" if rc == 124 else f"failed (exit status {rc}): {why}"
+
+
+def command_of(item) -> str:
+    """``item``'s command as a user types it in the repository: its environment settings, then ``python ...``; the
+    ``--out`` that the round adds (where its log folder keeps the item's results file) left out."""
+    argv = item.argv[1:]
+    if "--out" in argv[:-1]:
+        at = argv.index("--out")
+        argv = argv[:at] + argv[at + 2 :]
+    return shlex.join([f"{k}={v}" for k, v in item.env.items()] + ["python"] + argv)
+
+
+def benchmark_of(item) -> Optional[str]:
+    """The benchmark module an item runs (``train_speed``), or None for a pytest item."""
+    module = next((a for a in item.argv if a.startswith("benchmarks.")), None)
+    return module and module.split(".", 1)[1]
+
+
+def cut(text: str, chars: int = CELL_CHARS) -> str:
+    text = str(text).replace("|", "/").replace("\n", " ")
+    return text if len(text) <= chars else text[: chars - 3] + "..."
+
+
+class Round:
+    """The rows so far (records: :data:`benchmarks.records.FIELDS` and ``ROUND_FIELDS``), rewritten to ``md`` and
+    the ``.json`` beside it after each item, and their summary (:meth:`summary`), which the round prints last."""
+
+    def __init__(self, md: str, context: dict, header: Sequence[str], budget: Optional[float] = None):
+        self.md, self.json = md, md[: -len(".md")] + ".json"
+        self.context, self.header, self.rows, self.sections = context, list(header), [], []
+        self.report = f"results/{os.path.basename(md)}"
+        self.budget, self.limits = budget, {}
+
+    def row(self, item, record: Optional[dict] = None, **fields) -> dict:
+        """A record of this round: ``record`` (a benchmark's, else one with no figure) with the round's revision,
+        machine, report and ``item``'s command, then ``fields``."""
+        out = {k: None for k in FIELDS + ROUND_FIELDS}
+        out.update(record or {}, item=item.key, command=command_of(item))
+        out["benchmark"] = out["benchmark"] or benchmark_of(item)
+        out.update(revision=self.context["revision"], machine=self.context["machine"], report=self.report)
+        out.update(origin="run", **fields)
+        return out
+
+    def add_item(self, item, rc: int, seconds: float, limit: float, text: str, results: Optional[str]):
+        self.limits[item.key] = limit
+        ran = dict(rc=rc, seconds=round(seconds, 1))
+        if is_tests(item):
+            summary = [line.strip("= ") for line in text.splitlines() if re.search(r"\d+ \w+.* in [\d.]+s\b", line)]
+            if summary and rc in (0, 1):
+                failed = [line.split(" ", 1)[1].split(" - ", 1)[0] for line in text.splitlines()
+                          if line.startswith(("FAILED ", "ERROR "))]  # fmt: skip
+                what = item.what + (f"; failed: {', '.join(failed)}" if failed else "")
+                self.rows.append(self.row(item, what=cut(what, 2000), status=summary[-1], met=rc == 0, **ran))
+                return self.write()
+        figures = parse_figures(text)
+        self.rows += [self.row(item, record, status="measured", **ran) for record in figures]
+        if rc != 0 or not figures:
+            why = failure(text, rc, limit, "test summary" if is_tests(item) else "figure")
+            self.rows.append(self.row(item, what=why, status="failed", met=False, **ran))
+        if results and os.path.exists(results):
+            with open(results) as f:
+                self.sections.append(f"### {item.key}\n\n" + re.sub(r"^#", "###", f.read(), flags=re.M))
+        self.write()
+
+    def skip(self, item, why: str):
+        """A row for an item, or the files of one, that did not run: ``why``."""
+        self.rows.append(self.row(item, what=why, status="skipped"))
+        self.write()
+
+    def write(self):
+        with open(self.json, "w") as f:
+            f.write(json.dumps(self.rows, indent=1, sort_keys=True) + "\n")
+        with open(self.md, "w") as f:
+            f.write(self.markdown())
+
+    def goals(self) -> list:
+        """The table of each goal's best row."""
+        out = ["| goal | target | best figure | met | row |", "|---|---|---|---|---|"]
+        for key, goal in GOALS.items():
+            rows = [r for r in self.rows if r["goal"] == key and r["value"] is not None]
+            if not rows:
+                out.append(f"| {goal.what} | | not measured | n/a | |")
+                continue
+            best = (min if goal.at_most else max)(rows, key=lambda r: r["value"])
+            target = show_target(best["target"], goal.unit, goal.at_most)
+            out.append(
+                f"| {goal.what} | {target} | {show(best['value'], goal.unit)} | {verdict(best['met'])} | "
+                f"{best['item']}: {best['what']} |"
+            )
+        return out
+
+    def markdown(self) -> str:
+        c = self.context
+        out = [f"# GPU round at {c['revision']} on {c['machine']}", ""] + [f"- {h}" for h in self.header] + [""]
+        out += ["## Goals (the best row of each)", ""] + self.goals()
+        columns = ["item", "figure", "measured", "target", "met", "goal", "ratio", "precision", "batch", "rc", "s"]
+        out += ["", "## Rows", "", "| " + " | ".join(columns + ["revision", "GPU", "command"]) + " |"]
+        out.append("|" + "---|" * (len(columns) + 3))
+        for r in self.rows:
+            measured = show(r["value"], r["unit"]) if r["value"] is not None else r["status"]
+            target = show_target(r["target"], r["unit"], r["at_most"]) if r["target"] is not None else ""
+            cells = [r["item"], r["what"], measured, target, verdict(r["met"]), r["goal"], r["ratio_method"]]
+            cells += [r["precision"], r["batch"], r["rc"], r["seconds"], r["revision"], r["machine"]]
+            out.append("| " + " | ".join("" if x is None else str(x).replace("|", "/") for x in cells)
+                       + f" | `{r['command']}` |")  # fmt: skip
+        return "\n".join(out + [""] + self.sections) + "\n"
+
+    def summary(self, seconds: float, files: Sequence[str] = ()) -> str:
+        """The goals and one line per item (its limit, seconds, exit status and result), at most
+        ``SUMMARY_CHARS`` characters: what the round prints last, for a loan that returns only its output's tail."""
+        c, budget = self.context, f" of {self.budget:.0f}" if self.budget else ""
+        out = [f"## GPU round at {c['revision']} on {c['machine']}: {seconds:.0f} s{budget}"]
+        out += [f"- {cut(h, 600)}" for h in self.header[1:2]] + ([f"- Files: {', '.join(files)}"] if files else [])
+        out += ["", *self.goals(), "", "| item | limit s | s | rc | result |", "|---|---|---|---|---|"]
+        for key in dict.fromkeys(r["item"] for r in self.rows):
+            rows = [r for r in self.rows if r["item"] == key]
+            out.append(f"| {key} | {self.limits.get(key, '')} | {rows[-1]['seconds'] or ''} | "
+                       f"{'' if rows[-1]['rc'] is None else rows[-1]['rc']} | {cut(result(rows))} |")  # fmt: skip
+        text = "\n".join(out) + "\n"
+        return text if len(text) <= SUMMARY_CHARS else text[: SUMMARY_CHARS - 40] + "\n(cut: the report has it all)\n"
+
+
+def result(rows: Sequence[dict]) -> str:
+    """One item's rows in a few words: pytest's summary and its failures, or its figures and the goals among them;
+    then why it failed or what of it did not run."""
+    figures = [r for r in rows if r["status"] == "measured"]
+    parts = [f"{len(figures)} figures"] if figures else []
+    parts += [f"{r['goal']} {show(r['value'], r['unit'])} {verdict(r['met'])}" for r in figures if r["goal"]]
+    for r in rows:
+        if r["status"] not in ("measured", "failed", "skipped"):  # pytest's summary
+            failed = r["what"].partition("; failed: ")[2]
+            parts.append(f"{verdict(r['met'])}: {r['status']}" + (f"; failed: {failed}" if failed else ""))
+    return "; ".join(parts + [r["what"] for r in rows if r["status"] in ("failed", "skipped")])
 
 
 if __name__ == "__main__":

@@ -1,21 +1,24 @@
 """``benchmarks/gpu_round.py`` (``make gpu-round``) on a CPU: each item in its own process under its own limit, a
 failing or hanging item losing only itself, the report rewritten after each item with the revision, the command and
 the figure beside the goal's target (or a failure row) in every row, the same rows as the records every benchmark
-writes (``benchmarks.records``), which the records and the pages read like any other report's; and a real
-benchmark in quick mode in a process that cannot load fairseq's compiled extensions, as on a GPU node where
-fairseq's sources are on PYTHONPATH unbuilt."""
+writes (``benchmarks.records``), which the records and the pages read like any other report's; the plan's order,
+limits and CUDA test files; a whole round in quick mode writing what a GPU loan returns (at most 8 files, two
+folders deep at most, the summary last in its output); and a real benchmark in quick mode in a process that cannot
+load fairseq's compiled extensions, as on a GPU node where fairseq's sources are on PYTHONPATH unbuilt."""
 
+import glob
 import json
 import os
 import re
 import subprocess
 import sys
+import tarfile
 import time
 
 import pytest
 from conftest import REPO
 
-from benchmarks import gpu_round, pages, records
+from benchmarks import gpu_report, gpu_round, pages, records
 from benchmarks.targets import GOALS, RATIO_METHOD
 
 PY = sys.executable
@@ -124,7 +127,7 @@ def test_the_round_in_quick_mode_without_fairseqs_compiled_extensions(tmp_path):
     (blocker / "sitecustomize.py").write_text(BLOCK_EXTENSIONS)
     proc = subprocess.run(
         [PY, "-m", "benchmarks.gpu_round", "--device", "cpu", "--quick", "--only", "train_4k",
-         "--logs", str(tmp_path / "logs"), "--budget", "200"],
+         "--logs", str(tmp_path / "logs"), "--out-dir", str(tmp_path / "logs"), "--budget", "200"],
         cwd=REPO, env=dict(os.environ, PYTHONPATH=str(blocker)), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -142,9 +145,109 @@ def test_the_round_in_quick_mode_without_fairseqs_compiled_extensions(tmp_path):
 def test_the_cuda_tests_row_is_pytests_summary(tmp_path):
     report = gpu_round.Round(str(tmp_path / "r.md"), dict(revision="r", machine="GPU", device="cuda"), [])
     (tests,) = [i for i in gpu_round.items("cuda", quick=False) if i.key == "cuda_tests"]
-    report.add_item(tests, 1, 40.0, 120, "..F.\n=== 1 failed, 6 passed, 2 skipped in 39.1s ===\n", None)
+    failed = "FAILED tests/gpu/test_cuda_training.py::test_training_steps_equal_the_cpu[gcnn] - AssertionError: x"
+    text = f"..F.\n{failed}\n=== 1 failed, 6 passed, 2 skipped in 39.1s ===\n"
+    report.add_item(tests, 1, 40.0, 120, text, None)
     report.add_item(tests, 124, 120.0, 120, "..\n", None)
     (ran, hung) = report.rows
     assert (ran["status"], ran["met"], ran["benchmark"]) == ("1 failed, 6 passed, 2 skipped in 39.1s", False, None)
+    assert ran["what"].endswith("; failed: tests/gpu/test_cuda_training.py::test_training_steps_equal_the_cpu[gcnn]")
     assert ran["command"].startswith("DEFINE_FAIRSEQ_CUDA_TESTS=gpu python -m pytest")
     assert hung["status"] == "failed" and hung["what"].startswith("timed out after 120 s")
+    assert "| cuda_tests | 120 | 120.0 | 124 | FAIL: 1 failed, 6 passed" in report.summary(200.0)
+
+
+def test_the_plan_runs_the_tests_then_the_eager_goals_then_the_graphs_then_the_compiled_items():
+    plan = gpu_round.items("cuda", quick=False)
+    assert [i.key for i in plan] == [
+        "triton_cuda", "cuda_tests", "accumulation",
+        "mogrifier", "train_4k", "train_26k", "txl_base", "txl_table2", "group_linear", "lstm_scoring",
+        "txl_base_graphs", "train_4k_compiled", "txl_base_compiled", "train_26k_compiled", "txl_table2_compiled",
+    ]  # fmt: skip
+    files = {i.key: [a for a in i.argv if a.startswith("tests/")] for i in plan if gpu_report.is_tests(i)}
+    assert files["triton_cuda"] == ["tests/modules/test_mogrifier_triton_cuda.py"]  # the Triton compilation alone
+    assert files["accumulation"] == list(gpu_round.ACCUMULATION)
+    (tests, accumulation) = [next(i for i in plan if i.key == k) for k in ("cuda_tests", "accumulation")]
+    assert (
+        "accumulation or lstm_lm_graphs" in accumulation.argv
+        and "not (mogrifier_graphs and accumulation)" in tests.argv
+    )
+    # every test file that marks its tests cuda is in the round (none left out as it grows)
+    paths = glob.glob(os.path.join(REPO, "tests", "**", "test_*.py"), recursive=True)
+    marked = {os.path.relpath(f, REPO) for f in paths if re.search(r"\bCUDA_TESTS\b", open(f).read())}
+    assert "tests/models/test_mogrifier_lstm_lm_graphs.py" in marked and "tests/gpu/test_cuda_programs.py" in marked
+    assert marked <= {f for fs in files.values() for f in fs}
+    assert all(os.path.exists(os.path.join(REPO, f)) for fs in files.values() for f in fs)
+    # the docstring's arithmetic: the install, the tests and the first two eager goals fit the budget, the third not
+    limits = [i.limit for i in plan]
+    assert f"limits add up to {sum(limits):,} s against a budget of {gpu_round.BUDGET} s" in gpu_round.__doc__
+    assert gpu_round.INSTALL_S + sum(limits[:5]) == 415 <= gpu_round.BUDGET < gpu_round.INSTALL_S + sum(limits[:6])
+    assert "come to 415 s, within 450 s" in gpu_round.__doc__.replace("\n", " ")
+
+
+def test_without_conftest_the_files_that_need_it_are_named_not_run():
+    kept, dropped = gpu_round.without_conftest(gpu_round.items("cuda", quick=False))
+    assert [i.key for i in kept] == [i.key for i in gpu_round.items("cuda", quick=False)]
+    tests = {i.key: i for i in kept}
+    assert not any(a.startswith("tests/gpu/") for a in tests["cuda_tests"].argv)
+    assert (
+        tests["cuda_tests"].argv[-1] == "--noconftest"
+        and "tests/modules/test_group_linear.py" in tests["cuda_tests"].argv
+    )
+    assert [a for a in tests["accumulation"].argv if a.startswith("tests/")] == [
+        "tests/modules/test_mogrifier_graphs.py"
+    ]
+    assert {k.key: f for k, f in dropped} == {
+        "cuda_tests": ", ".join(gpu_round.GPU_TESTS),
+        "accumulation": "tests/models/test_mogrifier_lstm_lm_graphs.py",
+    }
+
+
+def test_a_quick_round_writes_at_most_8_files_two_folders_deep_and_prints_its_summary_last(
+    tmp_path, monkeypatch, capsys
+):
+    """The whole plan in quick mode, the real group_linear and a stand-in for each other item (a pytest summary, a
+    figure after 30,000 characters of output, one that raises): what comes back from a GPU loan."""
+    real = gpu_round.items
+
+    def stand_ins(device, quick, python=PY):
+        plan = []
+        for item in real(device, quick, python):
+            if gpu_report.is_tests(item):
+                item = item._replace(argv=[PY, "-c", "print('3 passed in 0.5s')", "pytest"])
+            elif item.key == "txl_base":
+                item = item._replace(argv=[PY, "-c", "raise RuntimeError('deliberately broken')"])
+            elif item.key != "group_linear":
+                noise = "print('x' * 30000); " + FIGURE.format(what=f"{item.key} vs theirs", value=1.2, goal="")
+                item = item._replace(argv=[PY, "-c", noise])
+            plan.append(item)
+        return plan
+
+    monkeypatch.setattr(gpu_round, "items", stand_ins)
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    argv = ["--device", "cpu", "--quick", "--out-dir", str(out), "--logs", str(logs), "--budget", "300"]
+    assert gpu_round.main(argv) == 1  # txl_base failed
+    stdout = capsys.readouterr().out
+    files = [os.path.relpath(os.path.join(d, f), out) for d, _, fs in os.walk(out) for f in fs]
+    assert len(files) <= 8 and all(f.count(os.sep) <= 2 for f in files)
+    assert sorted(files) == ["gpu-round-cpu.json", "gpu-round-cpu.md", "gpu-round-logs.tar.gz"]
+    with tarfile.open(out / "gpu-round-logs.tar.gz") as tar:
+        names = tar.getnames()
+    keys = [i.key for i in real("cpu", True)]
+    assert names == [f"gpu-round-logs/{k}.log" for k in keys]
+    # the summary is the end of the output, whole within the 12,000 characters a loan returns; no item's output
+    summary = stdout
+    assert summary.startswith("## GPU round at") and len(summary) <= gpu_report.SUMMARY_CHARS < 12000
+    assert all(f"| {k} | " in summary for k in keys)
+    assert "| triton_cuda | 120 | " in summary and "PASS: 3 passed in 0.5s" in summary
+    assert "failed (exit status 1): RuntimeError: deliberately broken" in summary
+    assert "group_linear_dense" in summary and "- Files: gpu-round-cpu.md, gpu-round-cpu.json" in summary
+
+
+def test_the_summary_is_cut_to_what_a_loan_returns(tmp_path):
+    report = gpu_report.Round(str(tmp_path / "r.md"), dict(revision="r", machine="CPU", device="cpu"), ["h", "env"])
+    for n in range(300):
+        report.skip(gpu_round.Item(f"item{n}", 30, [PY]), "why " * 100)
+    summary = report.summary(1.0)
+    assert len(summary) <= gpu_report.SUMMARY_CHARS and summary.endswith("(cut: the report has it all)\n")
+    assert len(open(report.md).read()) > 100000  # the report keeps every row whole
