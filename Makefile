@@ -106,8 +106,10 @@ GPU_IMAGE_HAS := click cloudpickle colorama contourpy cycler cython execnet font
 # brings its own, and without it those tests skip.
 WHEELHOUSE_SKIP ?= torch triton $(if $(filter 3.12,$(PY)),$(GPU_IMAGE_HAS))
 # Requirements the GPU node does not run, left out of its wheelhouse (PY=3.12) with whatever only they need: ruff
-# (`make lint`, 10 MB) and transformers (a test dependency of the CPU suite; the GPU image has its own).
-NODE_UNUSED := ruff transformers
+# (`make lint`, 10 MB) and transformers with the dependencies requirements-dev.txt pins for it (a test dependency of
+# the CPU suite; the GPU image has its own).
+NODE_UNUSED := ruff transformers tokenizers huggingface-hub hf-xet safetensors pyyaml requests certifi \
+  charset-normalizer idna urllib3
 NODE_UNUSED_RE := $(subst $(eval) ,|,$(strip $(NODE_UNUSED)))
 WHEELHOUSE_REQUIREMENTS = $(if $(filter 3.12,$(PY)),$(WHEELHOUSE)/.build/requirements.txt,$(REQUIREMENTS))
 # What install-offline installs by name (a version already there is kept): build tools, then $(REQUIREMENTS).
@@ -155,8 +157,9 @@ wheelhouse: install
 OFFLINE_ENV := env -u PIP_INDEX_URL -u PIP_EXTRA_INDEX_URL -u PIP_FIND_LINKS -u PIP_NO_INDEX -u PIP_CONSTRAINT \
   -u PIP_REQUIREMENT PIP_CONFIG_FILE=/dev/null
 FAIRSEQ_SDIST = $(firstword $(wildcard $(WHEELHOUSE)/fairseq_fixed-*.tar.gz))
-# from a wheelhouse: the requirements of NODE_UNUSED that it has no wheel of (one made for PY=3.12) are not installed
-OFFLINE_LEAVE_OUT = $(if $(FAIRSEQ_SDIST),$(foreach n,$(NODE_UNUSED),$(if $(wildcard $(WHEELHOUSE)/$(n)-*.whl),,-e $(n))))
+# a wheelhouse without ruff was made for the GPU node (PY=3.12): the NODE_UNUSED requirements, which it lacks, are
+# not installed from it
+OFFLINE_LEAVE_OUT = $(if $(FAIRSEQ_SDIST),$(if $(wildcard $(WHEELHOUSE)/ruff-*.whl),,$(NODE_UNUSED:%=-e %)))
 ENV_PIP = $(if $(FAIRSEQ_SDIST),$(OFFLINE_ENV)) $(PYTHON) -m pip --disable-pip-version-check install \
   $(if $(FAIRSEQ_SDIST),--no-index --find-links $(abspath $(WHEELHOUSE)))
 
@@ -201,18 +204,20 @@ gpu-check:
 	(its row in the report above says which)" >&2; exit 1; }
 	@rm -f $(GPU_CHECK_LOG)
 
-# ---- `make gpu-round` on a GPU node (docs/development.md, "Checking a GPU node"): every speed goal of
-# benchmarks/targets.py in one command of at most 8 minutes, for a short loan. It installs compiling nothing (the
-# wheels of $(WHEELHOUSE) with --no-deps, fairseq's sdist unpacked onto PYTHONPATH unbuilt; WHEELHOUSE= where
-# fairseq is installed), then runs each item in its own process under its own limit and rewrites
-# benchmarks/results/gpu-round-<gpu>.md and .json after each (benchmarks/gpu_round.py). GPU_ROUND_ARGS: more
-# options, e.g. --only train_4k,txl_base or --device cpu --quick (the harness on a CPU).
-GPU_ROUND_BUDGET ?= 470
+# ---- `make gpu-round` on a GPU node (docs/development.md, "Checking a GPU node"): the CUDA tests of the new paths
+# and every speed goal of benchmarks/targets.py in one command of at most 8 minutes, for a short loan. It installs
+# from $(WHEELHOUSE) alone (its wheels with --no-deps; fairseq's sdist unpacked onto PYTHONPATH with its three small
+# extensions built; WHEELHOUSE= where fairseq is installed), then runs each item in its own process under its own
+# limit, most telling first, and rewrites the report, its records and a logs archive in OUT_DIR after each
+# (benchmarks/gpu_round.py; default build/gpu-round; $OUT on a loan), printing its summary last.
+# GPU_ROUND_ARGS: more options, e.g. --only train_4k,txl_base, --revision REV or --device cpu --quick (the harness).
+GPU_ROUND_BUDGET ?= 450
 GPU_ROUND_ARGS ?=
+OUT_DIR ?=
 
 gpu-round:
 	$(PYTHON) -m benchmarks.gpu_round $(if $(WHEELHOUSE),--wheelhouse $(WHEELHOUSE)) --budget $(GPU_ROUND_BUDGET) \
-	  $(GPU_ROUND_ARGS)
+	  $(if $(OUT_DIR),--out-dir "$(OUT_DIR)") $(GPU_ROUND_ARGS)
 
 # Every results table of README.md and examples/*/README.md, rendered from the data beside each example
 # (examples/*/results/*.json; docs/results.md), and every page's speed tables, rendered from the benchmarks' records

@@ -287,7 +287,7 @@ def run_items(plan: Sequence[Item], report: Round, env: dict, logs: str, deadlin
         print(f"   {item.key}: exit status {rc}, {seconds:.0f} s", file=sys.stderr, flush=True)
         with open(log_path, errors="replace") as f:
             report.add_item(item, rc, seconds, limit, f.read(), path)
-        names += [f"{item.key}.log", f"{item.key}.md"]
+        names += [f"{item.key}.log"] + ([f"{item.key}.md"] if path else [])
         if archive_path:
             archive(logs, names, archive_path)
 
