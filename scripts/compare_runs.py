@@ -15,7 +15,6 @@ plot only). Models keep the order of their first appearance in ``--models`` (def
 
 import argparse
 import json
-import logging
 import os
 import platform
 import re
@@ -26,11 +25,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from scripts.figures import pyplot, save
 from scripts.plateau import gain
-from scripts.render_results import ROOT, load as load_data, locked, merge, write_atomic
+from scripts.results_io import LOG_ENTRY, ROOT, RUN_NAME, load as load_data, locked, merge, write_atomic
 
-RUN_NAME = re.compile(r"^(?P<model>.+)\.s(?P<seed>\d+)$")
-LOG_ENTRY = re.compile(r"\| (?P<kind>train_inner|valid|train) \| (?P<json>\{.*\})\s*$")
 DONE = re.compile(r"done training in (?P<seconds>[\d.]+) seconds")
 RESUMED = re.compile(r"Loaded checkpoint .* \(epoch \d+ @ [1-9]\d* updates\)")
 
@@ -241,14 +239,7 @@ def save_data(path: Path, metric: str, better: str, new: List[dict], points: Opt
 
 
 def plot(runs: List[Run], order: List[str], path: Path) -> None:
-    try:
-        logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq's import leaves the root logger at DEBUG
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise SystemExit("error: --plot needs matplotlib (pip install matplotlib)") from None
+    plt = pyplot("--plot")
     figure, (by_updates, by_time) = plt.subplots(1, 2, figsize=(11, 4.2))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for index, model in enumerate(order):
@@ -269,9 +260,7 @@ def plot(runs: List[Run], order: List[str], path: Path) -> None:
         axis.grid(alpha=0.3)
     by_updates.legend()
     figure.tight_layout()
-    tmp = path.with_name(path.name + ".tmp.png")
-    figure.savefig(tmp, dpi=110)
-    tmp.replace(path)
+    save(figure, path)
 
 
 def main(argv: Optional[List[str]] = None) -> None:

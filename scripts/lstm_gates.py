@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 
 from define_fairseq.tools.average_checkpoints import UPDATE_CHECKPOINT
-from scripts.compare_runs import RUN_NAME
+from scripts.results_io import RUN_NAME
 
 THRESHOLD = 6.0
 GATES = ("i", "f", "g", "o")

@@ -16,6 +16,8 @@ import json
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
+from scripts.results_io import LOG_ENTRY, RUN_NAME
+
 WINDOW, THRESHOLD = 0.2, 0.01
 
 
@@ -51,8 +53,6 @@ def first_plateau(
 
 def validations(log: Path) -> List[Tuple[int, float]]:
     """(updates, validation loss) of a fairseq json log, in order, the last entry kept where two share a count."""
-    from scripts.compare_runs import LOG_ENTRY  # the comparison's log reader, which scores with this module's rule
-
     found = {}
     for line in log.read_text(errors="replace").splitlines():
         entry = LOG_ENTRY.search(line)
@@ -63,8 +63,6 @@ def validations(log: Path) -> List[Tuple[int, float]]:
 
 
 def report(out: Path, window: float = WINDOW, threshold: float = THRESHOLD) -> str:
-    from scripts.compare_runs import RUN_NAME
-
     runs = sorted(d for d in (out / "runs" / "train").glob("*") if d.is_dir() and RUN_NAME.match(d.name))
     if not runs:
         raise SystemExit(f"error: {out / 'runs' / 'train'} holds no run; give the comparison's OUT")

@@ -15,86 +15,29 @@ the rows of README.md's results table that come from this file.
 
 A Markdown file holds a rendered table between ``<!-- results:EXAMPLE/TABLE -->`` and ``<!-- /results:EXAMPLE/TABLE
 -->`` (the data in ``examples/EXAMPLE/results/TABLE.json``); ``<!-- results:claims -->`` is README.md's table of
-the papers' claims, from every data file's ``claims``.
+the papers' claims, from every data file's ``claims``, and its picture (``scripts.claims``).
 """
 
 import argparse
-import fcntl
-import json
-import os
 import re
 import statistics
 import sys
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
+from scripts import claims
 from scripts.plateau import THRESHOLD, WINDOW
-from scripts.verdicts import DataError, cells, changes, judge, label, params, verdict
+from scripts.results_io import (
+    ROOT,
+    DataError,
+    load,
+    locked,  # noqa: F401 (examples/char2subword/robustness.sh imports it from here)
+    markdown_files,
+    write_atomic,
+)
+from scripts.verdicts import cells, changes, judge, label, params, verdict
 
-ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"(<!-- results:(?P<name>[\w./-]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=name) -->)", re.S)
-RUN_KEY = ("group", "model", "point", "seed")
-PROVENANCE = ("command", "revision", "machine")
-
-
-def load(path: Path) -> dict:
-    """A data file, checked for what the renderer needs."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise DataError(f"{path}: {error}; write it with compare_runs or by hand as docs/results.md describes")
-    for key in ("metric", "better", "points", "runs"):
-        if key not in data:
-            raise DataError(f"{path}: no '{key}'; every data file names it (docs/results.md, 'The data files')")
-    if data["better"] not in ("lower", "higher"):
-        raise DataError(f"{path}: 'better' is {data['better']!r}; it is 'lower' or 'higher'")
-    points = {p["key"] for p in data["points"]}
-    for run in data["runs"]:
-        missing = [k for k in ("model", "point", "seed", "value") if k not in run]
-        if missing or run["point"] not in points:
-            raise DataError(
-                f"{path}: the run {run} lacks {missing or 'a point listed in points'}; give each run "
-                f"model, point (one of {sorted(points)}), seed and value"
-            )
-    for v in data.get("verdicts", []):
-        if v.get("point") not in points:
-            raise DataError(f"{path}: the verdict {v} names a point that 'points' does not list ({sorted(points)})")
-        for model in (v.get("a"), v.get("b")):
-            if not any(run["model"] == model and run["point"] == v["point"] for run in data["runs"]):
-                raise DataError(f"{path}: the verdict {v} names {model!r} at {v['point']}, which has no runs")
-    return data
-
-
-def merge(old: List[dict], new: List[dict]) -> List[dict]:
-    """The runs of ``old`` and ``new``, a new run replacing an old one with the same group, model, point and seed;
-    an old run whose measurements are unchanged keeps its command, revision and machine, the ones it ran under."""
-    key = lambda run: tuple(run.get(k, "") for k in RUN_KEY)  # noqa: E731
-    measured = lambda run: {k: v for k, v in run.items() if k not in PROVENANCE}  # noqa: E731
-    merged = {key(run): run for run in old}
-    for run in new:
-        kept = merged.get(key(run))
-        if kept is None or measured(kept) != measured(run):
-            merged[key(run)] = run
-    return sorted(merged.values(), key=lambda run: tuple(str(run.get(k, "")).zfill(6) for k in RUN_KEY))
-
-
-@contextmanager
-def locked(path: Path) -> Iterator[None]:
-    """An exclusive lock on ``path.lock``: one process at a time reads, merges and writes ``path``."""
-    with open(f"{path}.lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """``text`` into ``path`` through a temporary name in the same folder and a rename."""
-    tmp = Path(f"{path}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 def summary(values: List[float], digits: int, seeds: List[int]) -> str:
@@ -237,43 +180,9 @@ def render(data: dict) -> str:
     return "\n".join(parts) + "\n"
 
 
-def data_files(root: Path) -> List[Path]:
-    return sorted(root.glob("examples/*/results/*.json"))
-
-
-def render_claims(root: Path) -> str:
-    """README.md's table: each claim of the papers, the paper's figure, what the data give and the rule's verdict."""
-    rows = []
-    for path in data_files(root):
-        data = load(path)
-        link = f"[{path.parent.parent.name}]({path.parent.parent.relative_to(root).as_posix()}/README.md)"
-        for claim in data.get("claims", []):
-            judged = [judge(data, data["verdicts"][i]) for i in claim["verdicts"]]
-            measured = "; ".join(f"{j['where']}: {j['a']} against {j['b']}" for j in judged)
-            verdicts = "; ".join(f"{j['verdict']} ({j['pair']}, {j['where']})" for j in judged)
-            chosen = dict(data, verdicts=[data["verdicts"][i] for i in claim["verdicts"]])
-            verdicts += "".join(f"; with training, {what}" for _, what in changes(chosen))
-            differs = "; ".join(dict.fromkeys(j["differs"] for j in judged))
-            rows.append(
-                (
-                    claim["order"],
-                    [
-                        claim["claim"],
-                        claim["paper"],
-                        f"{claim['setting']}: {measured} ({link})",
-                        f"{verdicts}. Besides the model: {differs}" + claim.get("note", ""),
-                    ],
-                )
-            )
-    header = ["claim (paper)", "the paper's figure", "measured here", "verdict at this scale"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for _, row in sorted(rows, key=lambda r: r[0])]
-    return "\n".join(lines) + "\n"
-
-
 def render_block(root: Path, name: str) -> str:
     if name == "claims":
-        return render_claims(root)
+        return claims.render(root)
     example, _, table_name = name.partition("/")
     path = root / "examples" / example / "results" / f"{table_name}.json"
     if not path.is_file():
@@ -281,10 +190,6 @@ def render_block(root: Path, name: str) -> str:
             f"a results:{name} marker names {path}, which does not exist; add the data file or fix the marker"
         )
     return render(load(path))
-
-
-def markdown_files(root: Path) -> List[Path]:
-    return [root / "README.md"] + sorted(root.glob("examples/*/README.md"))
 
 
 def update(root: Path, check: bool) -> List[str]:
@@ -299,6 +204,10 @@ def update(root: Path, check: bool) -> List[str]:
                     stale.append(f"{path.relative_to(root)}: results:{old['name']}")
             if not check:
                 write_atomic(path, new)
+    if claims.MARKER in (root / "README.md").read_text() and claims.picture_stale(root):
+        stale.append(f"{claims.PICTURE}: drawn from other data than README.md's results:claims")
+        if not check:
+            claims.draw(root)
     return stale
 
 

@@ -4,11 +4,9 @@ models at one point, and how it changes between two points of the same pair (the
 import statistics
 from typing import List, Tuple
 
+from scripts.results_io import DataError
+
 OWN = "the project's own comparison"
-
-
-class DataError(ValueError):
-    """A data file that cannot be rendered; the message names the file and the fix."""
 
 
 def cells(data: dict, group: str, model: str, point: str) -> List[dict]:
