@@ -93,6 +93,7 @@ def compile_static_parts(model: nn.Module, cfg) -> nn.Module:
     for part in compiled_parts(model):
         if isinstance(part, DeFINEEmbedding):
             part.token_path = token_path
+            part.keep_lookup_eager()
         part.compile(**options)
         part._compiled_call_impl = CheckedCompiledCall(part, part._compiled_call_impl)
     graphs = options.get("mode") == "reduce-overhead"

@@ -201,13 +201,21 @@ class DeFINEEmbedding(MappedEmbedding):
             mapped = mapped * mapped.new_empty(shape).bernoulli_(1 - self.map_dropout).div_(1 - self.map_dropout)
         return self.define(mapped)
 
-    @torch.compiler.disable
     def looked_up(self, tokens: torch.Tensor) -> torch.Tensor:
-        """``tokens``' rows of the cached ``V x m`` table (eval mode without autograd). Never compiled: the cache is
-        Python bookkeeping, whose state a compiled graph would guard on and recompile for.
+        """``tokens``' rows of the cached ``V x m`` table (eval mode without autograd). Kept out of compiled graphs
+        (:meth:`keep_lookup_eager`): the cache is Python bookkeeping, whose state a graph would guard on and
+        recompile for.
 
         Shapes: ``tokens [...]`` (long) -> ``[..., m]``."""
         return F.embedding(tokens, self._eval_table.get(self.parameters(), self.folded_table))
+
+    @classmethod
+    def keep_lookup_eager(cls) -> None:
+        """Makes ``torch.compile`` run :meth:`looked_up` eagerly; called before compiling, not at import, because
+        ``torch.compiler.disable`` imports ``torch._dynamo`` (a second of every fairseq command's start)."""
+        if not getattr(cls.looked_up, "_keeps_eager", False):
+            cls.looked_up = torch.compiler.disable(cls.looked_up)
+            cls.looked_up._keeps_eager = True
 
     def map_all_rows(self) -> torch.Tensor:
         """``[V, n]``: the map of every token id, through the map module (so the padding row gets no gradient)."""

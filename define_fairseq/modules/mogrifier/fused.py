@@ -34,8 +34,7 @@ except ImportError as error:  # a CUDA build of torch brings Triton; the layers 
     ) from error
 
 from define_fairseq.modules.mogrifier import triton_step as mt
-from define_fairseq.modules.mogrifier.layer import FUSED_DTYPES
-from define_fairseq.modules.mogrifier.recurrence import LayerRecurrence
+from define_fairseq.modules.mogrifier.recurrence import FUSED_DTYPES, LayerRecurrence
 from define_fairseq.modules.mogrifier.threads import Threads
 
 BLOCK_ROWS = 16  # rows (batch) per program; tl.dot needs at least 16 in every dimension

@@ -36,11 +36,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from define_fairseq.modules.checked_path import CheckedPath, eager_only
-from define_fairseq.modules.mogrifier.recurrence import LayerRecurrence, MogrifierLayerFunction
+from define_fairseq.modules.mogrifier.recurrence import FUSED_DTYPES, LayerRecurrence, MogrifierLayerFunction
 from define_fairseq.modules.mogrifier.threads import Workspace
 from define_fairseq.modules.variance_scaling import variance_scaling_
-
-FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what the Triton kernels take
 
 LSTMState = Tuple[torch.Tensor, torch.Tensor]
 KERNELS = ("auto", "triton", "torch")  # MogrifierLSTMLayer.kernels

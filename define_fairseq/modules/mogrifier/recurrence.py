@@ -23,6 +23,9 @@ from torch.autograd.function import once_differentiable
 
 from define_fairseq.modules.mogrifier.threads import Threads, Workspace
 
+# what the Triton kernels (fused.py) take: the layer picks them by it without importing Triton
+FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
 _sigmoid_backward = torch.ops.aten.sigmoid_backward.grad_input  # (grad, sigmoid output, grad_input=out)
 _tanh_backward = torch.ops.aten.tanh_backward.grad_input  # (grad, tanh output, grad_input=out)
 
