@@ -19,6 +19,8 @@ setup(
     python_requires=">=3.8",
     # The plugin alone: scripts/, benchmarks/ and tests/ are the repository's own (docs/development.md, "Layout").
     packages=find_packages(include=["define_fairseq", "define_fairseq.*"]),
+    # the fairseq-hydra-train configs of the papers' settings (--config-dir <plugin>/config/RECIPE)
+    package_data={"define_fairseq": ["config/*/*.yaml"]},
     # What the plugin itself imports, as ranges. torch 2.4 brought torch.serialization.add_safe_globals, which the
     # plugin calls when it is imported with fairseq; omegaconf 2.0.5 is the oldest that fairseq 0.12.2 accepts.
     # Tested: torch 2.11 to 2.15, numpy 1.26 and 2.4, omegaconf 2.3 (docs/development.md, "Tested stacks").

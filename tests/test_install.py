@@ -108,6 +108,13 @@ def test_python_m_prints_the_installed_folder_and_the_repository_is_out_of_reach
     assert packages == ["define_fairseq"], f"installed beside the plugin, out of {NOT_INSTALLED}: {packages}"
 
 
+def test_the_hydra_configs_install_with_the_package(installed):
+    shipped = sorted(
+        p.relative_to(REPO / "define_fairseq") for p in (REPO / "define_fairseq" / "config").rglob("*.yaml")
+    )
+    assert shipped and all((installed.site / "define_fairseq" / p).is_file() for p in shipped), shipped
+
+
 def test_help_and_console_scripts(installed):
     help = installed.with_plugin("-m", "define_fairseq", "--help").stdout
     assert '--user-dir "$(python -m define_fairseq)"' in help
