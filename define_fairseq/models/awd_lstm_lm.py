@@ -26,11 +26,9 @@ from fairseq.models import register_model, register_model_architecture
 from fairseq.utils import safe_getattr
 
 from define_fairseq.models.compile import CompileConfig
-from define_fairseq.models.config_helpers import config_namespace
 from define_fairseq.models.input_config import input_layer_config
-from define_fairseq.models.input_layer import build_input_layer
 from define_fairseq.models.lstm_lm_define import LSTMLMDefineModel
-from define_fairseq.models.recurrent_lm_decoder import build_recurrent_decoder, recurrent_input_spec
+from define_fairseq.models.recurrent_lm_decoder import RecurrentLMSpec, resolve_recurrent_lm
 
 
 @dataclass
@@ -66,17 +64,13 @@ class AWDLSTMLMConfig(input_layer_config(define_depth=7), CompileConfig):
 class AWDLSTMLMModel(LSTMLMDefineModel):
     """AWD-LSTM language model (see the module docstring); the decoder is :class:`RecurrentLMDecoder`."""
 
-    @classmethod
-    def build_model(cls, cfg, task):
-        args = cls.resolved_config(cfg)
-        layer = build_input_layer(recurrent_input_spec(args, task.target_dictionary, adaptive=False))
-        tie = not args.awd_untie_output
-        return cls(build_recurrent_decoder(args, task.target_dictionary, layer, adaptive=False, tie_full_softmax=tie))
+    config_class = AWDLSTMLMConfig
 
     @classmethod
-    def resolved_config(cls, cfg):
-        """``cfg`` (a DictConfig or namespace) as a namespace with every field set: the family's defaults."""
-        return config_namespace(cfg, AWDLSTMLMConfig)
+    def resolve(cls, args, dictionary) -> RecurrentLMSpec:
+        """The decoder ``args`` describes, checked: no adaptive input or softmax, a full softmax tied to the table
+        unless ``--awd-untie-output``."""
+        return resolve_recurrent_lm(args, dictionary, adaptive=False, tie_full_softmax=not args.awd_untie_output)
 
 
 @register_model_architecture("awd_lstm_lm", "awd_lstm_lm_define")

@@ -6,7 +6,7 @@ from contextlib import contextmanager
 from dataclasses import fields
 from typing import Callable, Iterator, List, Optional
 
-from define_fairseq.modules.checks import ParameterError, check_probability
+from define_fairseq.modules.checks import ParameterError, check_cutoff
 
 MAX_POSITIONS = 1_000_000  # the recurrent, convolutional and relative-position models have no length limit
 
@@ -89,10 +89,12 @@ def parse_cutoff(value, flag: str) -> Optional[List[int]]:
     return [int(c) for c in value]
 
 
-def check_rate(value: float, flag: str) -> float:
-    """``value`` if it is a dropout probability; a ValueError naming ``flag`` otherwise (for a rate that no module
-    of the plugin checks, e.g. fairseq's adaptive softmax dropout)."""
-    return check_probability(value, flag)
+def resolve_cutoff(value, vocab: int, flag: str) -> Optional[List[int]]:
+    """The bands that the cutoff flag ``flag`` gives ``value`` over ``vocab`` words: its boundaries, ending with
+    ``vocab``, parsed (:func:`parse_cutoff`) and checked (:func:`~define_fairseq.modules.checks.check_cutoff`);
+    None when unset."""
+    cutoff = parse_cutoff(value, flag)
+    return None if cutoff is None else check_cutoff(cutoff, vocab, flag)
 
 
 def check_tail_widths(cutoff: List[int], dim: int, factor: float, flag_value) -> None:

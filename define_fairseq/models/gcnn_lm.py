@@ -34,7 +34,7 @@ token at a time, each layer keeping its last k - 1 inputs (``incremental_state``
 """
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch.nn as nn
 from fairseq.dataclass import ChoiceEnum
@@ -43,19 +43,19 @@ from fairseq.modules import AdaptiveSoftmax
 from fairseq.utils import safe_getattr
 from torch import Tensor
 
+from define_fairseq.models.adaptive_softmax import AdaptiveSoftmaxSpec, build_adaptive_softmax, resolve_adaptive_softmax
 from define_fairseq.models.carried_state import reorder_cached
 from define_fairseq.models.compile import CompileConfig
-from define_fairseq.models.config_helpers import (
-    MAX_POSITIONS,
-    check_rate,
-    check_tail_widths,
-    flag_names,
-    parse_cutoff,
-)
+from define_fairseq.models.config_helpers import MAX_POSITIONS
 from define_fairseq.models.input_config import InputLayerConfig
-from define_fairseq.models.input_layer import InputLayer, InputLayerLanguageModel, InputLayerSpec, resolve_input_layer
-from define_fairseq.modules.checks import check_cutoff, check_probability
-from define_fairseq.modules.gated_conv import ACTIVATIONS, GatedConvStack, parse_layer_spec
+from define_fairseq.models.input_layer import (
+    InputLayerLanguageModel,
+    InputLayerSpec,
+    build_input_layer,
+    resolve_input_layer,
+)
+from define_fairseq.modules.checks import check_choice, check_probability
+from define_fairseq.modules.gated_conv import ACTIVATIONS, Block, GatedConvStack, parse_layer_spec
 
 GCNN_8 = "[(800, 4)] * 8"
 GCNN_14 = "[(850, 6)] * 3 + [(850, 1)] + [(850, 5)] * 4 + [(850, 1)] + [(850, 4)] * 3 + [(1024, 4)] + [(2048, 4)]"
@@ -201,58 +201,74 @@ def gcnn_table_init(weight: Tensor) -> None:
     nn.init.normal_(weight, mean=0.0, std=0.1)
 
 
-def gated_conv_input_spec(cfg, dictionary) -> InputLayerSpec:
-    """The lookup ``cfg`` describes, e wide (``--decoder-embed-dim``)."""
-    return resolve_input_layer(
+@dataclass(frozen=True)
+class GatedConvLMSpec:
+    """A :class:`GatedConvLMDecoder`'s configuration, read and checked: what :func:`build_gated_conv_decoder`
+    builds. ``input``: the lookup (``V x e``, or a map and a unit to e); ``blocks``: the residual blocks of
+    ``(width, kernel)`` layers (:func:`~define_fairseq.modules.gated_conv.parse_layer_spec`); ``activation``,
+    ``weight_norm``, ``dropout``, ``residual_scale``: the stack's; ``adaptive_softmax``: the output layer, or None
+    for a full softmax."""
+
+    input: InputLayerSpec
+    blocks: Tuple[Tuple[Tuple[int, int], ...], ...]
+    activation: str
+    weight_norm: bool
+    dropout: float
+    residual_scale: float
+    adaptive_softmax: Optional[AdaptiveSoftmaxSpec]
+
+
+def resolve_gated_conv_lm(cfg, dictionary) -> GatedConvLMSpec:
+    """The decoder that ``cfg`` (a namespace of :class:`GatedConvLMConfig` fields) describes over ``dictionary``,
+    every flag checked and nothing built; a ``ValueError`` naming the flag for every impossible setting."""
+    layer = resolve_input_layer(
         cfg, dictionary, cfg.decoder_embed_dim, "--decoder-embed-dim", table_init=gcnn_table_init
+    )
+    blocks: List[Block] = parse_layer_spec(cfg.gcnn_layers, "--gcnn-layers")
+    if cfg.gcnn_residual_scale <= 0:
+        raise ValueError(f"--gcnn-residual-scale={cfg.gcnn_residual_scale} must be positive")
+    output_dim = blocks[-1][-1][0]  # the last block's output: the features given to the softmax
+    return GatedConvLMSpec(
+        input=layer,
+        blocks=tuple(tuple(block) for block in blocks),
+        activation=check_choice(str(cfg.gcnn_activation), ACTIVATIONS, "--gcnn-activation"),
+        weight_norm=not cfg.gcnn_no_weight_norm,
+        dropout=check_probability(cfg.dropout, "--dropout"),
+        residual_scale=cfg.gcnn_residual_scale,
+        adaptive_softmax=resolve_adaptive_softmax(cfg, layer.vocab, output_dim),
     )
 
 
-def build_gated_conv_decoder(cfg, dictionary, layer: InputLayer) -> GatedConvLMDecoder:
-    """The decoder described by ``cfg`` (a namespace of :class:`GatedConvLMConfig` fields) over the lookup ``layer``
-    (of :func:`gated_conv_input_spec`).
+def build_gated_conv_decoder(spec: GatedConvLMSpec, dictionary) -> GatedConvLMDecoder:
+    """The decoder ``spec`` describes (of :func:`resolve_gated_conv_lm`, which checked it), over ``dictionary``.
 
-    Raises ``ValueError`` naming the flag for every impossible setting.
+    Shapes: as :class:`GatedConvLMDecoder`'s.
     """
-    vocab, e = len(dictionary), cfg.decoder_embed_dim
-    check_rate(cfg.adaptive_softmax_dropout, "--adaptive-softmax-dropout")  # fairseq's AdaptiveSoftmax: unchecked
-    if cfg.gcnn_residual_scale <= 0:
-        raise ValueError(f"--gcnn-residual-scale={cfg.gcnn_residual_scale} must be positive")
-
-    blocks = parse_layer_spec(cfg.gcnn_layers, "--gcnn-layers")
-    with flag_names(dropout="--dropout"):
-        convolutions = GatedConvStack(
-            e,
-            blocks,
-            activation=str(cfg.gcnn_activation),
-            weight_norm=not cfg.gcnn_no_weight_norm,
-            dropout=cfg.dropout,
-            residual_scale=cfg.gcnn_residual_scale,
-        )
-    d = convolutions.output_dim
-
+    layer = build_input_layer(spec.input)
+    convolutions = GatedConvStack(
+        spec.input.width,
+        [list(block) for block in spec.blocks],
+        activation=spec.activation,
+        weight_norm=spec.weight_norm,
+        dropout=spec.dropout,
+        residual_scale=spec.residual_scale,
+    )
     output_projection = adaptive_softmax = None
-    if cfg.adaptive_softmax_cutoff:
-        cutoff = check_cutoff(
-            parse_cutoff(cfg.adaptive_softmax_cutoff, "--adaptive-softmax-cutoff"), vocab, "--adaptive-softmax-cutoff"
-        )
-        check_tail_widths(cutoff, d, cfg.adaptive_softmax_factor, cfg.adaptive_softmax_cutoff)
-        adaptive_softmax = AdaptiveSoftmax(
-            vocab, d, cutoff, cfg.adaptive_softmax_dropout, factor=cfg.adaptive_softmax_factor
-        )
+    if spec.adaptive_softmax is not None:
+        adaptive_softmax = build_adaptive_softmax(spec.adaptive_softmax)
     else:
-        output_projection = nn.Linear(d, vocab)
+        d = convolutions.output_dim
+        output_projection = nn.Linear(d, len(dictionary))
         nn.init.normal_(output_projection.weight, mean=0.0, std=d**-0.5)
         nn.init.zeros_(output_projection.bias)
-    with flag_names(dropout="--dropout"):
-        return GatedConvLMDecoder(
-            dictionary,
-            layer.embed,
-            convolutions,
-            output_projection=output_projection,
-            adaptive_softmax=adaptive_softmax,
-            dropout=cfg.dropout,
-        )
+    return GatedConvLMDecoder(
+        dictionary,
+        layer.embed,
+        convolutions,
+        output_projection=output_projection,
+        adaptive_softmax=adaptive_softmax,
+        dropout=spec.dropout,
+    )
 
 
 @register_model("gcnn_lm", dataclass=GatedConvLMConfig)
@@ -261,7 +277,7 @@ class GatedConvLanguageModel(InputLayerLanguageModel):
     incremental_state=None)`` as :class:`GatedConvLMDecoder`."""
 
     config_class = GatedConvLMConfig
-    input_spec = staticmethod(gated_conv_input_spec)
+    resolve = staticmethod(resolve_gated_conv_lm)
     build_decoder = staticmethod(build_gated_conv_decoder)
 
 

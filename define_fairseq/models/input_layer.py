@@ -17,15 +17,9 @@ import torch.nn as nn
 from fairseq.models import FairseqLanguageModel
 
 from define_fairseq.models.compile import compile_static_parts
-from define_fairseq.models.config_helpers import config_namespace, flag_names, parse_cutoff
+from define_fairseq.models.config_helpers import config_namespace, flag_names, resolve_cutoff
 from define_fairseq.models.define_config import DEFINE_FLAGS, define_options
-from define_fairseq.modules import (
-    AdaptiveInput,
-    DeFINEEmbedding,
-    FoldedDeFINEEmbedding,
-    ProjectiveEmbedding,
-    check_cutoff,
-)
+from define_fairseq.modules import AdaptiveInput, DeFINEEmbedding, FoldedDeFINEEmbedding, ProjectiveEmbedding
 
 TableInit = Callable[[torch.Tensor], None]
 
@@ -154,7 +148,7 @@ def adaptive_input_cutoff(cfg, vocab: int) -> Optional[list]:
     cutoff = getattr(cfg, "adaptive_input_cutoff", None)
     if not cutoff:
         raise ValueError("--adaptive-input needs --adaptive-input-cutoff (e.g. 20000,40000,200000)")
-    return check_cutoff(parse_cutoff(cutoff, "--adaptive-input-cutoff"), vocab, "--adaptive-input-cutoff")
+    return resolve_cutoff(cutoff, vocab, "--adaptive-input-cutoff")
 
 
 def resolve_input_layer(
@@ -223,15 +217,23 @@ def build_input_layer(spec: InputLayerSpec) -> InputLayer:
     return InputLayer(embed, weight, spec.n, spec.adaptive_cutoff)
 
 
-def tie_output(layer: InputLayer, output: nn.Module, tie_flag: str) -> nn.Module:
-    """``output`` (a module whose ``weight`` is ``[V, n]``: a full softmax) with that weight replaced by the input
-    layer's table; returns it. A ``ValueError`` naming ``tie_flag`` (the flag that asked for the tie) when the input
-    layer has no single table (an adaptive map: tie an adaptive softmax to its bands instead) or the widths differ."""
-    if layer.weight is None:
+def check_tie(layer, tie_flag: str) -> None:
+    """A full softmax can tie to the input layer ``layer`` (an :class:`InputLayerSpec`, so that a family checks the
+    tie before it builds, or the built :class:`InputLayer`): a ``ValueError`` naming ``tie_flag`` (the flag that asked
+    for the tie) when it maps through an adaptive input, which has no single table (tie an adaptive softmax to its
+    bands instead)."""
+    if layer.adaptive_cutoff is not None:
         raise ValueError(
             f"{tie_flag}: a full softmax cannot be tied to an adaptive input (it has no single V x n table): add "
             f"--adaptive-softmax-cutoff with --tie-adaptive-weights, or untie"
         )
+
+
+def tie_output(layer: InputLayer, output: nn.Module, tie_flag: str) -> nn.Module:
+    """``output`` (a module whose ``weight`` is ``[V, n]``: a full softmax) with that weight replaced by the input
+    layer's table; returns it. A ``ValueError`` naming ``tie_flag`` (the flag that asked for the tie) when the input
+    layer has no single table (:func:`check_tie`) or the widths differ."""
+    check_tie(layer, tie_flag)
     if output.weight.shape != layer.weight.shape:
         raise ValueError(
             f"{tie_flag}: the output layer is {list(output.weight.shape)}, the input layer's table "
@@ -242,22 +244,24 @@ def tie_output(layer: InputLayer, output: nn.Module, tie_flag: str) -> nn.Module
 
 
 class InputLayerLanguageModel(FairseqLanguageModel):
-    """A language model of one decoder over the input layer, its static parts compiled under ``--torch-compile``.
+    """A language model of one decoder over the input layer, configured before it is built, its static parts
+    compiled under ``--torch-compile``.
 
-    A family names its options dataclass (``config_class``) and two builders of ``(args, dictionary)``:
-    ``input_spec``, the input layer's :class:`InputLayerSpec`, and ``build_decoder`` (with the built
-    :class:`InputLayer` as a third argument), the decoder over it. Shapes: as the decoder's.
+    A family names its options dataclass (``config_class``) and two functions: ``resolve(args, dictionary)``, the
+    family's spec (a frozen dataclass: every flag read, parsed and checked, the input layer's
+    :class:`InputLayerSpec` in its ``input`` field), and ``build_decoder(spec, dictionary)``, the decoder built from
+    the spec alone. So a bad flag raises before any module is built. Shapes: as the decoder's.
     """
 
     config_class: type
-    input_spec: Callable
+    resolve: Callable
     build_decoder: Callable
 
     @classmethod
     def build_model(cls, cfg, task):
         args = cls.resolved_config(cfg)
-        layer = build_input_layer(cls.input_spec(args, task.target_dictionary))
-        return compile_static_parts(cls(cls.build_decoder(args, task.target_dictionary, layer)), args)
+        spec = cls.resolve(args, task.target_dictionary)
+        return compile_static_parts(cls(cls.build_decoder(spec, task.target_dictionary)), args)
 
     @classmethod
     def resolved_config(cls, cfg):

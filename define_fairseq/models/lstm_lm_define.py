@@ -37,20 +37,26 @@ declares the same fields with AWD-LSTM's defaults.
 from dataclasses import dataclass, field
 from typing import Optional
 
-from fairseq.models import FairseqLanguageModel, register_model, register_model_architecture
+from fairseq.models import register_model, register_model_architecture
 from fairseq.utils import safe_getattr
 
 from define_fairseq.models.compile import CompileConfig
-from define_fairseq.models.config_helpers import config_namespace
 from define_fairseq.models.input_config import AdaptiveInputConfig, input_layer_config
-from define_fairseq.models.input_layer import build_input_layer
-from define_fairseq.models.recurrent_lm_decoder import RecurrentLMDecoder, build_recurrent_decoder, recurrent_input_spec
+from define_fairseq.models.input_layer import InputLayerLanguageModel
+from define_fairseq.models.recurrent_lm_decoder import (
+    RecurrentLMDecoder,
+    RecurrentLMSpec,
+    build_recurrent_decoder,
+    resolve_recurrent_lm,
+)
 
 __all__ = [
     "LSTMLMDefineConfig",
     "LSTMLMDefineModel",
     "RecurrentLMDecoder",
+    "RecurrentLMSpec",
     "build_recurrent_decoder",
+    "resolve_recurrent_lm",
 ]
 
 
@@ -125,24 +131,24 @@ class LSTMLMDefineConfig(input_layer_config(input_layer="define", define_n=256),
 
 
 @register_model("lstm_lm_define", dataclass=LSTMLMDefineConfig)
-class LSTMLMDefineModel(FairseqLanguageModel):
-    """LSTM language model with an optional DeFINE unit and adaptive input/softmax (see the module docstring).
+class LSTMLMDefineModel(InputLayerLanguageModel):
+    """LSTM language model with an optional DeFINE unit and adaptive input/softmax (see the module docstring),
+    built as every language model of the plugin (:class:`InputLayerLanguageModel`): its spec first, then the decoder.
 
     ``forward(src_tokens [B, T], src_lengths=None, reset_state=None, incremental_state=None)`` as
     :class:`RecurrentLMDecoder`.
     """
 
-    @classmethod
-    def build_model(cls, cfg, task):
-        args = cls.resolved_config(cfg)
-        layer = build_input_layer(recurrent_input_spec(args, task.target_dictionary, adaptive=True))
-        tie = args.share_decoder_input_output_embed
-        return cls(build_recurrent_decoder(args, task.target_dictionary, layer, adaptive=True, tie_full_softmax=tie))
+    config_class = LSTMLMDefineConfig
+    build_decoder = staticmethod(build_recurrent_decoder)
 
     @classmethod
-    def resolved_config(cls, cfg):
-        """``cfg`` (a DictConfig or namespace) as a namespace with every field set: the family's defaults."""
-        return config_namespace(cfg, LSTMLMDefineConfig)
+    def resolve(cls, args, dictionary) -> RecurrentLMSpec:
+        """The decoder ``args`` describes, checked: adaptive input and softmax available, a full softmax tied to
+        the V x n table under ``--share-decoder-input-output-embed``."""
+        return resolve_recurrent_lm(
+            args, dictionary, adaptive=True, tie_full_softmax=args.share_decoder_input_output_embed
+        )
 
 
 @register_model_architecture("lstm_lm_define", "lstm_lm_standard_wt103")

@@ -1,8 +1,11 @@
 """The decoder of ``mogrifier_lstm_lm`` (:class:`MogrifierLMDecoder`: embedding, Mogrifier LSTM stack, tied output
-layer) and the function that builds it from the model's configuration (:func:`build_mogrifier_decoder`); the model,
-its options and its archs are in :mod:`define_fairseq.models.mogrifier_lstm_lm`, whose docstring describes them."""
+layer), configured before it is built: :func:`resolve_mogrifier_lm` reads, parses and checks every flag of the
+model's configuration into a :class:`MogrifierLMSpec`, and :func:`build_mogrifier_decoder` builds the decoder from the
+spec alone. The model, its options and its archs are in :mod:`define_fairseq.models.mogrifier_lstm_lm`, whose
+docstring describes them."""
 
 import math
+from dataclasses import dataclass
 from typing import List, Optional
 
 import torch
@@ -10,10 +13,9 @@ import torch.nn as nn
 from fairseq import utils
 from torch import Tensor
 
-from define_fairseq.models.config_helpers import flag_names
-from define_fairseq.models.input_layer import InputLayer, InputLayerSpec, resolve_input_layer
+from define_fairseq.models.input_layer import InputLayerSpec, build_input_layer, resolve_input_layer
 from define_fairseq.models.recurrent_decoder import RecurrentDecoder
-from define_fairseq.modules.checks import check_probability
+from define_fairseq.modules.checks import check_nonnegative, check_positive, check_probability
 from define_fairseq.modules.mogrifier.layer import KERNELS
 from define_fairseq.modules.mogrifier.lstm import MogrifierLSTM
 from define_fairseq.modules.tied_output import TiedOutput
@@ -102,32 +104,60 @@ def lamb_table_init(weight: Tensor) -> None:
     variance_scaling_(weight, weight.size(1))
 
 
-def embed_width(cfg) -> int:
-    """e, the width of the embeddings fed to the first layer: ``--mogrifier-embed-dim``, else the hidden size."""
-    return cfg.mogrifier_hidden_size if cfg.mogrifier_embed_dim is None else cfg.mogrifier_embed_dim
+@dataclass(frozen=True)
+class MogrifierLMSpec:
+    """A :class:`MogrifierLMDecoder`'s configuration, read and checked: what :func:`build_mogrifier_decoder` builds.
+
+    ``input``: the input layer (of width e, the first layer's input; the output layer ties to its table). The
+    stack's arguments as :class:`~define_fairseq.modules.mogrifier.lstm.MogrifierLSTM` names them (``hidden_size``
+    to ``state_dropout_per_step``), and how it runs: ``cuda_graphs`` and the layers' ``kernels``. The output
+    layer's: ``mos_components`` softmaxes, ``projection_dropout``. The decoder's: ``softmax_temperature``,
+    ``drop_state_probability``, ``l2_penalty``.
+    """
+
+    input: InputLayerSpec
+    hidden_size: int
+    num_layers: int
+    rounds: int
+    rank: int
+    cap_input_gate: bool
+    forget_bias: float
+    input_dropout: float
+    inter_layer_dropout: float
+    state_dropout: float
+    output_dropout: float
+    sum_layer_outputs: bool
+    shared_mask_dropout: bool
+    state_dropout_per_step: bool
+    cuda_graphs: bool
+    kernels: str
+    mos_components: int
+    projection_dropout: float
+    softmax_temperature: float
+    drop_state_probability: float
+    l2_penalty: float
 
 
-def mogrifier_input_spec(cfg, dictionary) -> InputLayerSpec:
-    """The input layer ``cfg`` describes: a V x e table, or a V x n table and a projective map or DeFINE unit n -> e;
-    the output layer ties to the table. The model's flags are checked first (``ValueError`` naming them)."""
-    check_mogrifier_config(cfg)
-    return resolve_input_layer(cfg, dictionary, embed_width(cfg), "--mogrifier-embed-dim", table_init=lamb_table_init)
+DROPOUTS = ("input_dropout", "inter_layer_dropout", "state_dropout", "output_dropout")  # the stack's
 
 
-def check_mogrifier_config(cfg) -> None:
-    """The checks of the Mogrifier flags that no module makes (``ValueError`` naming the flag)."""
-    hidden, embed_dim = cfg.mogrifier_hidden_size, embed_width(cfg)
-    for flag, value in (
-        ("--mogrifier-layers", cfg.mogrifier_layers),
-        ("--mogrifier-hidden-size", hidden),
-        ("--mogrifier-embed-dim", embed_dim),
-    ):
-        if value < 1:
-            raise ValueError(f"{flag}={value} must be at least 1")
-    if cfg.mogrifier_rounds < 0:
-        raise ValueError(f"--mogrifier-rounds={cfg.mogrifier_rounds} must be >= 0 (0: a plain LSTM)")
+def flag(name: str) -> str:
+    """The flag of the stack's argument ``name``: ``--mogrifier-`` and the name, dashed."""
+    return f"--mogrifier-{name.replace('_', '-')}"
+
+
+def resolve_mogrifier_lm(cfg, dictionary) -> MogrifierLMSpec:
+    """The decoder that ``cfg`` (a namespace of :class:`~define_fairseq.models.mogrifier_lstm_lm.MogrifierLSTMLMConfig`
+    fields) describes over ``dictionary``, every flag checked and nothing built: a V x e table, or a V x n table and
+    a projective map or DeFINE unit n -> e, under the stack and an output layer tied to the table. Raises
+    ``ValueError`` naming the flag for every impossible value or combination."""
+    num_layers = check_positive(cfg.mogrifier_layers, "--mogrifier-layers")
+    hidden = check_positive(cfg.mogrifier_hidden_size, "--mogrifier-hidden-size")
+    embed_dim = hidden if cfg.mogrifier_embed_dim is None else cfg.mogrifier_embed_dim  # e: default the state's
+    layer = resolve_input_layer(cfg, dictionary, embed_dim, "--mogrifier-embed-dim", table_init=lamb_table_init)
+    rounds = check_nonnegative(cfg.mogrifier_rounds, "--mogrifier-rounds", "0: a plain LSTM")
     smallest = min(embed_dim, hidden)
-    if cfg.mogrifier_rank < 0 or (cfg.mogrifier_rounds > 0 and cfg.mogrifier_rank >= smallest):
+    if cfg.mogrifier_rank < 0 or (rounds > 0 and cfg.mogrifier_rank >= smallest):
         raise ValueError(
             f"--mogrifier-rank={cfg.mogrifier_rank}: give 0 (full rank) or a rank below "
             f"min(--mogrifier-embed-dim, --mogrifier-hidden-size) = {smallest}"
@@ -135,67 +165,78 @@ def check_mogrifier_config(cfg) -> None:
     temperature = cfg.mogrifier_softmax_temperature
     if not (temperature > 0 and math.isfinite(temperature)):
         raise ValueError(f"--mogrifier-softmax-temperature={temperature} must be a positive number (1: no temperature)")
-    if str(cfg.mogrifier_state_dropout_mask) not in STATE_MASKS:
+    mask = str(cfg.mogrifier_state_dropout_mask)
+    if mask not in STATE_MASKS:
         raise ValueError(
-            f"--mogrifier-state-dropout-mask={cfg.mogrifier_state_dropout_mask}: give window (one mask "
-            f"per BPTT window) or step (a new mask at every step)"
-        )
-    if cfg.mogrifier_mos_components < 1:
-        raise ValueError(
-            f"--mogrifier-mos-components={cfg.mogrifier_mos_components} must be at least 1 (1: one softmax)"
+            f"--mogrifier-state-dropout-mask={mask}: give window (one mask per BPTT window) or step (a new mask at "
+            f"every step)"
         )
     if str(cfg.mogrifier_kernels) not in KERNELS:
         raise ValueError(f"--mogrifier-kernels={cfg.mogrifier_kernels}: give one of {', '.join(KERNELS)}")
-    if not (cfg.mogrifier_l2_penalty >= 0 and math.isfinite(cfg.mogrifier_l2_penalty)):
-        raise ValueError(f"--mogrifier-l2-penalty={cfg.mogrifier_l2_penalty} must be >= 0")
-
-
-def build_mogrifier_decoder(cfg, dictionary, layer: InputLayer) -> MogrifierLMDecoder:
-    """The decoder described by ``cfg`` (a namespace of
-    :class:`~define_fairseq.models.mogrifier_lstm_lm.MogrifierLSTMLMConfig` fields) over the input layer ``layer``
-    (of :func:`mogrifier_input_spec`, which checks the flags); the modules check their own arguments.
-    """
-    hidden, embed_dim = cfg.mogrifier_hidden_size, embed_width(cfg)
-    projection_dropout = cfg.mogrifier_projection_dropout
+    dropouts = {name: check_probability(getattr(cfg, f"mogrifier_{name}"), flag(name)) for name in DROPOUTS}
+    # lamb's downprojected_output_dropout: the output dropout unless given
+    projection_dropout, projection_flag = cfg.mogrifier_projection_dropout, "--mogrifier-projection-dropout"
     if projection_dropout is None:
-        projection_dropout = cfg.mogrifier_output_dropout
-    dropouts = ("input_dropout", "inter_layer_dropout", "state_dropout", "output_dropout")
-    with flag_names(**{name: f"--mogrifier-{name.replace('_', '-')}" for name in dropouts}):
-        lstm = MogrifierLSTM(
-            embed_dim,
-            hidden,
-            num_layers=cfg.mogrifier_layers,
-            rounds=cfg.mogrifier_rounds,
-            rank=cfg.mogrifier_rank,
-            cap_input_gate=not cfg.mogrifier_no_cap_input_gate,
-            forget_bias=cfg.mogrifier_forget_bias,
-            **{name: getattr(cfg, f"mogrifier_{name}") for name in dropouts},
-            sum_layer_outputs=cfg.mogrifier_sum_layer_outputs,
-            shared_mask_dropout=cfg.mogrifier_shared_mask_dropout,
-            state_dropout_per_step=str(cfg.mogrifier_state_dropout_mask) == "step",
-        )
-    lstm.cuda_graphs = not cfg.mogrifier_no_cuda_graphs  # on a GPU only (MogrifierLSTM.cuda_graphs)
+        projection_dropout, projection_flag = dropouts["output_dropout"], flag("output_dropout")
+    return MogrifierLMSpec(
+        input=layer,
+        hidden_size=hidden,
+        num_layers=num_layers,
+        rounds=rounds,
+        rank=cfg.mogrifier_rank,
+        cap_input_gate=not cfg.mogrifier_no_cap_input_gate,
+        forget_bias=cfg.mogrifier_forget_bias,
+        **dropouts,
+        sum_layer_outputs=cfg.mogrifier_sum_layer_outputs,
+        shared_mask_dropout=cfg.mogrifier_shared_mask_dropout,
+        state_dropout_per_step=mask == "step",
+        cuda_graphs=not cfg.mogrifier_no_cuda_graphs,
+        kernels=str(cfg.mogrifier_kernels),
+        mos_components=check_positive(cfg.mogrifier_mos_components, "--mogrifier-mos-components", "1: one softmax"),
+        projection_dropout=check_probability(projection_dropout, projection_flag),
+        softmax_temperature=temperature,
+        drop_state_probability=check_probability(
+            cfg.mogrifier_drop_state_probability, "--mogrifier-drop-state-probability"
+        ),
+        l2_penalty=check_nonnegative(cfg.mogrifier_l2_penalty, "--mogrifier-l2-penalty"),
+    )
+
+
+def build_mogrifier_decoder(spec: MogrifierLMSpec, dictionary) -> MogrifierLMDecoder:
+    """The decoder ``spec`` describes (of :func:`resolve_mogrifier_lm`, which checked it), over ``dictionary``.
+
+    Shapes: as :class:`MogrifierLMDecoder`'s.
+    """
+    layer = build_input_layer(spec.input)
+    lstm = MogrifierLSTM(
+        spec.input.width,
+        spec.hidden_size,
+        num_layers=spec.num_layers,
+        rounds=spec.rounds,
+        rank=spec.rank,
+        cap_input_gate=spec.cap_input_gate,
+        forget_bias=spec.forget_bias,
+        **{name: getattr(spec, name) for name in DROPOUTS},
+        sum_layer_outputs=spec.sum_layer_outputs,
+        shared_mask_dropout=spec.shared_mask_dropout,
+        state_dropout_per_step=spec.state_dropout_per_step,
+    )
+    lstm.cuda_graphs = spec.cuda_graphs  # on a GPU only (MogrifierLSTM.cuda_graphs)
     for lstm_layer in lstm.layers:
-        lstm_layer.kernels = str(cfg.mogrifier_kernels)
-    with flag_names(
-        dropout="--mogrifier-output-dropout"
-        if cfg.mogrifier_projection_dropout is None
-        else "--mogrifier-projection-dropout"
-    ):
-        output = TiedOutput(
-            layer.weight,
-            hidden,
-            components=cfg.mogrifier_mos_components,
-            dropout=projection_dropout,
-            shared_mask=cfg.mogrifier_shared_mask_dropout,
-        )
-    with flag_names(drop_state_probability="--mogrifier-drop-state-probability"):
-        return MogrifierLMDecoder(
-            dictionary,
-            layer.embed,
-            lstm,
-            output,
-            softmax_temperature=cfg.mogrifier_softmax_temperature,
-            drop_state_probability=cfg.mogrifier_drop_state_probability,
-            l2_penalty=cfg.mogrifier_l2_penalty,
-        )
+        lstm_layer.kernels = spec.kernels
+    output = TiedOutput(
+        layer.weight,
+        spec.hidden_size,
+        components=spec.mos_components,
+        dropout=spec.projection_dropout,
+        shared_mask=spec.shared_mask_dropout,
+    )
+    return MogrifierLMDecoder(
+        dictionary,
+        layer.embed,
+        lstm,
+        output,
+        softmax_temperature=spec.softmax_temperature,
+        drop_state_probability=spec.drop_state_probability,
+        l2_penalty=spec.l2_penalty,
+    )

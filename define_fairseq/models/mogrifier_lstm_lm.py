@@ -57,7 +57,7 @@ from fairseq.utils import safe_getattr
 from define_fairseq.models.compile import CompileConfig
 from define_fairseq.models.input_config import InputLayerConfig
 from define_fairseq.models.input_layer import InputLayerLanguageModel
-from define_fairseq.models.mogrifier_lm_decoder import STATE_MASKS, build_mogrifier_decoder, mogrifier_input_spec
+from define_fairseq.models.mogrifier_lm_decoder import STATE_MASKS, build_mogrifier_decoder, resolve_mogrifier_lm
 from define_fairseq.modules.mogrifier.layer import KERNELS
 
 
@@ -186,7 +186,7 @@ class MogrifierLSTMLMModel(InputLayerLanguageModel):
     """
 
     config_class = MogrifierLSTMLMConfig
-    input_spec = staticmethod(mogrifier_input_spec)
+    resolve = staticmethod(resolve_mogrifier_lm)
     build_decoder = staticmethod(build_mogrifier_decoder)
 
 

@@ -1,27 +1,28 @@
-"""The decoder of ``lstm_lm_define`` and ``awd_lstm_lm`` (:class:`RecurrentLMDecoder`) and the function that
-builds it from the models' configuration (:func:`build_recurrent_decoder`)."""
+"""The decoder of ``lstm_lm_define`` and ``awd_lstm_lm`` (:class:`RecurrentLMDecoder`), configured before it is
+built: :func:`resolve_recurrent_lm` reads, parses and checks every flag of the models' configuration into a
+:class:`RecurrentLMSpec`, and :func:`build_recurrent_decoder` builds the decoder from the spec alone."""
 
 from argparse import Namespace
+from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 import torch.nn as nn
 from fairseq.modules import AdaptiveSoftmax
 from torch import Tensor
 
-from define_fairseq.models.compile import compile_static_parts
-from define_fairseq.models.config_helpers import (
-    check_rate,
-    check_tail_widths,
-    check_tied_bands,
-    flag_names,
-    parse_cutoff,
+from define_fairseq.models.adaptive_softmax import AdaptiveSoftmaxSpec, build_adaptive_softmax, resolve_adaptive_softmax
+from define_fairseq.models.input_layer import (
+    InputLayerSpec,
+    build_input_layer,
+    check_tie,
+    resolve_input_layer,
+    tie_output,
 )
-from define_fairseq.models.input_layer import InputLayer, InputLayerSpec, resolve_input_layer, tie_output
 from define_fairseq.models.recurrent_decoder import RecurrentDecoder
 from define_fairseq.modules.awd_lstm.locked_dropout import locked_dropout
 from define_fairseq.modules.awd_lstm.lstm_stack import LSTMStack
 from define_fairseq.modules.awd_lstm.weight_drop import embedding_dropout
-from define_fairseq.modules.checks import check_cutoff, check_probability
+from define_fairseq.modules.checks import check_nonnegative, check_positive, check_probability
 
 
 class RecurrentLMDecoder(RecurrentDecoder):
@@ -69,8 +70,8 @@ class RecurrentLMDecoder(RecurrentDecoder):
             (embed_dropout, "embed_dropout"),
         ):
             check_probability(value, name)
-        if ar_alpha < 0 or tar_beta < 0:
-            raise ValueError(f"--awd-ar-alpha ({ar_alpha}) and --awd-tar-beta ({tar_beta}) must be >= 0")
+        check_nonnegative(ar_alpha, "ar_alpha")
+        check_nonnegative(tar_beta, "tar_beta")
         self.project_out_dim = project_out_dim
         self.output_projection = output_projection
         self.adaptive_softmax = adaptive_softmax
@@ -114,19 +115,39 @@ class RecurrentLMDecoder(RecurrentDecoder):
         return self.output_projection(features)
 
 
-def check_recurrent_config(cfg: Namespace, adaptive: bool) -> None:
-    """The checks of ``cfg`` that no module makes: sizes and combinations of flags (``ValueError`` naming them)."""
-    for name in ("decoder_hidden_size", "decoder_layers"):
-        if getattr(cfg, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')}={getattr(cfg, name)} must be at least 1")
-    if cfg.decoder_output_dim is not None and cfg.decoder_output_dim < 1:
-        raise ValueError(f"--decoder-output-dim={cfg.decoder_output_dim} must be at least 1")
-    if adaptive and cfg.adaptive_input_cutoff and not cfg.adaptive_input:
-        raise ValueError("--adaptive-input-cutoff is given without --adaptive-input; add --adaptive-input or drop it")
-    if adaptive:
-        check_rate(cfg.adaptive_softmax_dropout, "--adaptive-softmax-dropout")  # fairseq's AdaptiveSoftmax: unchecked
-        if cfg.tie_adaptive_proj and not cfg.tie_adaptive_weights:
-            raise ValueError("--tie-adaptive-proj needs --tie-adaptive-weights")
+def awd_table_init(weight: Tensor) -> None:
+    """AWD-LSTM's initialisation of the table: U(-0.1, 0.1)."""
+    nn.init.uniform_(weight, -0.1, 0.1)
+
+
+@dataclass(frozen=True)
+class RecurrentLMSpec:
+    """A :class:`RecurrentLMDecoder`'s configuration, read and checked: what :func:`build_recurrent_decoder` builds.
+
+    ``input``: the input layer (of width m, the LSTM's input); ``layer_sizes``: every LSTM layer's width, the last
+    one the output's; ``weight_drop``, ``hidden_dropout``: the stack's; ``input_dropout``, ``output_dropout``,
+    ``embed_dropout``, ``ar_alpha``, ``tar_beta``: the decoder's. The output layer is ``adaptive_softmax`` (fairseq's
+    adaptive softmax, tied to the adaptive input when its spec says so) or, when that is None, a full softmax with a
+    bias, tied to the input layer's ``V x n`` table when ``tie_full_softmax``.
+    """
+
+    input: InputLayerSpec
+    layer_sizes: Tuple[int, ...]
+    weight_drop: float
+    hidden_dropout: float
+    input_dropout: float
+    output_dropout: float
+    embed_dropout: float
+    ar_alpha: float
+    tar_beta: float
+    tie_full_softmax: bool
+    adaptive_softmax: Optional[AdaptiveSoftmaxSpec]
+
+    @property
+    def projects_out(self) -> bool:
+        """A bias-free ``Linear(last layer, n)`` comes before the output layer: a tied one reads n features."""
+        tied = self.tie_full_softmax or (self.adaptive_softmax is not None and self.adaptive_softmax.tied)
+        return tied and self.layer_sizes[-1] != self.input.n
 
 
 def locked_dropouts(cfg: Namespace) -> Dict[str, Tuple[float, str]]:
@@ -139,108 +160,89 @@ def locked_dropouts(cfg: Namespace) -> Dict[str, Tuple[float, str]]:
     return dropouts
 
 
-def awd_table_init(weight: Tensor) -> None:
-    """AWD-LSTM's initialisation of the table: U(-0.1, 0.1)."""
-    nn.init.uniform_(weight, -0.1, 0.1)
+def resolve_recurrent_lm(cfg: Namespace, dictionary, adaptive: bool, tie_full_softmax: bool) -> RecurrentLMSpec:
+    """The decoder that ``cfg`` describes (a namespace of ``LSTMLMDefineConfig``'s or ``AWDLSTMLMConfig``'s fields;
+    the adaptive ones are read only when ``adaptive``) over ``dictionary``, every flag checked and nothing built.
+    ``tie_full_softmax``: the family's flag for tying a full softmax to the V x n table is set.
 
-
-def build_recurrent_output(
-    cfg: Namespace, dictionary, layer: InputLayer, last: int, adaptive: bool, tie_full_softmax: bool
-):
-    """``(output_projection, adaptive_softmax, project_out_dim)`` for a last LSTM layer of ``last`` units: a full
-    softmax (tied to the input layer's V x n table or not) or fairseq's adaptive softmax (tied to the adaptive input
-    or not)."""
-    vocab, n, input_cutoff = len(dictionary), layer.tied_width, layer.adaptive_cutoff
-    project_out_dim = output_projection = adaptive_softmax = None
-    softmax_cutoff = cfg.adaptive_softmax_cutoff if adaptive else None
-    if softmax_cutoff:
-        cutoff = check_cutoff(
-            parse_cutoff(softmax_cutoff, "--adaptive-softmax-cutoff"), vocab, "--adaptive-softmax-cutoff"
-        )
-        if tie_full_softmax:
+    The input layer is the map (a V x n table or an adaptive input), with a DeFINE unit n -> m under
+    ``--input-layer define``, or a projective map. Raises ``ValueError`` naming the flag for every impossible value
+    or combination.
+    """
+    layer = resolve_input_layer(
+        cfg, dictionary, cfg.decoder_embed_dim, "--decoder-embed-dim", table_init=awd_table_init, adaptive_map=adaptive
+    )
+    hidden = check_positive(cfg.decoder_hidden_size, "--decoder-hidden-size")
+    count = check_positive(cfg.decoder_layers, "--decoder-layers")
+    last = layer.n if cfg.decoder_output_dim is None else check_positive(cfg.decoder_output_dim, "--decoder-output-dim")
+    dropouts = {where: check_probability(*picked) for where, picked in locked_dropouts(cfg).items()}
+    softmax = None
+    if adaptive:
+        if cfg.adaptive_input_cutoff and not cfg.adaptive_input:
+            raise ValueError(
+                "--adaptive-input-cutoff is given without --adaptive-input; add --adaptive-input or drop it"
+            )
+        if cfg.tie_adaptive_proj and not cfg.tie_adaptive_weights:
+            raise ValueError("--tie-adaptive-proj needs --tie-adaptive-weights")
+        softmax = resolve_adaptive_softmax(cfg, layer.vocab, last, tied_to=layer if cfg.tie_adaptive_weights else None)
+        if softmax is None and cfg.tie_adaptive_weights:
+            raise ValueError("--tie-adaptive-weights needs an adaptive softmax (--adaptive-softmax-cutoff)")
+    if tie_full_softmax:
+        if softmax is not None:
             raise ValueError(
                 "--share-decoder-input-output-embed ties a full softmax; to tie the adaptive softmax "
                 "(--adaptive-softmax-cutoff) use --tie-adaptive-weights instead"
             )
-        if cfg.tie_adaptive_weights:
-            check_tied_bands(cfg, input_cutoff, cutoff)
-            if last != n:
-                project_out_dim = nn.Linear(last, n, bias=False)
-            adaptive_softmax = AdaptiveSoftmax(
-                vocab,
-                n,
-                cutoff,
-                cfg.adaptive_softmax_dropout,
-                factor=cfg.adaptive_softmax_factor,
-                adaptive_inputs=layer.embed,
-                tie_proj=cfg.tie_adaptive_proj,
-            )
-        else:
-            check_tail_widths(cutoff, last, cfg.adaptive_softmax_factor, softmax_cutoff)
-            adaptive_softmax = AdaptiveSoftmax(
-                vocab, last, cutoff, cfg.adaptive_softmax_dropout, factor=cfg.adaptive_softmax_factor
-            )
+        check_tie(layer, "--share-decoder-input-output-embed")
+    return RecurrentLMSpec(
+        input=layer,
+        layer_sizes=(hidden,) * (count - 1) + (last,),
+        weight_drop=check_probability(cfg.awd_weight_drop, "--awd-weight-drop"),
+        hidden_dropout=dropouts["hidden"],
+        input_dropout=dropouts["input"],
+        output_dropout=dropouts["output"],
+        embed_dropout=check_probability(cfg.awd_embed_dropout, "--awd-embed-dropout"),
+        ar_alpha=check_nonnegative(cfg.awd_ar_alpha, "--awd-ar-alpha"),
+        tar_beta=check_nonnegative(cfg.awd_tar_beta, "--awd-tar-beta"),
+        tie_full_softmax=bool(tie_full_softmax),
+        adaptive_softmax=softmax,
+    )
+
+
+def build_recurrent_decoder(spec: RecurrentLMSpec, dictionary) -> RecurrentLMDecoder:
+    """The decoder ``spec`` describes (of :func:`resolve_recurrent_lm`, which checked it), over ``dictionary``.
+
+    Shapes: as :class:`RecurrentLMDecoder`'s.
+    """
+    layer = build_input_layer(spec.input)
+    lstm = LSTMStack(
+        spec.input.width, spec.layer_sizes, weight_drop=spec.weight_drop, hidden_dropout=spec.hidden_dropout
+    )
+    last, n, vocab = spec.layer_sizes[-1], layer.tied_width, len(dictionary)
+    # created in this order (projection, output layer) so that a seed gives the weights it always gave
+    project_out_dim = nn.Linear(last, n, bias=False) if spec.projects_out else None
+    output_projection = adaptive_softmax = None
+    if spec.adaptive_softmax is not None:
+        adaptive_softmax = build_adaptive_softmax(spec.adaptive_softmax, layer.embed)
+    elif spec.tie_full_softmax:
+        output_projection = tie_output(layer, nn.Linear(n, vocab, bias=True), "--share-decoder-input-output-embed")
     else:
-        if adaptive and cfg.tie_adaptive_weights:
-            raise ValueError("--tie-adaptive-weights needs an adaptive softmax (--adaptive-softmax-cutoff)")
-        if tie_full_softmax:
-            if last != n:
-                project_out_dim = nn.Linear(last, n, bias=False)
-            output_projection = tie_output(layer, nn.Linear(n, vocab, bias=True), "--share-decoder-input-output-embed")
-        else:
-            output_projection = nn.Linear(last, vocab, bias=True)
-            nn.init.normal_(output_projection.weight, mean=0.0, std=last**-0.5)
+        output_projection = nn.Linear(last, vocab, bias=True)
+        nn.init.normal_(output_projection.weight, mean=0.0, std=last**-0.5)
+    if output_projection is not None:
         nn.init.zeros_(output_projection.bias)
     if project_out_dim is not None:
         nn.init.xavier_uniform_(project_out_dim.weight)
-    return output_projection, adaptive_softmax, project_out_dim
-
-
-def recurrent_input_spec(cfg: Namespace, dictionary, adaptive: bool) -> InputLayerSpec:
-    """The input layer of the recurrent decoder ``cfg`` describes: the map (a V x n table or an adaptive input), with
-    a DeFINE unit n -> m under ``--input-layer define``, or a projective map."""
-    return resolve_input_layer(
-        cfg, dictionary, cfg.decoder_embed_dim, "--decoder-embed-dim", table_init=awd_table_init, adaptive_map=adaptive
+    return RecurrentLMDecoder(
+        dictionary,
+        layer.embed,
+        lstm,
+        output_projection=output_projection,
+        adaptive_softmax=adaptive_softmax,
+        project_out_dim=project_out_dim,
+        input_dropout=spec.input_dropout,
+        output_dropout=spec.output_dropout,
+        embed_dropout=spec.embed_dropout,
+        ar_alpha=spec.ar_alpha,
+        tar_beta=spec.tar_beta,
     )
-
-
-def build_recurrent_decoder(
-    cfg: Namespace, dictionary, layer: InputLayer, adaptive: bool, tie_full_softmax: bool
-) -> RecurrentLMDecoder:
-    """The decoder described by ``cfg`` (a namespace of ``LSTMLMDefineConfig``'s or ``AWDLSTMLMConfig``'s fields;
-    the adaptive ones are read only when ``adaptive``) over the input layer ``layer`` (of
-    :func:`recurrent_input_spec`). ``tie_full_softmax``: tie a full softmax to the V x n table.
-
-    Raises ``ValueError`` naming the flag for every impossible combination: the sizes and combinations here, the
-    probabilities in the modules (each under the flag that set it).
-    """
-    check_recurrent_config(cfg, adaptive)
-    dropouts = locked_dropouts(cfg)
-    last = cfg.decoder_output_dim if cfg.decoder_output_dim is not None else layer.tied_width
-    with flag_names(hidden_dropout=dropouts["hidden"][1], weight_drop="--awd-weight-drop"):
-        lstm = LSTMStack(
-            cfg.decoder_embed_dim,
-            [cfg.decoder_hidden_size] * (cfg.decoder_layers - 1) + [last],
-            weight_drop=cfg.awd_weight_drop,
-            hidden_dropout=dropouts["hidden"][0],
-        )
-    output_projection, adaptive_softmax, project_out_dim = build_recurrent_output(
-        cfg, dictionary, layer, last, adaptive, tie_full_softmax
-    )
-    with flag_names(
-        input_dropout=dropouts["input"][1], output_dropout=dropouts["output"][1], embed_dropout="--awd-embed-dropout"
-    ):
-        decoder = RecurrentLMDecoder(
-            dictionary,
-            layer.embed,
-            lstm,
-            output_projection=output_projection,
-            adaptive_softmax=adaptive_softmax,
-            project_out_dim=project_out_dim,
-            input_dropout=dropouts["input"][0],
-            output_dropout=dropouts["output"][0],
-            embed_dropout=cfg.awd_embed_dropout,
-            ar_alpha=cfg.awd_ar_alpha,
-            tar_beta=cfg.awd_tar_beta,
-        )
-    return compile_static_parts(decoder, cfg)

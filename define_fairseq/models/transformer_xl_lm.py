@@ -34,7 +34,7 @@ Train with ``--criterion lm_regularized_loss --ddp-backend legacy_ddp`` (it scor
 """
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -44,14 +44,15 @@ from torch import Tensor
 
 from define_fairseq.models.carried_state import CarriedState, reorder_cached
 from define_fairseq.models.compile import CompileConfig
-from define_fairseq.models.config_helpers import (
-    MAX_POSITIONS,
-    flag_names,
-    parse_cutoff,
-)
+from define_fairseq.models.config_helpers import MAX_POSITIONS, resolve_cutoff
 from define_fairseq.models.input_config import InputLayerConfig
-from define_fairseq.models.input_layer import InputLayer, InputLayerLanguageModel, InputLayerSpec, resolve_input_layer
-from define_fairseq.modules.checks import check_cutoff
+from define_fairseq.models.input_layer import (
+    InputLayerLanguageModel,
+    InputLayerSpec,
+    build_input_layer,
+    resolve_input_layer,
+)
+from define_fairseq.modules.checks import check_nonnegative, check_positive, check_probability
 from define_fairseq.modules.transformer_xl.layers import TransformerXLStack
 from define_fairseq.modules.transformer_xl.projected_adaptive_softmax import ProjectedAdaptiveSoftmax
 
@@ -179,75 +180,96 @@ class TransformerXLDecoder(FairseqIncrementalDecoder):
         return MAX_POSITIONS
 
 
-def transformer_xl_input_spec(cfg, dictionary) -> InputLayerSpec:
-    """The input layer ``cfg`` describes, d wide (``--decoder-embed-dim``); a table is Transformer-XL's, scaled by
-    sqrt(d)."""
-    return resolve_input_layer(cfg, dictionary, cfg.decoder_embed_dim, "--decoder-embed-dim", scaled_table=True)
+@dataclass(frozen=True)
+class TransformerXLSpec:
+    """A :class:`TransformerXLDecoder`'s configuration, read and checked: what :func:`build_transformer_xl_decoder`
+    builds. ``input``: the input layer, d wide (a table is Transformer-XL's, scaled by sqrt(d)); the stack's
+    arguments as :class:`TransformerXLStack` names them (``num_layers`` to ``same_length``); the softmax's
+    ``cutoff`` (the tail clusters' boundaries, without V; empty: one cluster) and ``softmax_dropout``."""
+
+    input: InputLayerSpec
+    num_layers: int
+    heads: int
+    head_dim: int
+    ffn_dim: int
+    dropout: float
+    attention_dropout: float
+    pre_norm: bool
+    mem_len: int
+    clamp_len: int
+    same_length: bool
+    cutoff: Tuple[int, ...]
+    softmax_dropout: float
 
 
-def build_transformer_xl_decoder(cfg, dictionary, layer: InputLayer) -> TransformerXLDecoder:
-    """The decoder described by ``cfg`` (a namespace of :class:`TransformerXLConfig` fields) over the input layer
-    ``layer`` (of :func:`transformer_xl_input_spec`), its softmax tied to the layer's table.
-
-    Raises ``ValueError`` naming the flag for every impossible setting.
-    """
-    vocab, d, embed = len(dictionary), cfg.decoder_embed_dim, layer.embed
-    for name in (
-        "decoder_layers",
-        "decoder_embed_dim",
-        "decoder_attention_heads",
-        "txl_head_dim",
-        "decoder_ffn_embed_dim",
-    ):
-        if getattr(cfg, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')}={getattr(cfg, name)} must be at least 1")
+def resolve_transformer_xl(cfg, dictionary) -> TransformerXLSpec:
+    """The decoder that ``cfg`` (a namespace of :class:`TransformerXLConfig` fields) describes over ``dictionary``,
+    every flag checked and nothing built; a ``ValueError`` naming the flag for every impossible setting."""
+    layer = resolve_input_layer(cfg, dictionary, cfg.decoder_embed_dim, "--decoder-embed-dim", scaled_table=True)
+    d = layer.width
     if d % 2:
         raise ValueError(
             f"--decoder-embed-dim={d} must be even (the sinusoidal position encoding has d/2 sine and "
             f"d/2 cosine components)"
         )
-    if cfg.txl_mem_len < 0:
-        raise ValueError(f"--txl-mem-len={cfg.txl_mem_len} must be >= 0 (0: no memory)")
+    mem_len = check_nonnegative(cfg.txl_mem_len, "--txl-mem-len", "0: no memory")
     if cfg.txl_clamp_len < -1:
         raise ValueError(f"--txl-clamp-len={cfg.txl_clamp_len} must be -1 (no clamping) or >= 0")
-    if cfg.txl_same_length and cfg.txl_mem_len == 0:
+    if cfg.txl_same_length and mem_len == 0:
         raise ValueError(
             "--txl-same-length needs a memory (--txl-mem-len > 0): it makes every position attend to mem_len states"
         )
-    cutoff = []
-    if cfg.adaptive_softmax_cutoff:
-        cutoff = check_cutoff(
-            parse_cutoff(cfg.adaptive_softmax_cutoff, "--adaptive-softmax-cutoff"), vocab, "--adaptive-softmax-cutoff"
-        )[:-1]
-    clusters = len(cutoff) + 1
+    cutoff = resolve_cutoff(cfg.adaptive_softmax_cutoff or None, len(dictionary), "--adaptive-softmax-cutoff")
+    return TransformerXLSpec(
+        input=layer,
+        num_layers=check_positive(cfg.decoder_layers, "--decoder-layers"),
+        heads=check_positive(cfg.decoder_attention_heads, "--decoder-attention-heads"),
+        head_dim=check_positive(cfg.txl_head_dim, "--txl-head-dim"),
+        ffn_dim=check_positive(cfg.decoder_ffn_embed_dim, "--decoder-ffn-embed-dim"),
+        dropout=check_probability(cfg.dropout, "--dropout"),
+        attention_dropout=check_probability(cfg.attention_dropout, "--attention-dropout"),
+        pre_norm=cfg.txl_pre_norm,
+        mem_len=mem_len,
+        clamp_len=cfg.txl_clamp_len,
+        same_length=cfg.txl_same_length,
+        cutoff=() if cutoff is None else tuple(cutoff[:-1]),
+        softmax_dropout=check_probability(cfg.adaptive_softmax_dropout, "--adaptive-softmax-dropout"),
+    )
+
+
+def build_transformer_xl_decoder(spec: TransformerXLSpec, dictionary) -> TransformerXLDecoder:
+    """The decoder ``spec`` describes (of :func:`resolve_transformer_xl`, which checked it), over ``dictionary``,
+    its softmax tied to the input layer's table.
+
+    Shapes: as :class:`TransformerXLDecoder`'s.
+    """
+    layer = build_input_layer(spec.input)
+    embed, clusters = layer.embed, len(spec.cutoff) + 1
     projections = None
     if getattr(embed, "projection", None) is not None:  # a projective map: the head cluster ties to its projection
         projections = [embed.projection] + [None] * (clusters - 1)
-    with flag_names(dropout="--adaptive-softmax-dropout"):
-        adaptive_softmax = ProjectedAdaptiveSoftmax(
-            vocab,
-            layer.tied_width,
-            d,
-            cutoff,
-            table=layer.weight,
-            projections=projections,
-            dropout=cfg.adaptive_softmax_dropout,
-        )
-
-    with flag_names(dropout="--dropout", attention_dropout="--attention-dropout"):
-        stack = TransformerXLStack(
-            cfg.decoder_layers,
-            d,
-            cfg.decoder_attention_heads,
-            cfg.txl_head_dim,
-            cfg.decoder_ffn_embed_dim,
-            dropout=cfg.dropout,
-            attention_dropout=cfg.attention_dropout,
-            pre_norm=cfg.txl_pre_norm,
-            mem_len=cfg.txl_mem_len,
-            clamp_len=cfg.txl_clamp_len,
-            same_length=cfg.txl_same_length,
-        )
+    adaptive_softmax = ProjectedAdaptiveSoftmax(
+        len(dictionary),
+        layer.tied_width,
+        spec.input.width,
+        list(spec.cutoff),
+        table=layer.weight,
+        projections=projections,
+        dropout=spec.softmax_dropout,
+    )
+    stack = TransformerXLStack(
+        spec.num_layers,
+        spec.input.width,
+        spec.heads,
+        spec.head_dim,
+        spec.ffn_dim,
+        dropout=spec.dropout,
+        attention_dropout=spec.attention_dropout,
+        pre_norm=spec.pre_norm,
+        mem_len=spec.mem_len,
+        clamp_len=spec.clamp_len,
+        same_length=spec.same_length,
+    )
     return TransformerXLDecoder(dictionary, embed, stack, adaptive_softmax)
 
 
@@ -257,7 +279,7 @@ class TransformerXLLanguageModel(InputLayerLanguageModel):
     reset_state=None, incremental_state=None)`` as :class:`TransformerXLDecoder`."""
 
     config_class = TransformerXLConfig
-    input_spec = staticmethod(transformer_xl_input_spec)
+    resolve = staticmethod(resolve_transformer_xl)
     build_decoder = staticmethod(build_transformer_xl_decoder)
 
 

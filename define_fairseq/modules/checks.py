@@ -1,18 +1,22 @@
-"""Checks of a module's arguments, raising in the module's own parameter names.
+"""Checks of a value, raising a :class:`ParameterError` that names it.
 
-A model maps the name to its command-line flag with
-:func:`define_fairseq.models.config_helpers.flag_names`, so that each value is checked once, where it is used.
+A module checks its arguments in its own parameter names. A model's resolver checks each flag's value under the
+flag's name before it builds anything (``check_probability(cfg.dropout, "--dropout")``), so that a bad flag stops
+the build before any module exists; where a module is the only one that checks an argument (the DeFINE unit's),
+the model maps the module's name to the flag with :func:`define_fairseq.models.config_helpers.flag_names`.
 """
 
+import math
 from typing import Dict, List, Optional, Sequence
 
 
 class ParameterError(ValueError):
     """A bad value for the parameter ``name``; ``requirement`` says what a good one is.
 
-    The message is ``"{name}{sep}{value}: {requirement}"`` followed by ``(note)`` when a note is given.
-    ``requirement`` may name other parameters as ``{other}``, given in ``related`` (name -> value): each shows
-    as ``other=value``, so that :meth:`renamed` can name their flags too.
+    The message is ``"{name}{sep}{value}: {requirement}"`` followed by ``(note)`` when a note is given; with
+    ``predicate`` (a requirement that reads as a predicate of the value, ``must be at least 1``) the requirement
+    follows the value without the colon. ``requirement`` may name other parameters as ``{other}``, given in
+    ``related`` (name -> value): each shows as ``other=value``, so that :meth:`renamed` can name their flags too.
     """
 
     def __init__(
@@ -24,9 +28,10 @@ class ParameterError(ValueError):
         sep: str = "=",
         related: Optional[Dict[str, object]] = None,
         labels: Optional[Dict[str, str]] = None,
+        predicate: bool = False,
     ):
         self.name, self.value, self.requirement, self.note, self.sep = name, value, requirement, note, sep
-        self.related = dict(related or {})
+        self.related, self.predicate = dict(related or {}), predicate
         labels = labels or {}
         shown = (
             requirement.format_map(
@@ -35,20 +40,31 @@ class ParameterError(ValueError):
             if related
             else requirement
         )
-        super().__init__(f"{labels.get(name, name)}{sep}{value}: {shown}" + (f" ({note})" if note else ""))
+        joint = " " if predicate else ": "
+        super().__init__(f"{labels.get(name, name)}{sep}{value}{joint}{shown}" + (f" ({note})" if note else ""))
 
     def renamed(self, labels: Dict[str, str]) -> "ParameterError":
         """The same error with the parameters of ``labels`` (name -> label, e.g. a command-line flag) shown
         under their labels."""
-        return ParameterError(self.name, self.value, self.requirement, self.note, self.sep, self.related, labels)
+        return ParameterError(
+            self.name, self.value, self.requirement, self.note, self.sep, self.related, labels, self.predicate
+        )
 
 
 def check_positive(value: int, name: str, note: Optional[str] = None) -> int:
     """``value`` as an int if it is at least 1 (a size or a count); a :class:`ParameterError` naming ``name``
     otherwise."""
     if int(value) < 1:
-        raise ParameterError(name, value, "must be at least 1", note)
+        raise ParameterError(name, value, "must be at least 1", note, predicate=True)
     return int(value)
+
+
+def check_nonnegative(value: float, name: str, note: Optional[str] = None) -> float:
+    """``value`` if it is a finite number of at least 0 (a coefficient, or a count that may be 0); a
+    :class:`ParameterError` naming ``name`` otherwise."""
+    if not (value >= 0 and math.isfinite(value)):
+        raise ParameterError(name, value, "must be >= 0", note, predicate=True)
+    return value
 
 
 def check_probability(value: float, name: str, note: Optional[str] = None) -> float:
