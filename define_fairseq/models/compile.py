@@ -72,13 +72,27 @@ def compiled_parts(model: nn.Module) -> list:
     return parts
 
 
-def compile_static_parts(model: nn.Module, cfg) -> nn.Module:
-    """``model`` with its static parts compiled in place when ``cfg.torch_compile`` (else unchanged); returns it.
+@dataclass(frozen=True)
+class CompileSpec:
+    """What ``--torch-compile`` asks for, checked: the DeFINE token path and ``nn.Module.compile``'s options."""
+
+    token_path: str
+    backend: str
+    mode: Optional[str]  # None: torch's default
+
+    @property
+    def options(self) -> dict:
+        return dict(backend=self.backend, **({} if self.mode is None else {"mode": self.mode}))
+
+
+def resolve_compile(cfg) -> Optional[CompileSpec]:
+    """``cfg``'s ``--torch-compile*`` flags as a :class:`CompileSpec` (None without ``--torch-compile``); every
+    family calls it before it builds a module.
 
     Raises ``ValueError`` naming the flag when ``--define-token-path`` asks for the path with data-dependent shapes.
     """
     if not getattr(cfg, "torch_compile", False):
-        return model
+        return None
     token_path = getattr(cfg, "define_token_path", None)
     token_path = "auto" if token_path is None else str(token_path)
     if token_path not in STATIC_TOKEN_PATHS:
@@ -87,9 +101,17 @@ def compile_static_parts(model: nn.Module, cfg) -> nn.Module:
             f"under --torch-compile, table or positions); drop --define-token-path {token_path} or --torch-compile"
         )
     mode = getattr(cfg, "torch_compile_mode", None)
-    options = dict(backend=getattr(cfg, "torch_compile_backend", None) or "inductor")
-    if mode is not None and str(mode) != "default":
-        options["mode"] = str(mode)
+    mode = None if mode is None or str(mode) == "default" else str(mode)
+    return CompileSpec(token_path, getattr(cfg, "torch_compile_backend", None) or "inductor", mode)
+
+
+def compile_static_parts(model: nn.Module, cfg) -> nn.Module:
+    """``model`` with its static parts compiled in place when ``cfg.torch_compile`` (else unchanged); returns it.
+    The flags are those :func:`resolve_compile` checks."""
+    spec = resolve_compile(cfg)
+    if spec is None:
+        return model
+    token_path, options = spec.token_path, spec.options
     for part in compiled_parts(model):
         if isinstance(part, DeFINEEmbedding):
             part.token_path = token_path

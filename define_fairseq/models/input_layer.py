@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 from fairseq.models import FairseqLanguageModel
 
-from define_fairseq.models.compile import compile_static_parts
+from define_fairseq.models.compile import compile_static_parts, resolve_compile
 from define_fairseq.models.config_helpers import config_namespace, flag_names, resolve_cutoff
 from define_fairseq.models.define_config import DEFINE_FLAGS, define_options
 from define_fairseq.modules import AdaptiveInput, DeFINEEmbedding, FoldedDeFINEEmbedding, ProjectiveEmbedding
@@ -260,6 +260,7 @@ class InputLayerLanguageModel(FairseqLanguageModel):
     @classmethod
     def build_model(cls, cfg, task):
         args = cls.resolved_config(cfg)
+        resolve_compile(args)  # its flags checked before anything is built
         spec = cls.resolve(args, task.target_dictionary)
         return compile_static_parts(cls(cls.build_decoder(spec, task.target_dictionary)), args)
 

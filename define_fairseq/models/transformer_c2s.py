@@ -29,7 +29,7 @@ from fairseq.models.transformer.transformer_legacy import (
 )
 from fairseq.utils import safe_getattr
 
-from define_fairseq.models.compile import CompileConfig, compile_static_parts
+from define_fairseq.models.compile import CompileConfig, compile_static_parts, resolve_compile
 from define_fairseq.models.config_helpers import config_namespace, flag_names, plugin_defaults
 from define_fairseq.models.input_config import DeFINEUnitConfig
 from define_fairseq.models.input_layer import INPUT_KINDS, build_input_layer, resolve_input_layer
@@ -144,6 +144,7 @@ class TransformerC2SModel(TransformerModel):
     @classmethod
     def build_model(cls, args, task):
         args = cls.resolved_config(args)
+        resolve_compile(args)  # its flags checked before anything is built
         if args.share_all_embeddings:
             raise ValueError(
                 "transformer_c2s cannot --share-all-embeddings: a Char2Subword encoder embedding has "

@@ -27,7 +27,7 @@ from fairseq.models.transformer.transformer_legacy import (
 )
 from fairseq.utils import safe_getattr
 
-from define_fairseq.models.compile import CompileConfig, compile_static_parts
+from define_fairseq.models.compile import CompileConfig, compile_static_parts, resolve_compile
 from define_fairseq.models.config_helpers import config_namespace, plugin_defaults
 from define_fairseq.models.input_config import input_layer_config
 from define_fairseq.models.input_layer import build_input_layer, resolve_input_layer
@@ -103,6 +103,7 @@ class TransformerDefineModel(TransformerModel):
         # A DictConfig (Hydra, checkpoints) or a namespace becomes a namespace; a "${model...}" placeholder that
         # nothing resolved (a namespace built without fairseq-train's parser) is left for the arch to fill in.
         args = cls.resolved_config(args)
+        resolve_compile(args)  # its flags checked before anything is built
         src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
         for path in (args.encoder_embed_path, args.decoder_embed_path):
             if path:

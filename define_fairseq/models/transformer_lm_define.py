@@ -29,8 +29,8 @@ from fairseq.models.transformer_lm import (
 )
 from fairseq.utils import safe_getattr
 
-from define_fairseq.models.compile import CompileConfig, compile_static_parts
-from define_fairseq.models.config_helpers import check_tied_bands, config_namespace, parse_cutoff, plugin_defaults
+from define_fairseq.models.compile import CompileConfig, compile_static_parts, resolve_compile
+from define_fairseq.models.config_helpers import check_tied_bands, config_namespace, plugin_defaults, resolve_cutoff
 from define_fairseq.models.input_config import input_layer_config
 from define_fairseq.models.input_layer import build_input_layer, resolve_input_layer
 
@@ -92,6 +92,7 @@ class TransformerLMDefine(TransformerLanguageModel):
         # A DictConfig (Hydra, checkpoints) or a namespace becomes a namespace; unresolved "${...}" values are
         # left for the arch function to fill in.
         args = cls.resolved_config(args)
+        resolve_compile(args)  # its flags checked before anything is built
         if args.decoder_layers_to_keep:
             args.decoder_layers = len(args.decoder_layers_to_keep.split(","))
         if getattr(args, "max_target_positions", None) is None:
@@ -107,12 +108,14 @@ class TransformerLMDefine(TransformerLanguageModel):
         if spec.kind != "table":  # the map scales itself (DeFINE by sqrt(n), a projective map by sqrt(d))
             args.no_scale_embedding = True
         n = spec.n
-        input_cutoff = parse_cutoff(
-            args.adaptive_input_cutoff if args.adaptive_input else None, "--adaptive-input-cutoff"
+        # checked against the vocabulary here: fairseq's own error would not name the flag
+        vocab = len(task.target_dictionary)
+        input_cutoff = resolve_cutoff(
+            args.adaptive_input_cutoff if args.adaptive_input else None, vocab, "--adaptive-input-cutoff"
         )
         if args.adaptive_input and not input_cutoff:
             raise ValueError("--adaptive-input needs --adaptive-input-cutoff (e.g. 20000,60000)")
-        softmax_cutoff = parse_cutoff(args.adaptive_softmax_cutoff, "--adaptive-softmax-cutoff")
+        softmax_cutoff = resolve_cutoff(args.adaptive_softmax_cutoff, vocab, "--adaptive-softmax-cutoff")
         if args.tie_adaptive_weights:
             check_tied_bands(args, input_cutoff, softmax_cutoff)
             if args.define_untie_output:

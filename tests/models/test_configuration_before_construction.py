@@ -75,6 +75,9 @@ BAD = [
     ("transformer_xl_lm", dict(adaptive_softmax_dropout=-0.1), "--adaptive-softmax-dropout=-0.1"),
     ("transformer_xl_lm", dict(decoder_ffn_embed_dim=0), "--decoder-ffn-embed-dim=0 must be at least 1"),
     ("transformer_xl_lm", dict(txl_mem_len=-1), "--txl-mem-len=-1 must be >= 0 (0: no memory)"),
+] + [  # --torch-compile's flags, in every family
+    (family, dict(torch_compile=True, define_token_path="unique"), "--torch-compile needs a DeFINE token path")
+    for family in sorted(TINY)
 ]
 
 

@@ -149,6 +149,7 @@ def test_checkpoint_round_trip(lm_data, tmp_path, arch):
             "differs from --adaptive-input-cutoff",
         ),
         (["--adaptive-input", "--adaptive-input-cutoff", "10,300"], "below the vocabulary"),
+        (["--adaptive-softmax-cutoff", "10,300"], "--adaptive-softmax-cutoff 10,300: the last cutoff"),
         (["--decoder-output-dim", "24"], "--decoder-output-dim=24"),
         (["--define-k", "8"], "--define-k"),
         (["--character-embeddings"], "--character-embeddings"),
