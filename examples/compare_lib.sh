@@ -4,26 +4,35 @@
 
 # The points every comparison scores (compare_run), and its options' defaults before the script's own: equal
 # updates after UPDATES, equal time (TIMED=1; -T: none), longer training after LONG (0: none) for seeds
-# 1..LONG_SEEDS; EXTRA: fairseq-train arguments given to every model (-x).
-TIMED=1 LONG=0 LONG_SEEDS=1 EXTRA="" CORPUS=""
+# 1..LONG_SEEDS; EXTRA: fairseq-train arguments given to every model (-x); SCHEDULE: the learning rate's (-S).
+TIMED=1 LONG=0 LONG_SEEDS=1 EXTRA="" CORPUS="" SCHEDULE=fixed
 
 # compare_options ARGS...: parse a comparison's command line with getopts: -o OUT, -s SEEDS, -m MODELS, -c CORPUS
-# (a corpus folder), -u UPDATES, -T, -L LONG, -n LONG_SEEDS, -i SAVE_EVERY, -x EXTRA, -d DEVICE, -p PRECISION and
-# -h (the script's function `usage`, then exit 0). A bad option prints the usage on stderr and exits 2. -d cpu (the
-# default) or cuda (fairseq's default device, the first GPU) and -p fp32 (the default) or bf16 (training in
-# bfloat16 through define_fairseq.tools.train, scoring in float32) set DEVICE_ARGS and EVAL_DEVICE_ARGS.
+# (a corpus folder), -u UPDATES, -T, -L LONG, -n LONG_SEEDS, -i SAVE_EVERY, -x EXTRA, -S SCHEDULE, -d DEVICE,
+# -p PRECISION and -h (the script's function `usage`, then exit 0). A bad option prints the usage on stderr and
+# exits 2. -d cpu (the default) or cuda (fairseq's default device, the first GPU) and -p fp32 (the default) or bf16
+# (training in bfloat16 through define_fairseq.tools.train, scoring in float32) set DEVICE_ARGS and
+# EVAL_DEVICE_ARGS. -S cosine sets TIMED=0: a run cut at another's time is not annealed.
 compare_options() {
     local opt OPTARG OPTIND=1 device=cpu precision=fp32
     COMPARE_COMMAND="bash $0${*:+ $(printf '%q ' "$@")}"  # kept with every run in OUT/results.json
     COMPARE_COMMAND=${COMPARE_COMMAND% }
-    while getopts "o:s:m:c:u:TL:n:i:x:d:p:h" opt; do
+    while getopts "o:s:m:c:u:TL:n:i:x:S:d:p:h" opt; do
         case $opt in
             o) OUT=$OPTARG ;; s) SEEDS=$OPTARG ;; m) MODELS=$OPTARG ;; c) CORPUS=$OPTARG ;;
             u) UPDATES=$OPTARG ;; T) TIMED=0 ;; L) LONG=$OPTARG ;; n) LONG_SEEDS=$OPTARG ;;
-            i) SAVE_EVERY=$OPTARG ;; x) EXTRA=$OPTARG ;; d) device=$OPTARG ;; p) precision=$OPTARG ;;
-            h) usage; exit 0 ;; *) usage >&2; exit 2 ;;
+            i) SAVE_EVERY=$OPTARG ;; x) EXTRA=$OPTARG ;; S) SCHEDULE=$OPTARG ;; d) device=$OPTARG ;;
+            p) precision=$OPTARG ;; h) usage; exit 0 ;; *) usage >&2; exit 2 ;;
         esac
     done
+    case $SCHEDULE in
+        fixed) ;;
+        cosine) TIMED=0
+            if [[ " $EXTRA " == *" --lr-scheduler"* ]]; then
+                echo "error: -S cosine: -x sets --lr-scheduler, which -S cosine sets for every model" >&2; exit 2
+            fi ;;
+        *) echo "error: -S $SCHEDULE: the schedule is fixed or cosine" >&2; exit 2 ;;
+    esac
     case $device in
         cpu) DEVICE_ARGS=(--cpu) EVAL_DEVICE_ARGS=(--cpu) ;;
         cuda) DEVICE_ARGS=() EVAL_DEVICE_ARGS=() ;;
@@ -54,7 +63,7 @@ parse_seeds() {
 compare_usage_line() {
     cat <<EOF
 Usage: $(basename "$0") [-o OUT] [-s SEEDS] [-u UPDATES] [-L LONG] [-n LONG_SEEDS] [-i INTERVAL] [-m MODELS]
-                  [-c CORPUS_DIR] [-x "TRAIN ARGS"] [-T] [-d cpu|cuda] [-p fp32|bf16]
+                  [-c CORPUS_DIR] [-x "TRAIN ARGS"] [-S fixed|cosine] [-T] [-d cpu|cuda] [-p fp32|bf16]
 EOF
 }
 
@@ -79,13 +88,21 @@ Its points, scored by $1:
   - equal updates: after UPDATES updates (default $UPDATES);
   - equal time (skipped with -T): the last checkpoint within the time that $2
     took for UPDATES updates with the same seed (the others train $((TIME_MARGIN - 100))% past UPDATES for it);
-  - longer training (with -L): after LONG updates, for seeds 1..LONG_SEEDS (default 1); runs already done train
-    on from their last checkpoint (the same run as one trained that long at once), as does a run stopped part way.
-    python -m scripts.plateau OUT gives the first LONG at which every run had levelled off (its best validation
-    perplexity down by less than 1% over the last 20% of its updates; docs/results.md).
+  - longer training (with -L): after LONG updates, for seeds 1..LONG_SEEDS (default 1); with -S fixed, runs
+    already done train on from their last checkpoint (the same run as one trained that long at once), as does a
+    run stopped part way.
+-S sets the learning rate's schedule, the same for every model (default fixed):
+  fixed   the schedule above, which does not depend on the run's length: one run per model and seed
+          (OUT/runs/train) gives every point, and a larger -L trains it on;
+  cosine  the same warm-up, then a cosine decay to 0 at the run's last update (fairseq's --lr-scheduler cosine,
+          --lr-period-updates = the run's updates - the warm-up, --lr-shrink 0): the run's length is part of its
+          schedule, so UPDATES and LONG are runs of their own (OUT/runs/train-cosine-UPDATES, -LONG), each finished
+          for its budget; a longer -L is a new run, not the shorter one trained on (a run stopped part way still
+          goes on from its last checkpoint); no equal-time point (as -T).
 -x adds fairseq-train arguments to every model alike; -d cuda and -p bf16 train on the GPU, in bfloat16.
 Writes OUT/results.md and OUT/curves.png (validation loss against updates and time; needs matplotlib).
-OUT defaults to $OUT. A rerun skips what is done; give each setting (-x) its own OUT.
+OUT defaults to $OUT. A rerun skips what is done (per schedule and budget); give each setting (-x) and each
+schedule (-S) its own OUT.
 Time figures need a machine doing nothing else.
 EOF
 }
@@ -120,21 +137,31 @@ compare_check_points() {
     done
 }
 
-# compare_run_all: for each seed FIRST_SEED..LAST_SEED (-s), compare_run each model of MODELS, in order.
-# compare_run NAME SEED: train NAME with SEED once (OUT/runs/train/NAME.sSEED), checkpointing and validating every
-# SAVE_EVERY updates, score its points, then delete the checkpoints no point uses. Each point lives in
+# compare_run_all: for each seed FIRST_SEED..LAST_SEED (-s), compare_run each model of MODELS, in order, once OUT's
+# schedule (compare_check_schedule) and, under -S cosine, every budget's schedule (compare_schedule_args) hold.
+# compare_run NAME SEED: train NAME with SEED (compare_train), checkpointing and validating every SAVE_EVERY
+# updates, score its points, then delete the checkpoints no point uses (compare_prune). Each point lives in
 # OUT/runs/REGIME/NAME.sSEED (point.json, params.txt, score): `updates`, the checkpoint after UPDATES updates;
 # `long` (when LONG > 0 and SEED <= LONG_SEEDS), after LONG; `time` (when TIMED=1), the last checkpoint within the
 # time NAME's reference took for UPDATES updates with the same seed, for which the other models train TIME_MARGIN
 # percent of UPDATES (set TIME_MARGIN above the fastest model's speed-up: a model that reaches the end of its run
 # before the reference's time gets its last checkpoint, with a warning). The reference is the first model of
 # MODELS, or what the script's function time_reference NAME prints (several families, each against its own
-# baseline). With a learning-rate schedule and data order that do not depend on --max-update
-# (scripts.run_points), each is the checkpoint of a run stopped there. The script defines
-# run_args NAME SEED, which sets the array RUN_ARGS (fairseq-train's arguments, the data folder first), and
-# score_checkpoint CHECKPOINT DIR, which prints the point's score (it may leave its files in DIR).
+# baseline). With -S fixed, one run (OUT/runs/train/NAME.sSEED) gives every point: with a learning-rate schedule
+# and data order that do not depend on --max-update (scripts.run_points), each is the checkpoint of a run stopped
+# there. With -S cosine, each point is the last checkpoint of a run of its own budget
+# (OUT/runs/train-cosine-BUDGET/NAME.sSEED), annealed to 0 there. The script defines run_args NAME SEED, which
+# sets the array RUN_ARGS (fairseq-train's arguments, the data folder first), and score_checkpoint CHECKPOINT DIR,
+# which prints the point's score (it may leave its files in DIR).
 compare_run_all() {
-    local seed name
+    local seed name budget
+    compare_check_schedule
+    if [[ $SCHEDULE != fixed ]]; then  # a budget within a model's warm-up stops the script before any training
+        for name in $MODELS; do
+            run_args "$name" "$FIRST_SEED"
+            for budget in "$UPDATES" "$LONG"; do (( budget == 0 )) || compare_schedule_args "$budget"; done
+        done
+    fi
     for seed in $(seq "$FIRST_SEED" "$LAST_SEED"); do
         for name in $MODELS; do
             compare_run "$name" "$seed"
@@ -142,12 +169,48 @@ compare_run_all() {
     done
 }
 
+# compare_check_schedule: stop, naming -S, when OUT holds runs of another schedule (OUT/schedule; an OUT made before
+# -S existed holds fixed-schedule runs), so that no point of one schedule is scored from, or merged with, the other's;
+# else write OUT/schedule.
+compare_check_schedule() {
+    local found=$SCHEDULE
+    if [[ -f $OUT/schedule ]]; then
+        found=$(cat "$OUT/schedule")
+    elif compgen -G "$OUT/runs/*/*.s*" > /dev/null; then
+        found=fixed
+    fi
+    if [[ $found != "$SCHEDULE" ]]; then
+        echo "error: -S $SCHEDULE: $OUT holds runs of the $found schedule; give each schedule its own OUT (-o)" >&2
+        exit 2
+    fi
+    [[ -f $OUT/schedule ]] || { echo "$SCHEDULE" > "$OUT/schedule.tmp$$"; mv "$OUT/schedule.tmp$$" "$OUT/schedule"; }
+}
+
+# compare_schedule_args BUDGET: set SCHEDULE_ARGS, the fairseq-train arguments that -S adds after RUN_ARGS for a run
+# of BUDGET updates: none for fixed; for cosine, RUN_ARGS' warm-up kept (its last --warmup-updates, 0 without),
+# then a cosine from the peak lr to 0 over the rest of BUDGET. Stops when BUDGET is not longer than the warm-up.
+compare_schedule_args() {
+    local budget=$1 warmup=0 i
+    SCHEDULE_ARGS=()
+    [[ $SCHEDULE == cosine ]] || return 0
+    for (( i = 0; i < ${#RUN_ARGS[@]}; i++ )); do
+        case ${RUN_ARGS[i]} in
+            --warmup-updates) warmup=${RUN_ARGS[i + 1]} ;; --warmup-updates=*) warmup=${RUN_ARGS[i]#*=} ;;
+        esac
+    done
+    if (( budget <= warmup )); then
+        echo "error: -S cosine: a run of $budget updates ends within the warm-up ($warmup updates)" >&2; exit 2
+    fi
+    # --lr-shrink 0: fairseq's cosine starts a second period at update BUDGET at a tenth of the peak; 0 keeps it 0
+    SCHEDULE_ARGS=(--lr-scheduler cosine --lr-period-updates $((budget - warmup)) --lr-shrink 0)
+}
+
 # compare_reference NAME: the model whose time for UPDATES updates is NAME's equal time.
 compare_reference() {
     if declare -F time_reference > /dev/null; then time_reference "$1"; else echo "${MODELS%% *}"; fi
 }
 
-# compare_updates_for NAME SEED: how many updates NAME's run with SEED trains.
+# compare_updates_for NAME SEED: how many updates NAME's run with SEED trains under -S fixed.
 compare_updates_for() {
     local updates=$UPDATES
     (( LONG && $2 <= LONG_SEEDS )) && updates=$LONG
@@ -158,52 +221,85 @@ compare_updates_for() {
 }
 
 compare_run() {
-    local name=$1 seed=$2 dir=$OUT/runs/train/$1.s$2 target budget keep checkpoint reference
-    target=$(compare_updates_for "$name" "$seed")
+    local name=$1 seed=$2 budget reference
     run_args "$name" "$seed"
-    if ! grep -qs "done training" "$dir/train.log"; then
-        echo "==> $name, seed $seed: $target updates"
-        train_run "$dir" "${RUN_ARGS[@]}" --max-update "$target" --validate-interval-updates "$SAVE_EVERY" \
-            --save-interval-updates "$SAVE_EVERY"
-        python -m define_fairseq.tools.params "${RUN_ARGS[@]}" > "$dir/params.txt" 2> "$dir/params.log"
-        python -m scripts.run_points "$dir" index
-    elif (( $(trained_updates "$dir") < target )); then
-        echo "==> $name, seed $seed: on from $(trained_updates "$dir") to $target updates"
-        train_more "$dir" "${RUN_ARGS[@]}" --max-update "$target" --validate-interval-updates "$SAVE_EVERY" \
-            --save-interval-updates "$SAVE_EVERY"
-        python -m scripts.run_points "$dir" index
+    if [[ $SCHEDULE != fixed ]]; then
+        compare_train "$name" "$seed" "$UPDATES"
+        compare_point updates "$name" "$seed" "$RUN_DIR" at-updates "$UPDATES"
+        compare_prune "$RUN_DIR"
+        if (( LONG && seed <= LONG_SEEDS )); then
+            compare_train "$name" "$seed" "$LONG"
+            compare_point long "$name" "$seed" "$RUN_DIR" at-updates "$LONG"
+            compare_prune "$RUN_DIR"
+        fi
+        return 0
     fi
-    compare_point updates "$name" "$seed" at-updates "$UPDATES"
+    compare_train "$name" "$seed" "$(compare_updates_for "$name" "$seed")"
+    compare_point updates "$name" "$seed" "$RUN_DIR" at-updates "$UPDATES"
     if (( LONG && seed <= LONG_SEEDS )); then
-        compare_point long "$name" "$seed" at-updates "$LONG"
+        compare_point long "$name" "$seed" "$RUN_DIR" at-updates "$LONG"
     fi
     if (( TIMED )); then
         reference=$(compare_reference "$name")
         budget=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['seconds'])" \
             "$OUT/runs/updates/$reference.s$seed/point.json")
-        compare_point time "$name" "$seed" within-seconds "$budget"
+        compare_point time "$name" "$seed" "$RUN_DIR" within-seconds "$budget"
     fi
-    keep=$(cat "$OUT"/runs/*/"$name.s$seed"/point.json 2>/dev/null | python -c "
-import json, sys
-points = json.load(open(sys.argv[1]))
-kept = {json.loads(line)['updates'] for line in sys.stdin}
-print(' '.join(name for updates, _, name in points if updates in kept))" "$dir/points.json")
-    for checkpoint in "$dir"/checkpoint*.pt; do
+    compare_prune "$RUN_DIR"
+}
+
+# compare_train NAME SEED TARGET: train NAME's run with SEED (RUN_ARGS set) to TARGET updates, skipped when done,
+# into RUN_DIR: OUT/runs/train/NAME.sSEED under -S fixed (a finished run shorter than TARGET trains on), else
+# OUT/runs/train-SCHEDULE-TARGET/NAME.sSEED, the budget's own run.
+compare_train() {
+    local name=$1 seed=$2 target=$3
+    RUN_DIR=$OUT/runs/train/$name.s$seed
+    [[ $SCHEDULE == fixed ]] || RUN_DIR=$OUT/runs/train-$SCHEDULE-$target/$name.s$seed
+    compare_schedule_args "$target"
+    if ! grep -qs "done training" "$RUN_DIR/train.log"; then
+        echo "==> $name, seed $seed: $target updates${SCHEDULE_ARGS[0]:+, annealed to 0 there (-S $SCHEDULE)}"
+        train_run "$RUN_DIR" "${RUN_ARGS[@]}" "${SCHEDULE_ARGS[@]}" --max-update "$target" \
+            --validate-interval-updates "$SAVE_EVERY" --save-interval-updates "$SAVE_EVERY"
+        python -m define_fairseq.tools.params "${RUN_ARGS[@]}" > "$RUN_DIR/params.txt" 2> "$RUN_DIR/params.log"
+        python -m scripts.run_points "$RUN_DIR" index
+    elif (( $(trained_updates "$RUN_DIR") < target )); then
+        echo "==> $name, seed $seed: on from $(trained_updates "$RUN_DIR") to $target updates"
+        train_more "$RUN_DIR" "${RUN_ARGS[@]}" --max-update "$target" --validate-interval-updates "$SAVE_EVERY" \
+            --save-interval-updates "$SAVE_EVERY"
+        python -m scripts.run_points "$RUN_DIR" index
+    fi
+}
+
+# compare_prune RUN: delete RUN's checkpoints but its last and those a scored point of its own names.
+compare_prune() {
+    local run=$1 keep checkpoint
+    keep=$(python -c "
+import glob, json, os, sys
+run = os.path.realpath(sys.argv[1])
+kept = set()
+for path in glob.glob(os.path.join(sys.argv[2], 'runs', '*', os.path.basename(run), 'point.json')):
+    point = json.load(open(path))
+    if os.path.realpath(os.path.join(os.path.dirname(path), point['run'])) == run:
+        kept.add(point['updates'])
+print(' '.join(name for updates, _, name in json.load(open(os.path.join(run, 'points.json'))) if updates in kept))
+" "$run" "$OUT")
+    for checkpoint in "$run"/checkpoint*.pt; do
         [[ " $keep checkpoint_last.pt " == *" $(basename "$checkpoint") "* ]] || rm -f "$checkpoint"
     done
 }
 
-# compare_point REGIME NAME SEED QUERY VALUE: score the checkpoint of NAME's run with SEED that run_points QUERY
-# VALUE names (score_checkpoint), into OUT/runs/REGIME/NAME.sSEED; skipped when scored, unless a point after so many
-# updates was scored after others (a rerun with another -L).
+# compare_point REGIME NAME SEED RUN QUERY VALUE: score the checkpoint of RUN (NAME's run with SEED) that run_points
+# QUERY VALUE names (score_checkpoint), into OUT/runs/REGIME/NAME.sSEED; skipped when scored, unless the point was
+# scored after another count of updates or from another run (a rerun with another -L).
 compare_point() {
-    local regime=$1 name=$2 seed=$3 query=$4 value=$5 run=$OUT/runs/train/$2.s$3 found checkpoint updates seconds
-    local dir=$OUT/runs/$regime/$name.s$seed
+    local regime=$1 name=$2 seed=$3 run=$4 query=$5 value=$6 found checkpoint updates seconds scored
+    local dir=$OUT/runs/$regime/$name.s$seed link=../../${4#"$OUT/runs/"}
     if [[ -f $dir/score ]]; then
         [[ $query == at-updates ]] || return 0
-        updates=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['updates'])" "$dir/point.json")
-        (( updates == value )) && return 0
-        echo "==> $name, seed $seed: the $regime point again, after $value updates (it was after $updates)"
+        scored=$(python -c "import json, sys; p = json.load(open(sys.argv[1])); print(p['updates'], p['run'])" \
+            "$dir/point.json")
+        [[ $scored == "$value $link" ]] && return 0
+        echo "==> $name, seed $seed: the $regime point again, after $value updates (it was after ${scored%% *})"
     fi
     found=$(python -m scripts.run_points "$run" "$query" "$value")
     [[ $found != *$'\n'* ]] || echo "${found%$'\n'*}" >&2  # its warnings: the last line is the point
@@ -212,8 +308,7 @@ compare_point() {
         "to train it again" >&2; exit 1; }
     rm -rf "$dir" && mkdir -p "$dir"
     cp "$run/params.txt" "$dir/"
-    printf '{"run": "../../train/%s.s%s", "updates": %s, "seconds": %s}\n' "$name" "$seed" "$updates" "$seconds" \
-        > "$dir/point.json"
+    printf '{"run": "%s", "updates": %s, "seconds": %s}\n' "$link" "$updates" "$seconds" > "$dir/point.json"
     score_checkpoint "$checkpoint" "$dir" > "$dir/score.tmp"
     mv "$dir/score.tmp" "$dir/score"
 }
@@ -258,6 +353,17 @@ compare_report() {
     cat "$OUT/results.md"
 }
 
+# compare_runs_note REFERENCE: compare_report's note on where the points come from; REFERENCE: whose time is equal.
+compare_runs_note() {
+    if [[ $SCHEDULE == fixed ]]; then
+        echo "Every point comes from one run per model and seed (OUT/runs/train), checkpointed every $SAVE_EVERY" \
+            "updates; equal time: the last checkpoint within $1's time."
+    else
+        echo "Learning rate annealed (-S $SCHEDULE): each point is the last update of a run of its own budget" \
+            "(OUT/runs/train-$SCHEDULE-BUDGET), its rate decayed to 0 there; no equal-time point."
+    fi
+}
+
 # ------------------------------------------------------------------------------------ language-model comparisons
 
 # lm_compare_usage MODELS_TEXT SCORE REFERENCE: the usage of a language-model comparison: its options, the text it
@@ -288,6 +394,5 @@ lm_compare_start() {
 lm_compare_report() {
     compare_run_all
     compare_report "test perplexity" "Vocabulary: $V symbols (words seen at least 3 times in train, plus fairseq's" \
-        "specials).${2:+ $2} Every point comes from one run per model and seed (OUT/runs/train), checkpointed every" \
-        "$SAVE_EVERY updates; equal time: the last checkpoint within $1's time.${EXTRA:+ Every model with: $EXTRA.}"
+        "specials).${2:+ $2} $(compare_runs_note "$1")${EXTRA:+ Every model with: $EXTRA.}"
 }

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from scripts.figures import NOTE, png_text, pyplot, save
-from scripts.results_io import DataError, data_files, load, markdown_files
+from scripts.results_io import DataError, data_files, load, markdown_files, schedule, schedule_label
 from scripts.verdicts import cells, params, verdict
 
 PICTURE = "docs/results-gaps.png"
@@ -77,11 +77,15 @@ def judged(data: dict, index: int, where: str) -> dict:
     lead = sign * 100 * (a["mean"] - b["mean"]) / abs(b["mean"])
     margin = None if None in (a["sd"], b["sd"]) else 100 * (a["sd"] + b["sd"]) / abs(b["mean"])
     label = next(p["label"] for p in data["points"] if p["key"] == v["point"])
+    # only an annealed point is named by its schedule here: the pages label the others, and the cells stay short
+    found = schedule(data, [r for m in (v["a"], v["b"]) for r in cells(data, group, m, v["point"])])
+    rate = schedule_label(found) if found == "cosine" else ""
     return {
         "v": v,
         "a": a,
         "b": b,
-        "where": ", ".join(x for x in (group, label) if x),
+        "where": ", ".join(x for x in (group, label, rate) if x),
+        "point": ", ".join(x for x in (label, rate) if x),
         "word": verdict(a["values"], b["values"], data["better"]),
         "lead": lead,
         "margin": margin,
@@ -210,7 +214,7 @@ def draw(root: Path) -> None:
             )
             text = f"{j['lead']:+.1f}%" + (f" ± {j['margin']:.1f}" if j["margin"] is not None else ", one seed")
             axis.annotate(
-                f"{text} ({j['where'].split(', ')[-1]})",
+                f"{text} ({j['point']})",
                 (j["lead"], at),
                 xytext=(0, 6),
                 textcoords="offset points",

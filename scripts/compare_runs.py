@@ -8,9 +8,11 @@ reads ``OUT_DIR/runs/{updates,time,long}/MODEL.sSEED/`` (any of the regimes), ea
 with ``--log-format json``) or ``point.json``: ``{"run": DIR, "updates": U, "seconds": T}``, a checkpoint of the
 training run in DIR (relative to the point's directory) after U updates and T seconds
 (``scripts.run_points``). It prints a Markdown table: parameters, the metric's mean, standard
-deviation and per-seed values, the training time and the updates done, per regime. ``--plot`` draws the
-validation loss against updates and against wall-clock time, each seed's longest curve (matplotlib needed for the
-plot only). Models keep the order of their first appearance in ``--models`` (default: alphabetical).
+deviation and per-seed values, the training time and the updates done, per regime, and the learning rate's
+schedule that the runs' logs record (``--lr-scheduler``; ``cosine`` from ``compare.sh -S cosine``: annealed to 0 at
+the run's last update). ``--plot`` draws the validation loss against updates and against wall-clock time, each
+seed's longest curve (matplotlib needed for the plot only). Models keep the order of their first appearance in
+``--models`` (default: alphabetical).
 """
 
 import argparse
@@ -23,14 +25,29 @@ import subprocess
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from scripts.figures import pyplot, save
-from scripts.plateau import gain
-from scripts.results_io import LOG_ENTRY, ROOT, RUN_NAME, load as load_data, locked, merge, write_atomic
+from scripts.results_io import LOG_ENTRY, ROOT, RUN_NAME, load as load_data, locked, merge, schedule_label, write_atomic
 
 DONE = re.compile(r"done training in (?P<seconds>[\d.]+) seconds")
 RESUMED = re.compile(r"Loaded checkpoint .* \(epoch \d+ @ [1-9]\d* updates\)")
+# the learning-rate scheduler in the configuration fairseq-train logs at its start
+SCHEDULER = re.compile(r"'lr_scheduler': \{'_name': '(?P<name>[\w.]+)'")
+WINDOW = 0.2  # the last share of a run's updates over which late_gain measures how far it still fell
+
+
+def gain(valid: Sequence[Tuple[int, float]], at: int, window: float = WINDOW) -> Optional[float]:
+    """How far a run still fell late, a figure and no rule: 1 - best ppl up to ``at`` / best ppl up to
+    (1 - window) * ``at``, the best so far, not the last validation (a stream's validation perplexity rises and falls
+    with the position in the epoch); None when ``at`` was not validated or no validation comes early enough.
+    ``valid``: (updates, loss in base 2, fairseq's), by updates."""
+    if at not in dict(valid):
+        return None
+    earlier = [loss for u, loss in valid if u <= (1 - window) * at]
+    if not earlier:
+        return None
+    return 1 - 2 ** (min(loss for u, loss in valid if u <= at) - min(earlier))
 
 
 def _timestamp(line: str) -> Optional[datetime]:
@@ -50,7 +67,7 @@ class Run:
         self.model, self.seed = match["model"], int(match["seed"])
         self.valid: List[tuple] = []  # (updates, loss)
         self.wall: Dict[int, float] = {}  # updates -> seconds since the start
-        self.updates, self.seconds = 0, None
+        self.updates, self.seconds, self.schedule = 0, None, None
         point = directory / "point.json"
         cut = json.loads(point.read_text()) if point.is_file() else None
         log = directory / (cut["run"] if cut else ".") / "train.log"
@@ -59,6 +76,8 @@ class Run:
         offset = last_wall = 0.0
         restart: Optional[datetime] = None
         for line in log.read_text(errors="replace").splitlines():
+            scheduler = SCHEDULER.search(line)
+            self.schedule = scheduler["name"] if scheduler else self.schedule
             entry = LOG_ENTRY.search(line)
             if entry:
                 values = json.loads(entry["json"])
@@ -158,10 +177,12 @@ def table(runs: Dict[str, List[Run]], metric: str, order: List[str]) -> str:
             )
         lines.append("| " + " | ".join(row) + " |")
     seeds = sorted({r.seed for rs in runs.values() for r in rs})
+    schedules = sorted({r.schedule for rs in runs.values() for r in rs if r.schedule})
     lines += [
         "",
         f"Seeds {', '.join(map(str, seeds))}: mean ± standard deviation over the seeds, each seed's value in "
-        f"brackets (updates: per seed).",
+        f"brackets (updates: per seed)."
+        + (f" Learning rate: {'; '.join(schedule_label(s, long=True) for s in schedules)}." if schedules else ""),
     ]
     return "\n".join(lines)
 
@@ -212,7 +233,8 @@ def records(runs: Dict[str, List[Run]], group: str, command: str, device: str) -
                     "parameters": sizes,
                     "updates": r.updates,
                     "seconds": r.seconds,
-                    **({} if late is None else {"plateau_gain": round(100 * late, 2)}),
+                    **({} if late is None else {"late_gain": round(100 * late, 2)}),
+                    **({"schedule": r.schedule} if r.schedule else {}),
                     **where,
                 }
             )

@@ -1,7 +1,8 @@
-"""How far the first LSTM layer's gates of a comparison's LSTM language models saturate: for every kept checkpoint
-under ``OUT/runs/train`` (``checkpoint_E_U.pt``: a point's), the root mean square of the LSTM's input and the share
-of the first layer's gate pre-activations beyond +-6 (where a sigmoid's slope is below 0.0025, a hundredth of its
-largest, and a tanh's lower still, so little gradient passes), on the first tokens of the validation split::
+"""How far the first LSTM layer's gates of a comparison's LSTM language models saturate: for every kept checkpoint under
+``OUT/runs/train`` (or ``OUT/runs/train-cosine-BUDGET``, ``compare.sh -S cosine``'s; ``checkpoint_E_U.pt``: a point's),
+the root mean square of the LSTM's input and the share of the first layer's gate pre-activations beyond +-6 (where a
+sigmoid's slope is below 0.0025, a hundredth of its largest, and a tanh's lower still, so little gradient passes), on
+the first tokens of the validation split::
 
     python -m scripts.lstm_gates OUT [--models A,B] [--updates 3000,30000] [--tokens 7000] [--rows 20] > gates.tsv
 
@@ -61,10 +62,10 @@ def saturation(pre: torch.Tensor, threshold: float = THRESHOLD) -> List[float]:
 
 
 def checkpoints(out: Path) -> List[Tuple[str, int, int, Path]]:
-    """``(model, seed, updates, path)`` of every ``runs/train/MODEL.sSEED/checkpoint_E_U.pt`` under ``out``, by
+    """``(model, seed, updates, path)`` of every ``runs/train*/MODEL.sSEED/checkpoint_E_U.pt`` under ``out``, by
     model, seed and updates."""
     found = []
-    for path in (out / "runs" / "train").glob("*.s*/checkpoint_*_*.pt"):
+    for path in (out / "runs").glob("train*/*.s*/checkpoint_*_*.pt"):
         run, name = RUN_NAME.match(path.parent.name), UPDATE_CHECKPOINT.match(path.name)
         if run and name:
             found.append((run["model"], int(run["seed"]), int(name.group(2)), path))
@@ -122,13 +123,13 @@ def main(argv: Optional[List[str]] = None) -> None:
         parser.error(f"--rows {args.rows} must be at least 1 and --tokens {args.tokens} at least --rows")
     found = checkpoints(args.out)
     if not found:
-        parser.error(f"{args.out}/runs/train holds no checkpoint_E_U.pt; give a comparison's OUT")
+        parser.error(f"{args.out}/runs/train* holds no checkpoint_E_U.pt; give a comparison's OUT")
     for flag, column, given in (("--models", 0, args.models), ("--updates", 2, args.updates)):
         if given:
             wanted = given.split(",")
             missing = sorted(set(wanted) - {str(c[column]) for c in found})
             if missing:
-                parser.error(f"{flag}: no kept checkpoint under {args.out}/runs/train has {', '.join(missing)}")
+                parser.error(f"{flag}: no kept checkpoint under {args.out}/runs/train* has {', '.join(missing)}")
             found = [c for c in found if str(c[column]) in wanted]
     from fairseq import utils
 

@@ -9,9 +9,11 @@ comparison: ``metric``, ``better`` (``lower`` or ``higher``), ``digits``, ``poin
 ``[{"key", "label"}]``), the ``command``, ``revision`` and ``machine`` shared by its runs (a run may give its own),
 and ``runs``: one record per group (a corpus or setting, may be empty), model, point and seed, with its ``value``
 and, where known, ``parameters`` (millions: ``total``, ``input/output``, ``DeFINE``), ``updates`` and ``seconds``.
-``verdicts`` name the pairs the rule judges (``a`` against ``b`` at a ``point`` of a ``group``, the ``claim`` of a
-paper it tests or null for the project's own comparison, and what ``differs`` besides the model); ``claims`` are
-the rows of README.md's results table that come from this file.
+A run (or the file, for all its runs) may give the learning rate's ``schedule`` (``fixed``, ``inverse_sqrt``,
+``cosine``: annealed) and its ``late_gain``, the fall of its best validation perplexity over its last 20% of updates
+(a figure, not a rule). ``verdicts`` name the pairs the rule judges (``a`` against ``b`` at a ``point`` of a
+``group``, the ``claim`` of a paper it tests or null for the project's own comparison, and what ``differs`` besides
+the model); ``claims`` are the rows of README.md's results table that come from this file.
 
 A Markdown file holds a rendered table between ``<!-- results:EXAMPLE/TABLE -->`` and ``<!-- /results:EXAMPLE/TABLE
 -->`` (the data in ``examples/EXAMPLE/results/TABLE.json``); ``<!-- results:claims -->`` is README.md's table of
@@ -26,13 +28,15 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from scripts import claims
-from scripts.plateau import THRESHOLD, WINDOW
+from scripts.compare_runs import WINDOW
 from scripts.results_io import (
     ROOT,
     DataError,
     load,
     locked,  # noqa: F401 (examples/char2subword/robustness.sh imports it from here)
     markdown_files,
+    schedule,
+    schedule_label,
     write_atomic,
 )
 from scripts.verdicts import cells, changes, judge, label, params, verdict
@@ -132,46 +136,50 @@ def verdict_table(data: dict) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for v in data.get("verdicts", []):
         j = judge(data, v)
+        runs = [r for m in (v["a"], v["b"]) for r in cells(data, v.get("group", ""), m, v["point"])]
+        found = schedule(data, runs)
+        j["where"] += f", {schedule_label(found)}" if found else ""
         lines.append("| " + " | ".join(j[k] for k in ("claim", "where", "a", "b", "gap", "verdict", "differs")) + " |")
     return "\n".join(lines)
 
 
 def provenance(data: dict) -> str:
-    """The command, revision and machine of the runs, each once."""
+    """The command, revision and machine of the runs, each once, and their learning rate's schedule."""
     found = {}
     for key in ("command", "revision", "machine"):
         values = list(dict.fromkeys(str(r.get(key, data.get(key, "not recorded"))) for r in data["runs"]))
         found[key] = "; ".join(f"`{x}`" if key == "command" else x for x in values)
     seeds = sorted({r["seed"] for r in data["runs"]})
+    names = list(dict.fromkeys(r.get("schedule", data.get("schedule")) for r in data["runs"]))
+    rates = "; ".join(schedule_label(n, long=True) for n in names if n)
     return (
         f"{data['metric']} ({data['better']} is better): mean ± standard deviation over the seeds, each seed's "
         f"value in brackets; seed{'s' * (len(seeds) > 1)} {', '.join(map(str, seeds))}. Command as published: "
         f"{found['command']}. "
-        f"Revision: {found['revision']}. Machine: {found['machine']}."
+        f"Revision: {found['revision']}. Machine: {found['machine']}." + (f" Learning rate: {rates}." if rates else "")
     )
 
 
-def levelled(data: dict) -> str:
-    """At each point whose runs carry their late gain (``plateau_gain``), how many met the plateau rule."""
+def late_gains(data: dict) -> str:
+    """At each point whose runs carry their ``late_gain``, its range: how far the runs still fell, no verdict."""
     parts = []
     for point in data["points"]:
-        gains = [r["plateau_gain"] for r in cells_all(data, point["key"]) if r.get("plateau_gain") is not None]
+        gains = [r["late_gain"] for r in cells_all(data, point["key"]) if r.get("late_gain") is not None]
         if gains:
-            met = sum(g < 100 * THRESHOLD for g in gains)
-            parts.append(f"{point['label']}: {met} of {len(gains)} runs (gains {min(gains):.2f}% to {max(gains):.2f}%)")
+            parts.append(f"{point['label']}: {min(gains):.2f}% to {max(gains):.2f}% ({len(gains)} runs)")
     if not parts:
         return ""
     return (
-        f"Levelled off by the plateau rule (best validation perplexity down by less than {THRESHOLD:.0%} over the last "
-        f"{WINDOW:.0%} of the updates; docs/results.md) at " + "; ".join(parts) + "."
+        f"Gain over the last {WINDOW:.0%} of the updates (the fall of each run's best validation perplexity; a figure, "
+        "not a rule: docs/results.md): " + "; ".join(parts) + "."
     )
 
 
 def render(data: dict) -> str:
     parts = [table(data), "", provenance(data)]
-    rule = levelled(data)
-    if rule:
-        parts += ["", rule]
+    late = late_gains(data)
+    if late:
+        parts += ["", late]
     if data.get("verdicts"):
         parts += ["", verdict_table(data)]
     found = changes(data)

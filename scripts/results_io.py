@@ -1,7 +1,7 @@
 """What the comparison scripts share, below all of them: the names of a comparison's run directories and log lines,
 and the reading, merging and writing of its data files (the format of ``docs/results.md``).
 
-It imports no other module of ``scripts``, so that ``compare_runs``, ``plateau``, ``verdicts``, ``claims`` and
+It imports no other module of ``scripts``, so that ``compare_runs``, ``verdicts``, ``claims`` and
 ``render_results`` each import it, and one another one way only (``tests/scripts/test_imports.py``).
 """
 
@@ -19,6 +19,24 @@ RUN_NAME = re.compile(r"^(?P<model>.+)\.s(?P<seed>\d+)$")
 LOG_ENTRY = re.compile(r"\| (?P<kind>train_inner|valid|train) \| (?P<json>\{.*\})\s*$")
 RUN_KEY = ("group", "model", "point", "seed")
 PROVENANCE = ("command", "revision", "machine")
+# a run's learning-rate schedule (fairseq's --lr-scheduler, as the run's log records it): its name in a verdict's
+# row, then in full; cosine is compare.sh -S cosine's, annealed to 0 at the run's last update
+SCHEDULES = {
+    "cosine": ("annealed", "annealed (after the warm-up, a cosine to 0 at each run's last update; each budget a run)"),
+    "fixed": ("fixed lr", "fixed (constant after any warm-up), not annealed"),
+    "inverse_sqrt": ("inverse-sqrt lr", "inverse square root after the warm-up, not annealed"),
+}
+
+
+def schedule_label(name: str, long: bool = False) -> str:
+    """The words for a schedule's name (``SCHEDULES``; another scheduler by its own name)."""
+    return SCHEDULES.get(name, (f"{name} lr", f"fairseq's {name} schedule"))[long]
+
+
+def schedule(data: dict, runs: List[dict]) -> str:
+    """The one schedule of ``runs`` (their own ``schedule``, else the file's), '' where none is recorded."""
+    found = {run.get("schedule", data.get("schedule", "")) for run in runs}
+    return found.pop() if len(found) == 1 else ""
 
 
 class DataError(ValueError):
@@ -43,6 +61,16 @@ def load(path: Path) -> dict:
             raise DataError(
                 f"{path}: the run {run} lacks {missing or 'a point listed in points'}; give each run "
                 f"model, point (one of {sorted(points)}), seed and value"
+            )
+    cells: dict = {}
+    for run in data["runs"]:
+        cell = (run.get("group", ""), run["model"], run["point"])
+        if cells.setdefault(cell, run.get("schedule", data.get("schedule"))) != run.get(
+            "schedule", data.get("schedule")
+        ):
+            raise DataError(
+                f"{path}: {cell} holds runs of different schedules; keep each schedule's runs in a group or file of "
+                f"their own (a verdict compares runs of one schedule)"
             )
     for v in data.get("verdicts", []):
         if v.get("point") not in points:

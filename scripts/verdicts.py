@@ -1,5 +1,6 @@
 """The rule of ``docs/results.md`` applied to a data file (``scripts.render_results``' format): a verdict on two
-models at one point, and how it changes between two points of the same pair (the short run and the plateau)."""
+models at one point, and how it changes between two points of the same pair (the comparison's updates and a longer
+budget)."""
 
 import statistics
 from typing import List, Tuple
@@ -88,9 +89,9 @@ CHANGES = {
 
 
 def change(data: dict, earlier: dict, later: dict) -> str:
-    """What became of ``a``'s lead over ``b`` between two verdicts on the same pair (say after a short run and at the
-    plateau): where it holds at both, whether the relative gap grew or shrank; else the two verdicts' change (it
-    vanishes, appears, reverses); 'not tested' where a side has one seed."""
+    """What became of ``a``'s lead over ``b`` between two verdicts on the same pair (say after the comparison's
+    updates and after longer training): where it holds at both, whether the relative gap grew or shrank; else the
+    two verdicts' change (it vanishes, appears, reverses); 'not tested' where a side has one seed."""
     first, second = judge(data, earlier), judge(data, later)
     verdicts = (first["verdict"], second["verdict"])
     if any(v.startswith("not tested") for v in verdicts):

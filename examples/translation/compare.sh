@@ -7,8 +7,8 @@ usage() {
     cat <<EOF
 
 Trains at the demo's size and settings (examples/lib.sh) but with 500 warm-up updates, on the demo corpus or on
-CORPUS_DIR's {train,valid,test}.{en,de}. fairseq's inverse-sqrt schedule and data order do not depend on
---max-update, so each point is the checkpoint of a run stopped there.
+CORPUS_DIR's {train,valid,test}.{en,de}. fairseq's inverse-sqrt schedule (-S fixed) and data order do not
+depend on --max-update, so each point is the checkpoint of a run stopped there.
 EOF
     compare_usage_points "the test split translated with beam 5, sacreBLEU against the raw references" \
         "the baseline"
@@ -90,6 +90,4 @@ score_checkpoint() {
 }
 
 compare_run_all
-compare_report BLEU "Every point comes from one run per model and seed (OUT/runs/train), checkpointed every" \
-    "$SAVE_EVERY updates; equal time: the last checkpoint within the baseline's time." \
-    "${EXTRA:+Every model with: $EXTRA.}"
+compare_report BLEU "$(compare_runs_note "the baseline")" "${EXTRA:+Every model with: $EXTRA.}"

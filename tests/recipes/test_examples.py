@@ -10,6 +10,8 @@ import subprocess
 import pytest
 from conftest import BIN, REPO, write_tiny_corpus
 
+from scripts.results_io import LOG_ENTRY
+
 # Minutes each: `make test` leaves them out, `make test-all` and CI (.ci/run) run them.
 pytestmark = pytest.mark.slow
 
@@ -113,6 +115,20 @@ def test_runs_go_on_from_their_last_checkpoint_to_the_scores_of_one_run_trained_
         assert scores[0] == scores[1], regime
     log = (run / "train.log").read_text()
     assert log.count("done training") == 2 and log.count("Loaded checkpoint") == 2
+
+
+def test_a_cosine_run_anneals_its_learning_rate_to_zero_at_its_last_update(toy_corpus, tmp_path):
+    """-S cosine with fairseq's own scheduler: the rate falls at every epoch's end and the log gives 0 after the
+    run's last update; the run is its budget's own, and the data say it was annealed (about 40 s of CPU)."""
+    out = tmp_path / "out"
+    lm = "examples/language_model/compare.sh"
+    run_script(lm, "-o", out, "-S", "cosine", "-s", 1, "-u", 20, "-i", 10, "-m", "lstm_adaptive", "-c", toy_corpus)
+    log = (out / "runs" / "train-cosine-20" / "lstm_adaptive.s1" / "train.log").read_text()
+    assert "'lr_period_updates': 20.0, 'lr_shrink': 0.0" in log
+    epochs = [json.loads(m["json"]) for m in map(LOG_ENTRY.search, log.splitlines()) if m and m["kind"] == "train"]
+    rates = [(int(e["train_num_updates"]), float(e["train_lr"])) for e in epochs]
+    assert rates[-1] == (20, 0.0) and all(a[1] > b[1] for a, b in zip(rates, rates[1:])), rates
+    assert {r["schedule"] for r in json.loads((out / "results.json").read_text())["runs"]} == {"cosine"}
 
 
 def test_language_model_compare_puts_r3_at_r2s_count_by_its_width(toy_corpus, tmp_path):

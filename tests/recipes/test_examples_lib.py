@@ -54,6 +54,41 @@ def test_bad_seeds_stop_naming_the_option(seeds):
     assert proc.returncode == 2 and f"error: -s {seeds}:" in proc.stderr and "reached" not in proc.stdout
 
 
+@pytest.mark.parametrize("options, schedule", [("", "fixed 1"), ("-S fixed", "fixed 1"), ("-S cosine", "cosine 0")])
+def test_the_schedule_defaults_to_the_scripts_own_and_cosine_leaves_out_equal_time(options, schedule):
+    """-S cosine scores no equal-time point: a checkpoint cut at another model's time is not annealed."""
+    proc = lib(f'compare_options {options}; echo "$SCHEDULE $TIMED"')
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == schedule
+
+
+@pytest.mark.parametrize(
+    "run_args, expected",
+    [
+        ("--lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 400", "--lr-period-updates 2600"),
+        ("--warmup-updates 150 --warmup-updates 500", "--lr-period-updates 2500"),  # the last, as argparse reads it
+        ("--warmup-updates=500", "--lr-period-updates 2500"),
+        ("--lr 1e-3", "--lr-period-updates 3000"),  # no warm-up: the cosine spans the run
+    ],
+)
+def test_cosine_keeps_the_warm_up_and_ends_at_the_budget(run_args, expected):
+    proc = lib(
+        f'compare_options -S cosine; RUN_ARGS=({run_args}); compare_schedule_args 3000; echo "${{SCHEDULE_ARGS[*]}}"'
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"--lr-scheduler cosine {expected} --lr-shrink 0"
+
+
+def test_the_fixed_schedule_adds_no_arguments_and_a_bad_one_stops_naming_the_flag():
+    proc = lib(
+        'compare_options; RUN_ARGS=(--warmup-updates 400); compare_schedule_args 300; echo "[${SCHEDULE_ARGS[*]}]"'
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stderr
+    proc = lib("compare_options -S step; echo reached")
+    assert proc.returncode == 2 and "error: -S step: the schedule is fixed or cosine" in proc.stderr
+    assert "reached" not in proc.stdout
+
+
 def test_an_unknown_option_prints_the_usage_and_stops():
     proc = lib("compare_options -q; echo reached")
     assert proc.returncode == 2 and "USAGE" in proc.stderr and "reached" not in proc.stdout

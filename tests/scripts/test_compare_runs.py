@@ -6,14 +6,18 @@ import statistics
 import pytest
 from conftest import run_module
 
-from scripts.compare_runs import main
+from scripts.compare_runs import gain, main
 
 
-def write_run(root, regime, model, seed, score, valid, seconds, total="2.37"):
-    """A finished run: fairseq's json log lines (train_inner with wall time, valid), params and score."""
+def write_run(root, regime, model, seed, score, valid, seconds, total="2.37", scheduler=None):
+    """A finished run: fairseq's json log lines (train_inner with wall time, valid), params and score; with
+    ``scheduler``, first the configuration fairseq-train logs, naming it."""
     run = root / "runs" / regime / f"{model}.s{seed}"
     run.mkdir(parents=True)
     lines = []
+    if scheduler:
+        config = {"optimization": {"max_update": valid[-1][0]}, "lr_scheduler": {"_name": scheduler, "min_lr": 0.0}}
+        lines.append(f"2026-01-01 00:00:00 | INFO | fairseq_cli.train | {config}")
     for updates, loss in valid:
         inner = {"num_updates": str(updates), "wall": str(updates * seconds / valid[-1][0]), "loss": "7.0"}
         lines.append(f"2026-01-01 00:00:00 | INFO | train_inner | {json.dumps(inner)}")
@@ -163,3 +167,32 @@ def test_a_run_merged_again_unchanged_keeps_the_revision_it_ran_under(tmp_path):
     assert (runs["baseline"]["revision"], runs["baseline"]["command"]) == ("0ld0ld0", "an older command")
     assert runs["define"]["value"] == 24.0 and runs["define"]["revision"] != "0ld0ld0"
     assert runs["define"]["command"] == "bash compare.sh -s 1"
+
+
+# (updates, validation loss in base 2): falling fast, then by 0.01 bits (0.69% in perplexity) over the last fifth
+CURVE = [(1000, 9.0), (2000, 8.0), (3000, 7.5), (4000, 7.2), (5000, 7.1), (6000, 7.09), (7000, 7.08), (8000, 7.08)]
+
+
+def test_the_late_gain_is_the_fall_of_the_best_perplexity_over_the_last_fifth():
+    assert gain(CURVE, 5000) == pytest.approx(1 - 2**7.1 / 2**7.2)  # from 4,000's best to 5,000's
+    assert gain(CURVE, 6000) == pytest.approx(1 - 2 ** (7.09 - 7.2))  # from 4,800: the best up to then, 4,000's
+    assert gain(CURVE, 8000) == pytest.approx(1 - 2 ** (7.08 - 7.09))
+    bumpy = [(1000, 8.0), (2000, 7.0), (3000, 7.3), (4000, 7.0), (5000, 7.2)]
+    assert gain(bumpy, 5000) == 0.0  # a rise and the fall back to the old best are no gain: the best so far
+    assert gain(CURVE, 4500) is None and gain(CURVE, 1000) is None  # not validated there; nothing before 800
+
+
+def test_the_data_and_the_table_record_each_runs_schedule_and_late_gain(tmp_path, capsys):
+    """The scheduler that a run's log names (compare.sh -S cosine's: annealed), kept per run in the data and named
+    under the table; a log without one (older runs) records none."""
+    for seed in (1, 2):
+        write_run(tmp_path, "updates", "define", seed, 25.0, CURVE, 400, scheduler="cosine")
+    write_run(tmp_path, "updates", "baseline", 1, 26.0, CURVE, 400)
+    main([str(tmp_path), "--metric", "BLEU"])
+    assert (
+        "Learning rate: annealed (after the warm-up, a cosine to 0 at each run's last update" in capsys.readouterr().out
+    )
+    runs = {(r["model"], r["seed"]): r for r in json.loads((tmp_path / "results.json").read_text())["runs"]}
+    assert runs["define", 1]["schedule"] == runs["define", 2]["schedule"] == "cosine"
+    assert "schedule" not in runs["baseline", 1]
+    assert runs["define", 1]["late_gain"] == round(100 * gain(CURVE, 8000), 2) == 0.69

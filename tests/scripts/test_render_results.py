@@ -149,7 +149,7 @@ def two_points(long_b, gains=(0.4, 0.9)):
     data = toy_data()
     data["points"] = [{"key": "updates", "label": "3,000 updates"}, {"key": "long", "label": "30,000 updates"}]
     for run in list(data["runs"]):
-        data["runs"].append(dict(run, point="long", value=run["value"] - 5, plateau_gain=gains[run["seed"] - 1]))
+        data["runs"].append(dict(run, point="long", value=run["value"] - 5, late_gain=gains[run["seed"] - 1]))
     for run in list(data["runs"]):
         if run["model"] == "b" and run["point"] == "long":
             if run["seed"] > len(long_b):  # b has fewer seeds there
@@ -183,7 +183,38 @@ def test_the_page_says_what_became_of_a_lead_with_longer_training(long_b, change
     assert line == f"With training, `a` against `b`: {change}."
 
 
-def test_the_page_says_how_many_runs_met_the_plateau_rule_at_each_point():
+def test_the_page_gives_the_late_gain_of_each_point_as_a_figure_without_a_rule():
     text = render_results.render(two_points((9.0, 10.0), gains=(0.4, 1.5)))
-    assert "30,000 updates: 2 of 4 runs (gains 0.40% to 1.50%)" in text
-    assert "3,000 updates:" not in text.split("Levelled off")[1].split("\n")[0]  # no gains recorded there
+    line = next(line for line in text.splitlines() if line.startswith("Gain over the last 20% of the updates"))
+    assert line.endswith(": 30,000 updates: 0.40% to 1.50% (4 runs).")  # no gains recorded at 3,000 updates
+    assert "levelled" not in text.lower() and "plateau" not in text.lower()
+
+
+@pytest.mark.parametrize(
+    "schedule, where, rate",
+    [
+        ("cosine", "ppl, annealed", "annealed (after the warm-up, a cosine to 0 at each run's last update"),
+        ("fixed", "ppl, fixed lr", "fixed (constant after any warm-up), not annealed"),
+        ("inverse_sqrt", "ppl, inverse-sqrt lr", "inverse square root after the warm-up, not annealed"),
+        (None, "ppl", None),
+    ],
+)
+def test_the_schedule_of_the_runs_labels_the_verdict_rows_and_the_provenance(schedule, where, rate):
+    """An annealed point (compare.sh -S cosine) and a fixed-rate one read apart on the page: each verdict's place
+    names the runs' schedule, the line under the table says it in full; a file may give it once for all its runs."""
+    data = toy_data()
+    for run in data["runs"][:2]:  # a's runs give their own; b's take the file's
+        run.update({"schedule": schedule} if schedule else {})
+    data.update({"schedule": schedule} if schedule else {})
+    text = render_results.render(data)
+    assert f"| {where} | `a` (1.00M, 2 seeds)" in text
+    assert (f"Learning rate: {rate}" in text) if rate else ("Learning rate" not in text)
+
+
+def test_runs_of_two_schedules_in_one_cell_are_refused(tmp_path):
+    data = toy_data()
+    data["runs"][0]["schedule"], data["runs"][1]["schedule"] = "fixed", "cosine"
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(SystemExit, match=r"r.json: \('', 'a', 'updates'\) holds runs of different schedules"):
+        render_results.main(["--print", str(path)])
