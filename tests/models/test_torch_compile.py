@@ -164,6 +164,7 @@ def train(data, save_dir, max_update, *flags):
     return torch.load(save_dir / "checkpoint_last.pt", map_location="cpu", weights_only=False)["model"]
 
 
+@pytest.mark.slow  # a minute and a half: CI runs it once (make test-slow)
 def test_compiled_training_resumes_exactly(lm_data, tmp_path):
     compiled = train(lm_data, tmp_path / "compiled", 6, *COMPILE)
     halfway = train(lm_data, tmp_path / "resumed", 3, *COMPILE)

@@ -330,6 +330,7 @@ def test_bad_define_dimensions_name_the_flag(translation_data):
         parsed_model(translation_data, "transformer_define", "--decoder-output-dim", "256")
 
 
+@pytest.mark.slow  # a fresh interpreter: CI runs it once (make test-slow); test_hydra_configs.py checks the configs
 def test_hydra_yaml_config(translation_data, tmp_path):
     (tmp_path / "tiny.yaml").write_text(f"""# @package _global_
 common: {{cpu: true, user_dir: {USER_DIR}, log_format: simple, seed: 1}}

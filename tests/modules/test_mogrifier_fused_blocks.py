@@ -71,7 +71,11 @@ def test_the_interpreter_chooses_blocks_as_an_h100():
     assert mf.shared_memory_limit(torch.device("cpu")) == 227 << 10
 
 
-@pytest.mark.parametrize("rounds, cap, mask_kind", [(5, True, "step"), (2, False, "window")])
+@pytest.mark.parametrize(
+    "rounds, cap, mask_kind",
+    # make test keeps the smallest case; CI runs the others once (make test-slow)
+    [pytest.param(5, True, "step", marks=pytest.mark.slow), (2, False, "window")],
+)
 def test_rank_in_chunks_matches_the_float64_reference_path(monkeypatch, rounds, cap, mask_kind):
     """Rank 19 (m = 20, n = 37) where only 16 of it fit a block: two chunks, the second partly masked; the output,
     the state and every gradient as test_mogrifier_fused.py holds the whole rank in one block to."""
@@ -90,7 +94,12 @@ def test_rank_in_chunks_matches_the_float64_reference_path(monkeypatch, rounds, 
 
 # rank 19 in two chunks: its gradients in float16 are 10-25% off float64 at their scale (the torch fast path's too)
 @pytest.mark.parametrize(
-    "rounds, rank, mask_kind, against_float64", [(5, 3, "step", True), (4, 0, "none", True), (3, 19, "window", False)]
+    "rounds, rank, mask_kind, against_float64",
+    [
+        pytest.param(5, 3, "step", True, marks=pytest.mark.slow),
+        pytest.param(4, 0, "none", True, marks=pytest.mark.slow),
+        (3, 19, "window", False),
+    ],  # make test keeps the smallest case; CI runs the others once (make test-slow)
 )
 def test_float16_products_of_the_tensor_core_branch(monkeypatch, rounds, rank, mask_kind, against_float64):
     """float16 with the kernels' 16-bit branch of the products (``_dot`` with F32 false, what CUDA runs on the

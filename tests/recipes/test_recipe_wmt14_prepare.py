@@ -104,7 +104,11 @@ def test_prepare_rerun_skips_finished_steps(wmt14_prepared, tmp_path):
     assert f"was prepared with bpe=subword-nmt size={BPE_SIZE}, not bpe=subword-nmt size=200" in proc.stderr
 
 
-@pytest.mark.parametrize("kill_at", ["sacremoses tokenize", "    train.en:", "apply the BPE", "fairseq-preprocess"])
+@pytest.mark.parametrize(
+    "kill_at",
+    [pytest.param(k, marks=pytest.mark.slow) for k in ("sacremoses tokenize", "    train.en:", "fairseq-preprocess")]
+    + ["apply the BPE"],  # make test keeps the smallest case; CI runs the others once (make test-slow)
+)
 def test_prepare_killed_midway_and_rerun_gives_identical_data(kill_at, wmt14_prepared, wmt14_mirror, tmp_path):
     """SIGKILL to prepare.sh and all its programs as soon as a step starts (no clean-up handler runs), then a
     rerun: the binarized data are byte for byte those of an uninterrupted run."""
