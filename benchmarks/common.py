@@ -1,19 +1,19 @@
-"""The benchmarks' harness: common options, interleaved timing and the results file (the models and batches they
-time: ``benchmarks/workloads.py``).
+"""The benchmarks' harness: common options, interleaved timing, the models and batches timed, and the results file.
 
 Every benchmark times its variants *interleaved*: each round runs every variant once (in an order rotated from
 round to round), and a variant's figure is its median over rounds, after untimed warm-up rounds. Load from other
 processes then hits all variants alike. On a GPU every timed call is bracketed by ``torch.cuda.synchronize()``.
+``Bench.finish`` writes the results file and the records of its checks beside it (``benchmarks/targets.py``).
 """
 
 import argparse
 import os
 import platform
-import re
 import resource
 import shlex
 import statistics
 import sys
+import tempfile
 import time
 import traceback
 from contextlib import nullcontext
@@ -21,20 +21,20 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence
 
 import torch
 
-from benchmarks.precision import LOSS_SCALE, MasterWeights
-from benchmarks.records import figure_line, json_path, of_checks, write
-from benchmarks.targets import Check, revision
+from benchmarks import targets
+from benchmarks.targets import Check, ms, ratio
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-KEEP_MARK = "<!-- written by hand below this line: kept when the benchmark is run again -->"
+REPO = os.path.dirname(os.path.dirname(RESULTS_DIR))
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def _loadavg() -> str:
-    try:
-        return "%.2f %.2f %.2f" % os.getloadavg()
-    except OSError:
-        return "n/a"
+LOSS_SCALE = 128.0  # fairseq's --fp16-init-scale
+PRECISION = {  # as a results file's header names them
+    "fp32": "float32",
+    "bf16": "bf16 (`--dtype`: autocast around forward and loss of whole models; single modules hold parameters and "
+    "inputs in it)",
+    "fp16": f"fp16 (`--dtype`: float16 parameters and float32 master weights, loss scale {LOSS_SCALE:g} fixed, as "
+    "fairseq's --fp16 without its overflow check; single modules hold parameters and inputs in it)",
+}
 
 
 def options(doc: str, rounds: int, warmup: int = 1, fp16: bool = False) -> argparse.ArgumentParser:
@@ -46,16 +46,12 @@ def options(doc: str, rounds: int, warmup: int = 1, fp16: bool = False) -> argpa
         choices=tuple(DTYPES) if fp16 else ("fp32", "bf16"),
         help="default fp32 on cpu, bf16 on cuda: autocast around forward and loss of whole models, parameters and "
         "inputs in that dtype for single modules; fp16 (where offered): float16 parameters with float32 master "
-        "weights and a fixed loss scale (benchmarks/precision.py), as fairseq's --fp16",
+        "weights and a fixed loss scale (train_speed.MasterWeights), as fairseq's --fp16",
     )
     p.add_argument("--threads", type=int, help="torch CPU threads (default 2 on cpu; torch's default on cuda)")
     p.add_argument("--rounds", type=int, default=rounds, help="timed interleaved rounds (median reported)")
     p.add_argument("--warmup", type=int, default=warmup, help="untimed rounds first")
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help="tiny sizes, one round: checks that the benchmark runs; prints its tables, writes no file",
-    )
+    p.add_argument("--quick", action="store_true", help="tiny sizes, one round: checks that it runs; writes no file")
     p.add_argument("--out", help="results file ('-': none; default benchmarks/results/<name>[-tcmalloc|-<gpu>].md)")
     return p
 
@@ -86,6 +82,10 @@ class Timings:
     def page_faults(self, name: str) -> str:
         return f"{statistics.median(self.faults[name]):.0f}" if self.faults.get(name) else ""
 
+    def per_s(self, name: str, work: float) -> str:
+        """``work`` (tokens, FLOP) per second of ``name``'s median."""
+        return f"{work / self.median(name):.0f}"
+
     def speedup(self, base: str, name: str) -> float:
         """How many times faster ``name`` ran than ``base`` (ratio of medians)."""
         return self.median(base) / self.median(name)
@@ -96,40 +96,18 @@ class Timings:
         return statistics.median(pairs) if pairs else float("nan")
 
     def columns(self, name: str, base: str, work: float, faults: bool = False) -> List[str]:
-        """The table cells of ``name`` against ``base``: its median and fastest ms (then its page faults, with
-        ``faults``), ``work`` per second of its median (e.g. tokens/s), and how many times faster than ``base`` it
-        ran (``speedup``, then ``paired``)."""
+        """``name``'s cells: median and fastest ms (page faults with ``faults``), ``work`` per second, and how many
+        times faster than ``base`` it ran (``speedup``, then ``paired``)."""
         cells = [self.ms(name), self.min_ms(name)] + ([self.page_faults(name)] if faults else [])
-        return cells + [
-            f"{work / self.median(name):.0f}",
-            ratio(self.speedup(base, name)),
-            ratio(self.paired(base, name)),
-        ]
-
-
-def ms(seconds: float) -> str:
-    v = seconds * 1e3
-    return "n/a" if v != v else f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.3g}"
-
-
-def ratio(x: float) -> str:
-    return "n/a" if x != x else f"{x:.2f}x"
-
-
-def millions(n: int) -> str:
-    return f"{n / 1e6:.2f} M"
-
-
-def minor_faults() -> int:
-    """Minor page faults of this process so far (a fresh 4 KiB page touched for the first time is one)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        return cells + [self.per_s(name, work), ratio(self.speedup(base, name)), ratio(self.paired(base, name))]
 
 
 class Bench:
     """One benchmark run: its options, device and precision, the timing and the results file."""
 
     def __init__(self, module: str, parser: argparse.ArgumentParser, argv: Optional[Sequence[str]] = None):
-        self.module, self.argv = module, list(sys.argv[1:] if argv is None else argv)
+        self.module, self.name = module, module.rsplit(".", 1)[-1]
+        self.argv = list(sys.argv[1:] if argv is None else argv)
         self.args = args = parser.parse_args(self.argv)
         if args.device == "cuda" and not torch.cuda.is_available():
             parser.error("--device cuda: torch sees no CUDA device (torch.cuda.is_available() is False)")
@@ -141,13 +119,12 @@ class Bench:
         if args.threads or not self.cuda:
             torch.set_num_threads(args.threads or 2)
         self.failed = False
-        self.start = (time.strftime("%Y-%m-%d %H:%M"), _loadavg())
+        self.start = (time.strftime("%Y-%m-%d %H:%M"), loadavg())
 
     def autocast(self):
         """Mixed precision around a whole model's forward and loss (as fairseq's ``--amp``, in bfloat16)."""
-        return (
-            nullcontext() if self.dtype == torch.float32 or self.half else torch.autocast(self.device.type, self.dtype)
-        )
+        plain = self.dtype == torch.float32 or self.half
+        return nullcontext() if plain else torch.autocast(self.device.type, self.dtype)
 
     def to(self, obj):
         """``obj`` (a tensor, a module, or dicts / lists of them) on the device; a module in float16 with ``half``."""
@@ -159,11 +136,15 @@ class Bench:
             return obj.to(self.device).half()
         return obj.to(self.device) if hasattr(obj, "to") else obj
 
-    def step(self, model, criterion, sample, optimizer=None, clip: float = 0.0):
+    def check(self, what: str, value: float, target: float, goal: str = "", **fields) -> Check:
+        """``what`` against ``target``, or against goal ``goal``'s target on this device where it has one."""
+        return Check(what, value, targets.goal_target(goal, self.cuda, target), goal=goal, **fields)
+
+    def step(self, model, criterion, sample, optimizer=None, clip: float = 0.0, master=None):
         """A callable running one training step of ``model`` (``zero_grad``, forward and loss under autocast,
         backward, gradient norm clipped to ``clip`` if given, ``optimizer.step()``) or, without ``optimizer``, one
-        scoring pass without autograd. With ``half`` the optimizer steps float32 masters (:class:`MasterWeights`)."""
-        master = MasterWeights(optimizer) if self.half and optimizer is not None else None
+        scoring pass without autograd. ``master``: the float32 masters that ``optimizer`` steps for a float16 model
+        (``train_speed.MasterWeights``)."""
 
         def run():
             if optimizer is None:
@@ -187,18 +168,10 @@ class Bench:
         if self.cuda:
             torch.cuda.synchronize()
 
-    def time(
-        self,
-        fns: Dict[str, Callable[[], object]],
-        rounds: Optional[int] = None,
-        warmup: Optional[int] = None,
-        before: Optional[Callable[[str], None]] = None,
-        repeat: int = 1,
-        log: bool = True,
-    ) -> Timings:
-        """Time each callable of ``fns`` once per round (``repeat`` calls in a row per timing, for calls too short
-        to time one by one), rounds interleaved, order rotated; ``before(name)`` runs untimed before each timing.
-        A callable that raises is reported (traceback on stderr), dropped and recorded in ``errors``."""
+    def time(self, fns: Dict[str, Callable[[], object]], rounds=None, warmup=None, before=None, repeat=1, log=True):
+        """:class:`Timings` of each callable of ``fns`` once per round (``repeat`` calls in a row per timing, for
+        calls too short to time one by one), rounds interleaved, order rotated; ``before(name)`` runs untimed before
+        each timing. A callable that raises is reported (traceback on stderr), dropped and recorded in ``errors``."""
         rounds = self.args.rounds if rounds is None else rounds
         warmup = self.args.warmup if warmup is None else warmup
         t = Timings(list(fns))
@@ -221,27 +194,22 @@ class Bench:
                     t.times[name].append((time.perf_counter() - start) / repeat)
                     t.faults[name].append((minor_faults() - faults) / repeat)
             if log and r >= warmup:
-                print(
-                    f"  round {r - warmup + 1}/{rounds}: " + ", ".join(f"{n} {t.ms(n)} ms" for n in live),
-                    file=sys.stderr,
-                    flush=True,
-                )
+                times = ", ".join(f"{n} {t.ms(n)} ms" for n in live)
+                print(f"  round {r - warmup + 1}/{rounds}: {times}", file=sys.stderr, flush=True)
         return t
 
     def error(self, error: Exception) -> str:
         """Report an error of one variant (traceback on stderr), mark the run failed; returns its table cell."""
         traceback.print_exc()
         self.failed = True
-        return error_text(error)
+        return targets.error_text(error)
 
     def peak_flops(self) -> float:
         """FLOP/s of the fastest of 5 square matrix products in the benchmark's dtype (a 2048-cubed float32 product
         on a CPU, 8192-cubed on a GPU), after one untimed product: the machine's best case."""
-        size = 8192 if self.cuda else 2048
-        dtype = self.dtype if self.cuda else torch.float32
+        size, dtype = (8192, self.dtype) if self.cuda else (2048, torch.float32)
         a, b = (torch.randn(size, size, device=self.device, dtype=dtype) for _ in range(2))
-        out = torch.empty_like(a)
-        samples = []
+        out, samples = torch.empty_like(a), []
         for _ in range(6):
             self.sync()
             start = time.perf_counter()
@@ -256,27 +224,12 @@ class Bench:
     def device_name(self) -> str:
         return torch.cuda.get_device_name(self.device) if self.cuda else cpu_name()
 
-    def header(self, title: str, notes: Sequence[str] = ()) -> str:
+    def header(self, title: str, notes: Sequence[str], rev: str) -> str:
         """The results file's heading: command, versions, precision, device, load, notes."""
         try:
-            import fairseq
-
-            fairseq_version = fairseq.__version__
+            from fairseq import __version__ as fairseq_version
         except ImportError:
             fairseq_version = "not installed"
-        precision = (
-            "float32"
-            if self.dtype == torch.float32
-            else (
-                f"{self.args.dtype} (`--dtype`: autocast around forward and loss of whole models; single modules hold "
-                f"parameters and inputs in it)"
-            )
-        )
-        if self.half:
-            precision = (
-                f"fp16 (`--dtype`: float16 parameters and float32 master weights, loss scale {LOSS_SCALE:g} fixed, "
-                f"as fairseq's --fp16 without its overflow check; single modules hold parameters and inputs in it)"
-            )
         host = f"{os.cpu_count()}-core CPU, {cpu_name()}, {platform.system()} {platform.machine()}"
         if self.cuda:
             p = torch.cuda.get_device_properties(self.device)
@@ -294,10 +247,11 @@ class Bench:
         lines = [
             f"# {title}",
             "",
-            f"- Command: `{self.command()}`; revision {revision(os.path.dirname(os.path.dirname(RESULTS_DIR)))}",
-            f"- torch {torch.__version__}, fairseq {fairseq_version}, Python {platform.python_version()}, {precision}",
+            f"- Command: `{self.command()}`; revision {rev}",
+            f"- torch {torch.__version__}, fairseq {fairseq_version}, Python {platform.python_version()}, "
+            + PRECISION[self.args.dtype],
             device,
-            f"- Load average (1/5/15 min) at the start of the run: {self.start[1]}, at the end: {_loadavg()}; "
+            f"- Load average (1/5/15 min) at the start of the run: {self.start[1]}, at the end: {loadavg()}; "
             f"variants are timed interleaved (one call of each per round, order rotated), figures are medians "
             f"over {self.args.rounds} rounds after {self.args.warmup} warm-up round(s) unless said otherwise",
             f"- Run: {self.start[0]} to {time.strftime('%H:%M')}",
@@ -307,23 +261,24 @@ class Bench:
         return "\n".join(lines + [f"- {note}" for note in notes]) + "\n"
 
     def finish(self, title: str, notes: Sequence[str], body: str, checks: Sequence[Check]) -> Result:
-        """Assemble the results text, print it, write it (unless ``--quick`` or ``--out -``) and return it."""
-        text = self.header(title, notes) + "\n" + body.rstrip("\n") + "\n"
+        """The results text: printed, with a ``FIGURE`` line per check, and written (unless ``--quick`` or ``--out
+        -``) with the records of the checks in the ``.json`` beside it."""
+        rev = targets.revision(REPO)
+        text = self.header(title, notes, rev) + "\n" + body.rstrip("\n") + "\n"
         if checks:
             text += "\n## Targets\n\n" + "\n".join(c.line() for c in checks) + "\n"
         print(text)
         path = self.result_path()
-        rev = revision(os.path.dirname(os.path.dirname(RESULTS_DIR)))
         context = dict(command=self.command(), precision=self.args.dtype, machine=self.device_name(), revision=rev)
         report = f"results/{os.path.basename(path)}" if path else None
-        figures = of_checks(checks, self.module.rsplit(".", 1)[-1], report, context, self.cuda)
-        print("\n".join(figure_line(r) for r in figures), flush=True)
+        figures = targets.of_checks(checks, self.name, report, context, self.cuda)
+        print("\n".join(targets.figure_line(r) for r in figures), flush=True)
         if path:
-            write_result(path, text)
+            targets.write_result(path, text)
             print(f"wrote {os.path.relpath(path)}")
             if checks and path.endswith(".md"):
-                write(json_path(path), figures)
-                print(f"wrote {os.path.relpath(json_path(path))}")
+                targets.write(targets.json_path(path), figures)
+                print(f"wrote {os.path.relpath(targets.json_path(path))}")
         return Result(text, list(checks), self.failed)
 
     def result_path(self) -> Optional[str]:
@@ -331,39 +286,29 @@ class Bench:
             return None
         if self.args.out:
             return self.args.out
-        name = self.module.rsplit(".", 1)[-1]
+        name = self.name
         if self.cuda:
-            name += "-" + slug(torch.cuda.get_device_name(self.device))
+            name += "-" + targets.slug(torch.cuda.get_device_name(self.device))
         elif allocator().startswith("tcmalloc"):
             name += "-tcmalloc"
         return os.path.join(RESULTS_DIR, name + ".md")
 
 
-def error_text(error: BaseException) -> str:
-    """An error as one line for a table cell."""
-    return f"failed: {type(error).__name__}: {error}".replace("|", "/").replace("\n", " ")[:300]
-
-
-def slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-
-
-def write_result(path: str, text: str) -> None:
-    """Write ``text`` to ``path``, keeping what the file had from :data:`KEEP_MARK` on (hand-written history)."""
-    kept = ""
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            old = f.read()
-        if KEEP_MARK in old:
-            kept = "\n" + old[old.index(KEEP_MARK) :]
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text + kept)
-
-
 def run_main(main: Callable[[], Result]) -> None:
     """``python -m benchmarks.<name>``: exit status 1 when a variant failed (its table says which)."""
     sys.exit(1 if main().failed else 0)
+
+
+def loadavg() -> str:
+    try:
+        return "%.2f %.2f %.2f" % os.getloadavg()
+    except OSError:
+        return "n/a"
+
+
+def minor_faults() -> int:
+    """Minor page faults of this process so far (a fresh 4 KiB page touched for the first time is one)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def allocator() -> str:
@@ -385,15 +330,44 @@ def allocator() -> str:
 def cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
 
 
-def table(columns: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """A markdown table (numbers already formatted by the caller)."""
-    out = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-    return "\n".join(out + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]) + "\n"
+# ---- what the benchmarks time: the registered fairseq archs, built as fairseq-train builds them without data files
+# (fairseq's parser, its omegaconf config, task.build_model), on made-up dictionaries; batches of Zipf-like tokens
+
+
+def count_params(module: torch.nn.Module) -> int:
+    """Distinct parameters (a tied weight counted once)."""
+    return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
+
+
+def build_model(arch: str, vocab: int, task_args: Sequence[str], extra: Sequence[str] = (), langs=(), seed=1):
+    """``(cfg, task, model, criterion)`` of ``--arch arch`` on dictionaries of ``vocab`` made-up symbols (``dict.txt``,
+    and ``dict.<lang>.txt`` for each of ``langs``), its parameters drawn from ``seed``."""
+    import define_fairseq  # noqa: F401  (registers the plugin's models)
+    from define_fairseq.tools.params import setup_from_train_args, write_dictionaries
+
+    torch.manual_seed(seed)
+    with tempfile.TemporaryDirectory() as data:
+        write_dictionaries(data, vocab, langs)
+        argv = [data, "--user-dir", "define_fairseq", "--arch", arch, *task_args, *extra, "--cpu"]
+        cfg, task, model = setup_from_train_args(argv)
+    return cfg, task, model, task.build_criterion(cfg.criterion)
+
+
+def zipf_tokens(generator: torch.Generator, shape, vocab: int, nspecial: int = 4, exponent: float = 1.0):
+    """Token ids drawn Zipf-like over the ``vocab - nspecial`` ordinary symbols: P(rank r) ~ 1 / r**exponent."""
+    probs = torch.arange(1, vocab - nspecial + 1, dtype=torch.float64).pow(-exponent)
+    flat = torch.multinomial(probs / probs.sum(), int(torch.tensor(shape).prod()), True, generator=generator)
+    return (flat + nspecial).view(*shape)
+
+
+def lm_sample(vocab: int, batch: int, length: int, seed: int = 0) -> dict:
+    """A language-modelling batch of Zipf-distributed tokens: ``src_tokens [batch, length]``, targets shifted."""
+    stream = zipf_tokens(torch.Generator().manual_seed(seed), (batch, length + 1), vocab)
+    net_input = {"src_tokens": stream[:, :-1].contiguous(), "src_lengths": torch.full((batch,), length)}
+    target = stream[:, 1:].contiguous()
+    return dict(id=torch.arange(batch), nsentences=batch, ntokens=batch * length, net_input=net_input, target=target)

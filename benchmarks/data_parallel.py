@@ -1,18 +1,7 @@
-"""Data-parallel training step time on paper: where DeFINE's parameter savings turn into speed.
-
-Each GPU of a data-parallel run keeps the batch of one (fairseq's ``--max-tokens`` is per GPU), computes what one
-GPU computes, then all-reduces the gradients. From the per-step times measured on one GPU (the committed GPU
-results files, parsed) and each model's gradient bytes (its parameters, counted by building the arch as the
-benchmarks do, times the bytes of a gradient element that fairseq all-reduces), this works out the expected step
-at 4 and 8 GPUs over NVLink and over PCIe with a ring all-reduce:
-
-    all-reduce = 2 (N - 1) / N x bytes / bandwidth + 2 (N - 1) x latency per all-reduce call
-
-without overlap (fairseq's ``--ddp-backend legacy_ddp``, which the language-model recipes run: the gradients are
-all-reduced after backward) and with it (``pytorch_ddp``, the default: buckets of 25 MB all-reduced while backward
-runs, so that only what outlasts backward, or at least the last bucket, adds to the step). Beside it, the DeFINE
-paper's setting: Transformer-XL on WikiText-103 on four RTX 2080 Ti, 855 against 606 ms a batch (1.41x). The
-bandwidths and the rest are named assumptions (:data:`LINKS`, :data:`ASSUMPTIONS`), each with its source.
+"""Data-parallel training step time on paper: where DeFINE's parameter savings turn into speed. From the
+single-GPU steps of the committed GPU results files and each model's gradient bytes, the expected step at 4 and 8
+GPUs over NVLink and PCIe with a ring all-reduce, with and without overlap (``results/data_parallel.md`` gives the
+formula and what is not modelled), beside the DeFINE paper's setting; every assumption is named with its source.
 
     .venv/bin/python -m benchmarks.data_parallel [--inputs FILE ...] [--out PATH|-] [--json PATH|-]
 """
@@ -27,82 +16,49 @@ import re
 import sys
 from typing import Dict, List, NamedTuple, Optional, Sequence
 
-from benchmarks.common import RESULTS_DIR
+from benchmarks.common import REPO, RESULTS_DIR
+from benchmarks.targets import table
+from benchmarks.txl_speed import DEFINE as TXL_DEFINE, STANDARD as TXL_STANDARD, TASK as TXL_TASK
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the GPU results files read by default (under RESULTS_DIR), and whether a pattern must find one
 DEFAULT_INPUTS = (("train_speed-nvidia-*.md", True), ("txl_speed-nvidia-*.md", False), ("gpu-nvidia-*.md", True))
 PRECISION_LINE = r"- torch [^,]+, fairseq [^,]+, Python [^,]+, (\w+)"  # a results file's header names its precision
 
 
-class Pair(NamedTuple):
-    """A baseline arch and its DeFINE counterpart, as the results tables name them."""
-
-    name: str
-    baseline: str
-    define: str
-
-
+# a baseline arch and its DeFINE counterpart, as the results tables name them
+Pair = NamedTuple("Pair", [("name", str), ("baseline", str), ("define", str)])
 PAIRS = (
     Pair("transformer vs transformer_define (translation, V 32k)", "transformer", "transformer_define"),
-    Pair(
-        "Transformer-XL standard 384 vs DeFINE n=128 (Table 2 sizes)",
-        "transformer_xl_wt103_d384",
-        "transformer_xl_define_wt103_n128",
-    ),
+    Pair("Transformer-XL standard 384 vs DeFINE n=128 (Table 2 sizes)", TXL_STANDARD, TXL_DEFINE),
 )
 
 
-class Link(NamedTuple):
-    name: str
-    bandwidth: float  # bytes/s, each direction, per GPU, as specified
-    source: str
-
-
+# a link: its bandwidth in bytes/s, each direction, per GPU, as specified
+Link = NamedTuple("Link", [("name", str), ("bandwidth", float), ("source", str)])
 LINKS = {
-    "NVLink": Link(
-        "NVLink 4 through NVSwitch (H100 / H200 SXM)",
-        450e9,
-        "NVIDIA H100 and H200 Tensor Core GPU datasheets: NVLink 900 GB/s per GPU, both directions together",
-    ),
-    "PCIe 5": Link(
-        "PCIe 5.0 x16 (H100 / H200 on PCIe, no NVLink)",
-        63.0e9,
-        "PCI-SIG PCIe 5.0: 32 GT/s a lane with 128b/130b coding, 63.0 GB/s each way at x16 (the H100 datasheet: "
-        "PCIe Gen5 128 GB/s, both directions)",
-    ),
-    "PCIe 3": Link(
-        "PCIe 3.0 x16 (the paper's RTX 2080 Ti)",
-        15.75e9,
-        "PCI-SIG PCIe 3.0: 8 GT/s a lane with 128b/130b coding, 15.75 GB/s each way at x16; the RTX 2080 Ti is a "
-        "PCIe 3.0 x16 card, and its NVLink bridge joins two cards, not four",
-    ),
-}
-GPU_LINKS = ("NVLink", "PCIe 5")
-PAPER_LINK, PAPER_GPUS = "PCIe 3", 4
-
+    "NVLink": Link("NVLink 4 through NVSwitch (H100 / H200 SXM)", 450e9, "NVIDIA H100 and H200 Tensor Core GPU "
+                   "datasheets: NVLink 900 GB/s per GPU, both directions together"),
+    "PCIe 5": Link("PCIe 5.0 x16 (H100 / H200 on PCIe, no NVLink)", 63.0e9, "PCI-SIG PCIe 5.0: 32 GT/s a lane with "
+                   "128b/130b coding, 63.0 GB/s each way at x16 (the H100 datasheet: PCIe Gen5 128 GB/s, both "
+                   "directions)"),
+    "PCIe 3": Link("PCIe 3.0 x16 (the paper's RTX 2080 Ti)", 15.75e9, "PCI-SIG PCIe 3.0: 8 GT/s a lane with 128b/130b "
+                   "coding, 15.75 GB/s each way at x16; the RTX 2080 Ti is a PCIe 3.0 x16 card, and its NVLink bridge "
+                   "joins two cards, not four"),
+}  # fmt: skip
+GPU_LINKS, PAPER_LINK, PAPER_GPUS = ("NVLink", "PCIe 5"), "PCIe 3", 4
 ASSUMPTIONS = {
-    "link_efficiency": (
-        0.8,
-        "share of a link's specified bandwidth that a ring all-reduce of large messages reaches (assumed; nccl-tests' "
-        "bus bandwidth, doc/PERFORMANCE.md, is the figure to set it from on a given machine)",
-    ),
-    "ring_step_latency_s": (
-        5e-6,
-        "latency of one of the 2 (N - 1) steps of a ring all-reduce (assumed: the order of nccl-tests' times for an "
-        "8-byte all-reduce between two GPUs)",
-    ),
-    "backward_share": (
-        0.5,
-        "share of the measured single-GPU step that is backward, during which buckets can be all-reduced (assumed: "
-        "backward does twice the forward's products; the loss, the optimizer and the host's work take the rest)",
-    ),
+    "link_efficiency": (0.8, "share of a link's specified bandwidth that a ring all-reduce of large messages reaches "
+                        "(assumed; nccl-tests' bus bandwidth, doc/PERFORMANCE.md, is the figure to set it from on a "
+                        "given machine)"),
+    "ring_step_latency_s": (5e-6, "latency of one of the 2 (N - 1) steps of a ring all-reduce (assumed: the order of "
+                            "nccl-tests' times for an 8-byte all-reduce between two GPUs)"),
+    "backward_share": (0.5, "share of the measured single-GPU step that is backward, during which buckets can be "
+                       "all-reduced (assumed: backward does twice the forward's products; the loss, the optimizer "
+                       "and the host's work take the rest)"),
     "bucket_bytes": (25 * 2**20, "pytorch_ddp's bucket: fairseq's --bucket-cap-mb, 25 by default"),
-    "legacy_buffer_elements": (
-        2**28,
-        "legacy_ddp all-reduces through one buffer of 2**28 elements (fairseq's LegacyDistributedDataParallel)",
-    ),
-}
+    "legacy_buffer_elements": (2**28, "legacy_ddp all-reduces through one buffer of 2**28 elements (fairseq's "
+                               "LegacyDistributedDataParallel)"),
+}  # fmt: skip
 # the precision of a results file's step -> bytes per gradient element that fairseq all-reduces, and why
 GRADIENT_BYTES = {
     "bf16": (4, "float32 gradients: bf16 autocast keeps float32 parameters, as fairseq's --amp"),
@@ -115,6 +71,7 @@ PAPER = {
     "baseline": ("Transformer-XL, standard input, n = 384", 139.33e6, 855.0),
     "define": ("Transformer-XL, DeFINE, n = 128", 72.90e6, 606.0),
 }
+OVERLAP = {False: "no (legacy_ddp)", True: "yes (pytorch_ddp)"}
 
 
 def assumption(key: str) -> float:
@@ -142,21 +99,18 @@ def ring_allreduce_seconds(nbytes: float, gpus: int, bandwidth: float, latency: 
     bandwidth`` plus ``2 (N - 1)`` steps of ``latency`` a call; 0 on one GPU."""
     if gpus < 1 or bandwidth <= 0 or nbytes < 0:
         raise ValueError(f"ring all-reduce: gpus={gpus}, bandwidth={bandwidth}, bytes={nbytes}: out of range")
-    if gpus == 1:
-        return 0.0
-    return 2 * (gpus - 1) / gpus * nbytes / bandwidth + calls * 2 * (gpus - 1) * latency
+    return 0.0 if gpus == 1 else 2 * (gpus - 1) / gpus * nbytes / bandwidth + calls * 2 * (gpus - 1) * latency
 
 
 def step_seconds(step: float, params: int, element_bytes: int, gpus: int, link: str, overlap: bool) -> tuple:
     """``(step seconds, all-reduce seconds)`` at ``gpus`` GPUs for a model whose single-GPU step is ``step``."""
-    nbytes = params * element_bytes
+    nbytes, bucket = params * element_bytes, assumption("bucket_bytes")
     bandwidth = LINKS[link].bandwidth * assumption("link_efficiency")
     latency = assumption("ring_step_latency_s")
     if not overlap:
         calls = math.ceil(params / assumption("legacy_buffer_elements"))
         comm = ring_allreduce_seconds(nbytes, gpus, bandwidth, latency, calls)
         return step + comm, comm
-    bucket = assumption("bucket_bytes")
     comm = ring_allreduce_seconds(nbytes, gpus, bandwidth, latency, math.ceil(nbytes / bucket))
     last = ring_allreduce_seconds(min(nbytes, bucket), gpus, bandwidth, latency)
     return step + max(last, comm - assumption("backward_share") * step), comm
@@ -167,13 +121,7 @@ def break_even_bandwidth(m: Measurement, params: Dict[str, int], element_bytes: 
     ``inf`` where it is shorter on one GPU already, 0 where its gradients are not the smaller."""
     saved = (params["baseline"] - params["define"]) * element_bytes * 2 * (gpus - 1) / gpus
     slower = (m.define_ms - m.baseline_ms) / 1e3
-    if slower <= 0:
-        return math.inf
-    return saved / slower if saved > 0 else 0.0
-
-
-def _cells(line: str) -> List[str]:
-    return [c.strip() for c in line.strip().strip("|").split("|")]
+    return math.inf if slower <= 0 else saved / slower if saved > 0 else 0.0
 
 
 def parse_results(path: str) -> List[Measurement]:
@@ -186,13 +134,18 @@ def parse_results(path: str) -> List[Measurement]:
         raise FileNotFoundError(f"{rel}: no such results file (give GPU results files with --inputs)")
     with open(path, encoding="utf-8") as f:
         lines = f.read().splitlines()
-    text = "\n".join(lines)
-    found = re.search(r"\brevision:? `?([0-9a-f]{7,40}(?:\+dirty)?)\b", text)
+    found = re.search(r"\brevision:? `?([0-9a-f]{7,40}(?:\+dirty)?)\b", "\n".join(lines))
     revision = found.group(1) if found else None
     section = gpu = precision = batch = ""
-    measurements, i = [], 0
-    while i < len(lines):
-        line = lines[i]
+    measurements, block = [], []
+    for line in lines + [""]:
+        if line.startswith("|"):
+            block.append([c.strip() for c in line.strip().strip("|").split("|")])
+            continue
+        if block and "step ms (median)" in block[0]:  # a table has ended: its rows, under what came before it
+            where = f"{rel}, the table under '{section}'"
+            measurements += pair_steps(block[0], block[2:], where, (rel, revision, section, gpu, precision, batch))
+        block = []
         if line.startswith("#"):
             section, batch = line.lstrip("#").strip(), ""
         elif re.match(PRECISION_LINE, line):
@@ -200,47 +153,7 @@ def parse_results(path: str) -> List[Measurement]:
         elif line.startswith("- GPU: "):
             gpu = line[len("- GPU: ") :].split(" (")[0]
         elif line.startswith("- Batch"):
-            batch = line[2:].split(";")[:2]
-            batch = "; ".join(b.strip() for b in batch)
-        if not line.startswith("|"):
-            i += 1
-            continue
-        start = i
-        while i < len(lines) and lines[i].startswith("|"):
-            i += 1
-        rows = [_cells(r) for r in lines[start:i]]
-        header, body = rows[0], rows[2:]
-        if "step ms (median)" not in header:
-            continue
-        col, names = header.index("step ms (median)"), [r[0].strip("`") for r in body]
-        for pair in PAIRS:
-            if pair.baseline not in names:
-                continue
-            where = f"{rel}, the table under '{section}'"
-            if precision not in GRADIENT_BYTES:
-                raise ValueError(f"{where}: no '- torch ..., <precision>' line of {', '.join(GRADIENT_BYTES)} above it")
-            if not gpu:
-                raise ValueError(f"{where}: no '- GPU: <name>' line above it: not a GPU results file")
-            steps, params = {}, {}
-            for name, row in zip(names, body):
-                if name == pair.baseline or name.startswith(pair.define):
-                    try:
-                        steps[name] = float(row[col])
-                    except (ValueError, IndexError):
-                        cell = row[col] if col < len(row) else "nothing"
-                        raise ValueError(f"{where}: the step of `{name}` is {cell!r}, not milliseconds") from None
-                    params[name] = row[1] if header[1] == "parameters" else ""
-            defines = [n for n in steps if n != pair.baseline]
-            if not defines:
-                raise ValueError(f"{where}: a row for `{pair.baseline}` but none for `{pair.define}`")
-            fastest = min(defines, key=steps.get)
-            measurements.append(
-                Measurement(
-                    pair, rel, revision, section, gpu, precision, batch or section, steps[pair.baseline], fastest,
-                    steps[fastest], {"baseline": params[pair.baseline], "define": params[fastest]},
-                )
-            )  # fmt: skip
-        i = max(i, start + 1)
+            batch = "; ".join(b.strip() for b in line[2:].split(";")[:2])
     if not measurements:
         raise ValueError(
             f"{rel}: no training table of {' or '.join(f'`{p.baseline}`' for p in PAIRS)} (a 'step ms (median)' "
@@ -249,13 +162,38 @@ def parse_results(path: str) -> List[Measurement]:
     return measurements
 
 
+def pair_steps(header, body, where: str, context) -> List[Measurement]:
+    """The measurements of one table (``header``, ``body`` rows) for each pair whose baseline it has a row of;
+    ``context``: the file, its revision, and the section, GPU, precision and batch lines above the table."""
+    rel, revision, section, gpu, precision, batch = context
+    col, names, out = header.index("step ms (median)"), [r[0].strip("`") for r in body], []
+    for pair in (p for p in PAIRS if p.baseline in names):
+        if precision not in GRADIENT_BYTES:
+            raise ValueError(f"{where}: no '- torch ..., <precision>' line of {', '.join(GRADIENT_BYTES)} above it")
+        if not gpu:
+            raise ValueError(f"{where}: no '- GPU: <name>' line above it: not a GPU results file")
+        steps, params = {}, {}
+        for name, row in ((n, r) for n, r in zip(names, body) if n == pair.baseline or n.startswith(pair.define)):
+            try:
+                steps[name] = float(row[col])
+            except (ValueError, IndexError):
+                cell = row[col] if col < len(row) else "nothing"
+                raise ValueError(f"{where}: the step of `{name}` is {cell!r}, not milliseconds") from None
+            params[name] = row[1] if header[1] == "parameters" else ""
+        defines = [n for n in steps if n != pair.baseline]
+        if not defines:
+            raise ValueError(f"{where}: a row for `{pair.baseline}` but none for `{pair.define}`")
+        fastest = min(defines, key=steps.get)
+        file_params = {"baseline": params[pair.baseline], "define": params[fastest]}
+        steps = (steps[pair.baseline], fastest, steps[fastest])
+        out.append(Measurement(pair, rel, revision, section, gpu, precision, batch or section, *steps, file_params))
+    return out
+
+
 def input_files(inputs: Optional[Sequence[str]]) -> List[str]:
-    """The files given, or every file of :data:`DEFAULT_INPUTS`; a required pattern that finds none raises naming
-    it."""
-    if inputs:
-        return list(inputs)
-    files = []
-    for pattern, required in DEFAULT_INPUTS:
+    """The files given, or every file of :data:`DEFAULT_INPUTS`; a required pattern that finds none raises."""
+    files = list(inputs or [])
+    for pattern, required in DEFAULT_INPUTS if not inputs else ():
         found = sorted(glob.glob(os.path.join(RESULTS_DIR, pattern)))
         if required and not found:
             raise FileNotFoundError(f"benchmarks/results/{pattern}: no such results file (run the GPU benchmarks)")
@@ -265,21 +203,17 @@ def input_files(inputs: Optional[Sequence[str]]) -> List[str]:
 
 def count_pair_params(pair: Pair) -> Dict[str, int]:
     """The distinct parameters of the pair's two archs, built as the benchmarks that timed them build them."""
-    import torch
-
-    from benchmarks.workloads import build_model, count_params
+    from benchmarks.common import build_model, count_params
+    from benchmarks.train_speed import translation_models
 
     if pair.baseline == "transformer":
-        from benchmarks.train_speed import translation_models
-
         define, baseline, _, _ = translation_models(6)
-        return {"baseline": count_params(baseline), "define": count_params(define)}
-    task = ["--task", "language_modeling", "--criterion", "lm_regularized_loss", "--ddp-backend", "legacy_ddp"]
-    counts = {}
-    for side, arch in (("baseline", pair.baseline), ("define", pair.define)):
-        torch.manual_seed(1)
-        counts[side] = count_params(build_model(arch, 267735, task, ["--txl-mem-len", "150"])[2])
-    return counts
+    else:
+        txl = [
+            build_model(arch, 267735, TXL_TASK, ["--txl-mem-len", "150"])[2] for arch in (pair.define, pair.baseline)
+        ]
+        define, baseline = txl
+    return {"baseline": count_params(baseline), "define": count_params(define)}
 
 
 def sha256(path: str) -> str:
@@ -292,8 +226,7 @@ def figures(measurements: Sequence[Measurement], params: Dict[str, Dict[str, int
     ratio (the baseline's step over DeFINE's: above 1, DeFINE is faster)."""
     records = []
     for m in measurements:
-        element_bytes = GRADIENT_BYTES[m.precision][0]
-        counts = params[m.pair.name]
+        element_bytes, counts = GRADIENT_BYTES[m.precision][0], params[m.pair.name]
         settings = [(1, "", False)] + [(n, link, o) for n in (4, 8) for link in GPU_LINKS for o in (False, True)]
         if m.pair.baseline.startswith("transformer_xl"):
             settings += [(PAPER_GPUS, PAPER_LINK, o) for o in (False, True)]
@@ -304,11 +237,8 @@ def figures(measurements: Sequence[Measurement], params: Dict[str, Dict[str, int
                 parameters_in_file=m.file_params, define_variant=m.define_name, gpus=gpus, link=link,
                 overlap=overlap, measured_step_ms=dict(baseline=m.baseline_ms, define=m.define_ms),
             )  # fmt: skip
-            steps, comms = {}, {}
-            for side, step in (("baseline", m.baseline_ms), ("define", m.define_ms)):
-                if gpus == 1:
-                    steps[side], comms[side] = step, 0.0
-                    continue
+            steps, comms = dict(baseline=m.baseline_ms, define=m.define_ms), dict(baseline=0.0, define=0.0)
+            for side, step in list(steps.items()) if gpus > 1 else ():
                 total, comm = step_seconds(step / 1e3, counts[side], element_bytes, gpus, link, overlap)
                 steps[side], comms[side] = total * 1e3, comm * 1e3
             record.update(allreduce_ms=comms, expected_step_ms=steps, ratio=steps["baseline"] / steps["define"])
@@ -320,24 +250,124 @@ def paper_setting() -> List[dict]:
     """The paper's two Transformer-XL runs: the all-reduce time of each model's float32 gradients over its link,
     set beside its ms a batch (how much of the 1.41x the gradients' traffic can explain)."""
     bandwidth = LINKS[PAPER_LINK].bandwidth * assumption("link_efficiency")
+    paper_ms = dict(baseline=PAPER["baseline"][2], define=PAPER["define"][2])
     rows = []
     for how, factor in (("ring all-reduce", 2 * (PAPER_GPUS - 1) / PAPER_GPUS), ("DataParallel", 2.0)):
         comm = {side: PAPER[side][1] * 4 * factor / bandwidth * 1e3 for side in ("baseline", "define")}
         rest = {side: PAPER[side][2] - comm[side] for side in comm}
-        rows.append(
-            dict(
-                traffic=how, gradient_traffic_factor=factor, allreduce_ms=comm, paper_ms=dict(
-                    baseline=PAPER["baseline"][2], define=PAPER["define"][2]), rest_ms=rest,
-                explained=(comm["baseline"] - comm["define"]) / (PAPER["baseline"][2] - PAPER["define"][2]),
-                rest_ratio=rest["baseline"] / rest["define"],
-            )
-        )  # fmt: skip
+        explained = (comm["baseline"] - comm["define"]) / (paper_ms["baseline"] - paper_ms["define"])
+        rows.append(dict(traffic=how, gradient_traffic_factor=factor, allreduce_ms=comm, paper_ms=paper_ms,
+                         rest_ms=rest, explained=explained, rest_ratio=rest["baseline"] / rest["define"]))  # fmt: skip
     return rows
 
 
-def main(argv=None) -> int:
-    from benchmarks.data_parallel_report import render
+def short_batch(m: Measurement) -> str:
+    """``25955 target tokens`` or ``batch 15 x 150`` from a table's batch line or heading, else the whole line."""
+    tokens, streams = re.search(r"(\d+) target tokens", m.batch), re.search(r"batch (\d+) x tgt_len (\d+)", m.batch)
+    if tokens:
+        return f"{tokens.group(1)} target tokens"
+    return f"batch {streams.group(1)} x {streams.group(2)}" if streams else m.batch
 
+
+HEADER = """# Data-parallel step time on paper: DeFINE against its baselines
+
+- Command: `{command}`
+- Each GPU keeps the measured single-GPU batch and step; at N GPUs the step adds a ring all-reduce of the gradients,
+  2 (N - 1) / N x bytes / (bandwidth x link efficiency) + 2 (N - 1) x latency per all-reduce call: after backward
+  (no overlap: fairseq's `--ddp-backend legacy_ddp`, the language-model recipes' choice) or, overlapped with backward
+  (`pytorch_ddp`, 25 MB buckets), only what outlasts backward, at least the last bucket.
+- Gradient bytes: the distinct parameters of each arch, built as its benchmark builds it, x the bytes of an
+  all-reduced gradient element ({elements}).
+- DeFINE's side is the fastest DeFINE row of each measured table. Ratio: the baseline's step over DeFINE's (above 1,
+  DeFINE is faster). Not modelled: NCCL's kernels sharing the GPU with backward, legacy_ddp's copies into its buffer,
+  the PCIe topology (eight GPUs on PCIe usually span two CPU sockets, slower than assumed), `--update-freq k` (one
+  all-reduce per k batches: the all-reduce's share divided by k).
+"""
+
+
+def render(measurements: List[Measurement], records: List[dict], paper: List[dict], inputs: List[dict], command: str):
+    """The results file: assumptions, inputs, gradients, expected step times, break-even bandwidths, the paper."""
+    files = [i["file"] for i in inputs]
+    label = {
+        (m.file, m.section): f"[{files.index(m.file) + 1}] {short_batch(m)}, {m.precision}, {m.gpu}"
+        for m in measurements
+    }
+    short = {p.name: f"`{p.baseline}` vs `{p.define}`" for p in PAIRS}
+    elements = "; ".join(f"{k}: {v[0]}, {v[1]}" for k, v in GRADIENT_BYTES.items())
+    rows = [[f"link: {k}", f"{v.bandwidth / 1e9:g} GB/s each way: {v.name}", v.source] for k, v in LINKS.items()]
+    rows += [[k, f"{v[0]:g}", v[1]] for k, v in ASSUMPTIONS.items()]
+    text = HEADER.format(command=command, elements=elements) + "\n## Assumptions\n\n"
+    text += table("name | value | source", rows)
+    rows = [[k + 1, f"`{i['file']}`", i["revision"] or "none", i["sha256"][:12]] for k, i in enumerate(inputs)]
+    text += "\n## Inputs\n\n" + table(" | file | revision recorded in it | sha256 (first 12 hex digits)", rows)
+    grads = {(r["pair"], r["gradient_element_bytes"]): r["parameters"] for r in records}
+    rows = []
+    for (pair, size), n in grads.items():
+        base, define = n["baseline"], n["define"]
+        mb = f"{base * size / 1e6:.0f} / {define * size / 1e6:.0f}"
+        rows.append([short[pair], f"{base / 1e6:.2f} M / {define / 1e6:.2f} M", size, mb, f"{base / define:.2f}x"])
+    columns = "model pair | parameters (built) | bytes an element | all-reduced MB | their ratio (the ceiling)"
+    text += "\n## Gradients\n\n" + table(columns, rows)
+    printed = {
+        f"{m.file} ({m.define_name if side == 'define' else m.pair.baseline}): {m.file_params[side]}"
+        for m in measurements
+        for side in ("baseline", "define")
+        if m.file_params[side] and m.file_params[side] != f"{grads_of(grads, m)[side] / 1e6:.2f} M"
+    }
+    text += (
+        "\nThe ceiling: the step ratio when the all-reduce takes all of the step. The parameters the results files "
+        f"print: {'; '.join(sorted(printed)) if printed else 'the built counts, every one'}.\n\n"
+        "## Expected step time\n\n"
+    )
+    rows = []
+    for r in records:
+        steps, link, measured = r["expected_step_ms"], r["link"], label[(r["input"]["file"], r["input"]["section"])]
+        cells = [link or "- (measured)", OVERLAP[r["overlap"]] if link else "-", f"{steps['baseline']:.1f}"]
+        rows.append([short[r["pair"]], measured, r["gpus"], *cells, f"{steps['define']:.1f}", f"{r['ratio']:.2f}x"])
+    text += table("model pair | measured step | GPUs | link | overlap | baseline ms | DeFINE ms | ratio", rows)
+    variants = "; ".join(sorted({f"`{m.define_name}`" for m in measurements}))
+    text += (
+        f"\nDeFINE's side: {variants} (each table's fastest). The {PAPER_LINK} rows put the paper's link under the "
+        "steps measured here.\n\n## Where DeFINE's smaller gradients turn into speed\n\nThe bus bandwidth (link x "
+        "efficiency) below which DeFINE's step is the shorter without overlap: DeFINE's gradient bytes saved x 2 (N "
+        '- 1) / N over its extra single-GPU time ("always": it is the faster on one GPU already).\n\n'
+    )
+    rows = []
+    for m in measurements:
+        cells = [break_even_bandwidth(m, grads_of(grads, m), GRADIENT_BYTES[m.precision][0], n) for n in (4, 8)]
+        cells = ["always" if b == math.inf else f"{b / 1e9:.1f} GB/s" for b in cells]
+        rows.append([short[m.pair.name], label[(m.file, m.section)], f"{m.baseline_ms / m.define_ms:.2f}x", *cells])
+    text += table("model pair | measured step | ratio on one GPU | break-even, 4 GPUs | 8 GPUs", rows)
+    bus = ", ".join(f"{k} {v.bandwidth * assumption('link_efficiency') / 1e9:.1f} GB/s" for k, v in LINKS.items())
+    return text + f"\nThe bus bandwidths assumed here: {bus}.\n\n" + paper_section(paper)
+
+
+def grads_of(grads: Dict, m: Measurement) -> Dict[str, int]:
+    return grads[(m.pair.name, GRADIENT_BYTES[m.precision][0])]
+
+
+def paper_section(paper: List[Dict]) -> str:
+    (name, params, ms), (define, define_params, define_ms) = PAPER["baseline"], PAPER["define"]
+    gap = ms - define_ms
+    text = (
+        f"## The DeFINE paper's setting\n\n{PAPER['source']}. {name}: {params / 1e6:.2f} M parameters, "
+        f"{ms:g} ms a batch; {define}: {define_params / 1e6:.2f} M, {define_ms:g} ms ({ms / define_ms:.2f}x). "
+        f"At {PAPER_GPUS} GPUs over {LINKS[PAPER_LINK].name}, float32 gradients, without overlap; DataParallel (the "
+        "official Transformer-XL code's multi-GPU mode) copies the parameters to every GPU and sums the gradients on "
+        "one, every step: about 2 x bytes through a chain of links. What the gradients' traffic leaves of the "
+        f"paper's {gap:g} ms difference is the two models' compute:\n\n"
+    )
+    rows = [
+        [f"{p['traffic']}, {p['gradient_traffic_factor']:.2f} x bytes"]
+        + [f"{p['allreduce_ms']['baseline']:.0f} / {p['allreduce_ms']['define']:.0f}", f"{p['explained']:.0%}"]
+        + [f"{p['rest_ms']['baseline']:.0f} / {p['rest_ms']['define']:.0f}", f"{p['rest_ratio']:.2f}x"]
+        for p in paper
+    ]
+    columns = f"gradient traffic | ms (standard / DeFINE) | of the {gap:g} ms | the rest, ms | ratio of the rests"
+    return text + table(columns, rows)
+
+
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     defaults = ", ".join(p for p, _ in DEFAULT_INPUTS)
     parser.add_argument("--inputs", nargs="+", help=f"GPU results files (default: benchmarks/results/{defaults})")
@@ -352,18 +382,11 @@ def main(argv=None) -> int:
     command = " ".join(["python -m benchmarks.data_parallel"] + list(sys.argv[1:] if argv is None else argv))
     text = render(measurements, records, paper, inputs, command)
     print(text)
-    data = dict(
-        command=command,
-        assumptions={k: dict(value=v[0], source=v[1]) for k, v in ASSUMPTIONS.items()},
-        links={k: v._asdict() for k, v in LINKS.items()},
-        inputs=inputs,
-        figures=records,
-        paper=dict(PAPER, rows=paper),
-    )
-    for path, default, content in (
-        (args.out, "data_parallel.md", text),
-        (args.json, "data_parallel.json", json.dumps(data, indent=1, sort_keys=True) + "\n"),
-    ):
+    assumptions = {k: dict(value=v[0], source=v[1]) for k, v in ASSUMPTIONS.items()}
+    links = {k: v._asdict() for k, v in LINKS.items()}
+    data = dict(command=command, assumptions=assumptions, links=links, inputs=inputs, figures=records)
+    data = json.dumps(dict(data, paper=dict(PAPER, rows=paper)), indent=1, sort_keys=True) + "\n"
+    for path, default, content in ((args.out, "data_parallel.md", text), (args.json, "data_parallel.json", data)):
         if path != "-":
             with open(path or os.path.join(RESULTS_DIR, default), "w", encoding="utf-8") as f:
                 f.write(content)

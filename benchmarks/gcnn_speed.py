@@ -1,37 +1,33 @@
-"""Speed of the gated convolutional LM (``gcnn_lm``) in four parts (``--parts``), all in one run:
-
-1. layers: forward + backward of GCNN-14's convolution shapes on 1 x 1024 tokens: ``F.conv1d`` in ``[B, C, T]``,
-   ``torch.conv_tbc`` in ``[T, B, C]`` (fairseq's ``fconv``) and ``CausalConv1d`` in ``[B, T, C]`` (ours), plain
-   weights, outputs checked equal.
-2. train: ``gcnn_lm_14`` against fairseq's ``fconv_lm_dauphin_wikitext103`` (V = 267,735, adaptive softmax,
-   ``--dropout 0``, 1 x 1024 tokens), a step as fairseq-train's: criterion, backward, gradients / sample size, clip
-   0.1, NAG (lr 1, momentum 0.99, weight decay 5e-6). Target: ours >= 1.0x fairseq's tokens/s.
-3. generate: fairseq's ``SequenceGenerator`` through ``LanguageModelingTask.inference_step`` (8-token prefixes, 32
-   new tokens forced), eval mode after ``prepare_for_inference_``. Target: ours >= 1.0x fairseq's tokens/s.
-4. responsiveness (the paper's Table 4): scoring one 20-token sentence and one 2,000-token sequence at batch 1,
-   ``gcnn_lm_8`` against ``lstm_lm_adaptive_wt103`` with its total (hidden 2434) or its body (1324) matched.
+"""Speed of the gated convolutional LM (``gcnn_lm``) in four parts (``--parts``), all in one run: (1) layers:
+forward + backward of GCNN-14's convolution shapes, ``F.conv1d``, ``torch.conv_tbc`` (fairseq's) and ``CausalConv1d``
+(ours); (2) train: ``gcnn_lm_14`` against fairseq's ``fconv_lm_dauphin_wikitext103`` (V = 267,735, 1 x 1024 tokens),
+a step as fairseq-train's; (3) generate: fairseq's ``SequenceGenerator``; (4) responsiveness (the paper's Table 4):
+scoring one sentence and one long sequence at batch 1, ``gcnn_lm_8`` against ``lstm_lm_adaptive_wt103`` with its
+total or its body matched. Targets: ours >= 1.0x fairseq's tokens/s in training and generation.
 
     .venv/bin/python -m benchmarks.gcnn_speed [--device cuda] [--rounds 3] [--parts train,generate]
 """
 
+from types import SimpleNamespace
+
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import Bench, Check, millions, ms, options, ratio, run_main, table
-from benchmarks.workloads import build_model, lm_sample, zipf_tokens
+from benchmarks.common import Bench, build_model, lm_sample, options, run_main, zipf_tokens
+from benchmarks.targets import millions, ms, ratio, table
 
 PARTS = ("layers", "train", "generate", "responsiveness")
 OURS, FAIRSEQ = "gcnn_lm_14", "fconv_lm_dauphin_wikitext103"
 # GCNN-14's convolutions: (input channels, output channels before the GLU halves them, kernel, layers of the kind)
-LAYER_SHAPES = [
-    (850, 1700, 6, 3),
-    (850, 1700, 5, 4),
-    (850, 1700, 4, 3),
-    (850, 1700, 1, 2),
-    (850, 2048, 4, 1),
-    (1024, 4096, 4, 1),
-]
+LAYER_SHAPES = [(850, 1700, 6, 3), (850, 1700, 5, 4), (850, 1700, 4, 3), (850, 1700, 1, 2), (850, 2048, 4, 1)]
+LAYER_SHAPES.append((1024, 4096, 4, 1))
 CONVS = ("F.conv1d [B, C, T]", "torch.conv_tbc [T, B, C] (fairseq)", "CausalConv1d [B, T, C] (ours)")
+VS = "vs fairseq (ratio of medians) | (median of per-round ratios)"
+# the sizes of a run and of --quick
+SIZES = dict(vocab=267735, cutoff="10000,20000,200000", small=False, layer_tokens=1024, train_tokens=1024, prefix=8)
+SIZES.update(new_tokens=32, lstm_hidden=2434, lstm_hidden_body=1324)
+QUICK = dict(vocab=3000, cutoff="500,1000,2000", small=True, layer_tokens=64, train_tokens=32, generate=[(1, 2)])
+QUICK.update(prefix=2, new_tokens=2, long_tokens=40, lstm_hidden=64, lstm_hidden_body=32)
 
 
 def conv_calls(bench: Bench, cin: int, cout: int, k: int, tokens: int):
@@ -46,14 +42,9 @@ def conv_calls(bench: Bench, cin: int, cout: int, k: int, tokens: int):
         conv.weight.copy_(w.permute(0, 2, 1).reshape(cout, k * cin))
     conv = conv.to(bench.device, bench.dtype)
     # [B, C, T] for F.conv1d; [T, B, C] and weight [k, in, out] for conv_tbc; [B, T, C] for ours
-    leaves = [
-        [v.contiguous().to(bench.device, bench.dtype).requires_grad_() for v in vs]
-        for vs in (
-            (x.transpose(1, 2), w, torch.zeros(cout)),
-            (x.transpose(0, 1), w.permute(2, 1, 0), torch.zeros(cout)),
-            (x, *conv.parameters()),
-        )
-    ]
+    bias = torch.zeros(cout)
+    inputs = ((x.transpose(1, 2), w, bias), (x.transpose(0, 1), w.permute(2, 1, 0), bias), (x, *conv.parameters()))
+    leaves = [[v.contiguous().to(bench.device, bench.dtype).requires_grad_() for v in vs] for vs in inputs]
     grads = [v.contiguous().to(bench.device, bench.dtype) for v in (grad.transpose(1, 2), grad.transpose(0, 1), grad)]
     forwards = (
         lambda x, w, b: F.conv1d(F.pad(x, (k - 1, 0)), w, b),
@@ -77,81 +68,49 @@ def conv_calls(bench: Bench, cin: int, cout: int, k: int, tokens: int):
     return {name: call(*a) for name, a in zip(CONVS, zip(forwards, grads, leaves))}
 
 
-def part_layers(bench: Bench, s: dict):
-    tokens, rows, totals = s["layer_tokens"], [], dict.fromkeys(CONVS, 0.0)
+def part_layers(bench: Bench, s):
+    tokens, rows, totals = s.layer_tokens, [], dict.fromkeys(CONVS, 0.0)
     for cin, cout, k, count in LAYER_SHAPES:
         t = bench.time(conv_calls(bench, cin, cout, k, tokens), rounds=bench.args.rounds + 2)
         for v in CONVS:
             totals[v] += count * t.median(v)
-            rows.append(
-                [
-                    f"{cin} -> {cout} (= 2 x {cout // 2}), k={k}" if v == CONVS[0] else "",
-                    f"`{v}`",
-                    *t.columns(v, CONVS[1], 6 * tokens * k * cin * cout / 1e9),
-                ]
-            )
+            label = f"{cin} -> {cout} (= 2 x {cout // 2}), k={k}" if v == CONVS[0] else ""
+            rows.append([label, f"`{v}`", *t.columns(v, CONVS[1], 6 * tokens * k * cin * cout / 1e9)])
+    label = "**GCNN-14's 14 layers** (sum of medians x layers)"
     rows += [
-        [
-            "**GCNN-14's 14 layers** (sum of medians x layers)" if v == CONVS[0] else "",
-            f"`{v}`",
-            ms(totals[v]),
-            "",
-            "",
-            ratio(totals[CONVS[1]] / totals[v]),
-            "",
-        ]
+        [label if v == CONVS[0] else "", f"`{v}`", ms(totals[v]), "", "", ratio(totals[CONVS[1]] / totals[v]), ""]
         for v in CONVS
     ]
+    columns = (
+        "layer (in -> out channels) | implementation | ms (median) | ms (min) | GFLOP/s | speed vs conv_tbc (ratio "
+    )
+    columns += "of medians) | (median of per-round ratios)"
     return (
         f"## 1. Causal convolution layers of GCNN-14, forward + backward, 1 x {tokens} tokens\n\nInput and weights "
-        f"require gradients; plain weights; GFLOP/s counts 3 x 2 x T x k x in x out.\n\n"
-        + table(
-            [
-                "layer (in -> out channels)",
-                "implementation",
-                "ms (median)",
-                "ms (min)",
-                "GFLOP/s",
-                "speed vs conv_tbc (ratio of medians)",
-                "(median of per-round ratios)",
-            ],
-            rows,
-        )
+        f"require gradients; plain weights; GFLOP/s counts 3 x 2 x T x k x in x out.\n\n" + table(columns, rows)
     ), []
 
 
-def wt103_args(s: dict):
-    return ["--dropout", "0", "--adaptive-softmax-cutoff", s["cutoff"], "--tokens-per-sample", "1024"]
+def wt103_args(s):
+    return ["--dropout", "0", "--adaptive-softmax-cutoff", s.cutoff, "--tokens-per-sample", "1024"]
 
 
-def build(bench: Bench, s: dict, archs):
+def build(bench: Bench, s, archs):
     """``{name: (cfg, task, model, criterion)}`` for ``{name: (arch, flags)}``, each from seed 1, on the device."""
+    task = "--task language_modeling --criterion adaptive_loss --ddp-backend legacy_ddp".split()
     built = {}
     for name, (arch, flags) in archs.items():
-        torch.manual_seed(1)
-        task = ["--task", "language_modeling", "--criterion", "adaptive_loss", "--ddp-backend", "legacy_ddp"]
-        cfg, task, model, criterion = build_model(arch, s["vocab"], task, flags)
-        built[name] = cfg, task, bench.to(model), criterion
+        cfg, task_, model, criterion = build_model(arch, s.vocab, task, flags)
+        built[name] = cfg, task_, bench.to(model), criterion
     return built
 
 
-def part_train(bench: Bench, s: dict):
+def part_train(bench: Bench, s):
     from fairseq import optim
 
-    flags = wt103_args(s) + [
-        "--optimizer",
-        "nag",
-        "--lr",
-        "1.0",
-        "--momentum",
-        "0.99",
-        "--weight-decay",
-        "5e-06",
-        "--clip-norm",
-        "0.1",
-    ]
+    flags = wt103_args(s) + "--optimizer nag --lr 1.0 --momentum 0.99 --weight-decay 5e-06 --clip-norm 0.1".split()
     built = build(bench, s, {FAIRSEQ: (FAIRSEQ, flags), OURS: (OURS, flags)})
-    sample = bench.to(lm_sample(s["vocab"], 1, s["train_tokens"]))
+    sample = bench.to(lm_sample(s.vocab, 1, s.train_tokens))
     losses = {name: [] for name in built}
 
     def step(name):
@@ -170,74 +129,44 @@ def part_train(bench: Bench, s: dict):
 
         return run
 
-    warmup = 1 if s["small"] else 3
+    warmup, ntok = 1 if s.small else 3, s.train_tokens
     t = bench.time({name: step(name) for name in built}, rounds=2 * bench.args.rounds, warmup=warmup)
-    ntok = s["train_tokens"]
     rows = [
-        [
-            f"`{n}`",
-            millions(sum(p.numel() for p in built[n][2].parameters())),
-            *t.columns(n, FAIRSEQ, ntok, faults=True),
-        ]
+        [f"`{n}`", millions(sum(p.numel() for p in built[n][2].parameters())), *t.columns(n, FAIRSEQ, ntok, True)]
         for n in (FAIRSEQ, OURS)
     ]
-    loss = {n: [f"{v.item():.1f}" for v in losses[n]] for n in built}
+    loss = {n: " ".join(f"{v.item():.1f}" for v in losses[n]) for n in built}
+    columns = "model | parameters | step ms (median) | step ms (min) | page faults per step (median) | tokens/s | " + VS
     text = (
-        f"## 2. Training: `{OURS}` vs fairseq's `{FAIRSEQ}` (V = {s['vocab']:,}, 1 x {ntok} tokens)\n\n"
-        f"Adaptive softmax {s['cutoff']}, `--dropout 0`, weight-normalised convolutions; step as fairseq-train "
+        f"## 2. Training: `{OURS}` vs fairseq's `{FAIRSEQ}` (V = {s.vocab:,}, 1 x {ntok} tokens)\n\n"
+        f"Adaptive softmax {s.cutoff}, `--dropout 0`, weight-normalised convolutions; step as fairseq-train "
         f"(criterion, backward, gradients / sample size, clip 0.1, NAG lr 1, momentum 0.99, weight decay 5e-6); "
         f"the same Zipf-distributed batch every step; {2 * bench.args.rounds} rounds after {warmup} warm-up rounds "
         f"(the heap grows in the first steps). Loss per token at every step, warm-up included (nats; at NAG's "
         f"momentum 0.99 and lr 1 on one repeated batch the loss can rise for some steps before it falls): fairseq "
-        f"{' '.join(loss[FAIRSEQ])}; ours {' '.join(loss[OURS])}.\n\n"
-        + table(
-            [
-                "model",
-                "parameters",
-                "step ms (median)",
-                "step ms (min)",
-                "page faults per step (median)",
-                "tokens/s",
-                "vs fairseq (ratio of medians)",
-                "(median of per-round ratios)",
-            ],
-            rows,
-        )
+        f"{loss[FAIRSEQ]}; ours {loss[OURS]}.\n\n" + table(columns, rows)
     )
-    return text, [Check(f"{OURS} vs {FAIRSEQ}, training tokens/s", t.speedup(FAIRSEQ, OURS), 1.0)]
+    return text, [bench.check(f"{OURS} vs {FAIRSEQ}, training tokens/s", t.speedup(FAIRSEQ, OURS), 1.0)]
 
 
-def part_generate(bench: Bench, s: dict):
+def part_generate(bench: Bench, s):
     from fairseq.sequence_generator import SequenceGenerator
 
     built = build(bench, s, {FAIRSEQ: (FAIRSEQ, wt103_args(s)), OURS: (OURS, wt103_args(s))})
     for cfg, _, model, _ in built.values():
         model.prepare_for_inference_(cfg)  # as fairseq-generate: removes weight-norm hooks, eval mode
         model.eval()
-    prefix, new = s["prefix"], s["new_tokens"]
-    rows, checks = [], []
-    for batch, beam in s["generate"]:
-        src = zipf_tokens(torch.Generator().manual_seed(batch * 100 + beam), (batch, prefix), s["vocab"])
-        sample = bench.to(
-            {
-                "id": torch.arange(batch),
-                "nsentences": batch,
-                "target": None,
-                "net_input": {"src_tokens": src, "src_lengths": torch.full((batch,), prefix)},
-            }
-        )
+    prefix, new, rows, checks = s.prefix, s.new_tokens, [], []
+    for batch, beam in s.generate:
+        src = zipf_tokens(torch.Generator().manual_seed(batch * 100 + beam), (batch, prefix), s.vocab)
+        net_input = {"src_tokens": src, "src_lengths": torch.full((batch,), prefix)}
+        sample = bench.to(dict(id=torch.arange(batch), nsentences=batch, target=None, net_input=net_input))
         outputs = {}
 
         def gen(name):
             _, task, model, _ = built[name]
-            generator = SequenceGenerator(
-                [model],
-                task.target_dictionary,
-                beam_size=beam,
-                max_len_a=0,
-                max_len_b=prefix + new,
-                min_len=prefix + new,
-            )
+            limits = dict(max_len_a=0, max_len_b=prefix + new, min_len=prefix + new)
+            generator = SequenceGenerator([model], task.target_dictionary, beam_size=beam, **limits)
 
             def run():
                 with bench.autocast():
@@ -255,84 +184,47 @@ def part_generate(bench: Bench, s: dict):
             [f"batch {batch}, beam {beam}" if n == FAIRSEQ else "", f"`{n}`", *t.columns(n, FAIRSEQ, batch * new)]
             for n in (FAIRSEQ, OURS)
         ]
-        checks.append(
-            Check(
-                f"{OURS} vs {FAIRSEQ}, generation tokens/s, batch {batch}, beam {beam}", t.speedup(FAIRSEQ, OURS), 1.0
-            )
-        )
+        what = f"{OURS} vs {FAIRSEQ}, generation tokens/s, batch {batch}, beam {beam}"
+        checks.append(bench.check(what, t.speedup(FAIRSEQ, OURS), 1.0))
+    columns = "batch, beam | model | ms per batch (median) | ms (min) | new tokens/s | " + VS
     return (
         f"## 3. Generation: fairseq's SequenceGenerator, `{OURS}` vs `{FAIRSEQ}`\n\n"
         f"`LanguageModelingTask.inference_step` on random {prefix}-token prefixes (fed one token at a time), then "
         f"{new} new tokens and EOS (forced: `min_len = max_len_b`); eval mode after `prepare_for_inference_`; "
-        f"new tokens/s = batch x {new} / time.\n\n"
-        + table(
-            [
-                "batch, beam",
-                "model",
-                "ms per batch (median)",
-                "ms (min)",
-                "new tokens/s",
-                "vs fairseq (ratio of medians)",
-                "(median of per-round ratios)",
-            ],
-            rows,
-        )
+        f"new tokens/s = batch x {new} / time.\n\n" + table(columns, rows)
     ), checks
 
 
-def part_responsiveness(bench: Bench, s: dict):
+def part_responsiveness(bench: Bench, s):
     from define_fairseq.tools.params import parameter_breakdown
 
     lstm = "lstm_lm_adaptive_wt103"
-    archs = {"gcnn_lm_8": ("gcnn_lm_8", ["--dropout", "0", "--adaptive-softmax-cutoff", s["cutoff"]])}
-    for hidden, why in ((s["lstm_hidden"], "total matched"), (s["lstm_hidden_body"], "body matched")):
-        archs[f"{lstm}, hidden {hidden} ({why})"] = (
-            lstm,
-            ["--decoder-hidden-size", str(hidden)]
-            + (
-                ["--adaptive-input-cutoff", s["cutoff"], "--adaptive-softmax-cutoff", s["cutoff"]] if s["small"] else []
-            ),
-        )
+    archs = {"gcnn_lm_8": ("gcnn_lm_8", ["--dropout", "0", "--adaptive-softmax-cutoff", s.cutoff])}
+    small = ["--adaptive-input-cutoff", s.cutoff, "--adaptive-softmax-cutoff", s.cutoff] if s.small else []
+    for hidden, why in ((s.lstm_hidden, "total matched"), (s.lstm_hidden_body, "body matched")):
+        archs[f"{lstm}, hidden {hidden} ({why})"] = (lstm, ["--decoder-hidden-size", str(hidden)] + small)
     built = build(bench, s, archs)
     for cfg, _, model, _ in built.values():
         model.prepare_for_inference_(cfg)  # as fairseq-eval-lm
         model.eval()
-
-    sentence, long = (bench.to(lm_sample(s["vocab"], 1, n, seed=i + 1)) for i, n in enumerate((20, s["long_tokens"])))
+    sentence, long = (bench.to(lm_sample(s.vocab, 1, n, seed=i + 1)) for i, n in enumerate((20, s.long_tokens)))
     short = bench.time({n: bench.step(b[2], b[3], sentence) for n, b in built.items()}, rounds=4 * bench.args.rounds)
     longer = bench.time({n: bench.step(b[2], b[3], long) for n, b in built.items()})
     rows = []
     for n in built:
         counts = parameter_breakdown(built[n][2])
         rows.append(
-            [
-                f"`{n}`",
-                millions(counts["context"]),
-                millions(counts["total"]),
-                short.ms(n),
-                f"{20 / short.median(n):.0f}",
-                longer.ms(n),
-                f"{s['long_tokens'] / longer.median(n):.0f}",
-                ratio(longer.speedup(n, "gcnn_lm_8")),
-            ]
+            [f"`{n}`", millions(counts["context"]), millions(counts["total"]), short.ms(n), short.per_s(n, 20)]
+            + [longer.ms(n), longer.per_s(n, s.long_tokens), ratio(longer.speedup(n, "gcnn_lm_8"))]
         )
+    columns = "model | body (context) | total | one 20-token sentence: ms (median) | tokens/s (sentence) | one "
+    columns += f"{s.long_tokens:,}-token sequence: ms (median) | tokens/s (sequence) | gcnn_lm_8's speed over this "
+    columns += "model's (sequence)"
     return (
         f"## 4. Responsiveness (the paper's Table 4): one sequence at batch 1, `gcnn_lm_8` vs the LSTM LM\n\n"
         f"Scoring = forward + fairseq's `adaptive_loss`, eval mode, no autograd, after `prepare_for_inference_`. "
-        f"The long sequence has {s['long_tokens']:,} tokens (the paper's 15,000 with `--long-tokens 15000`).\n\n"
-        + table(
-            [
-                "model",
-                "body (context)",
-                "total",
-                "one 20-token sentence: ms (median)",
-                "tokens/s (sentence)",
-                f"one {s['long_tokens']:,}-token sequence: ms (median)",
-                "tokens/s (sequence)",
-                "gcnn_lm_8's speed over this model's (sequence)",
-            ],
-            rows,
-        )
+        f"The long sequence has {s.long_tokens:,} tokens (the paper's 15,000 with `--long-tokens 15000`).\n\n"
+        + table(columns, rows)
     ), []
 
 
@@ -350,40 +242,11 @@ def main(argv=None):
         generate = [tuple(int(v) for v in c.split("/")) for c in args.generate.split(",")]
     except ValueError:
         parser.error(f"--generate {args.generate}: give batch/beam pairs, e.g. 8/1,8/5")
-    s = {
-        "vocab": 267735,
-        "cutoff": "10000,20000,200000",
-        "small": False,
-        "layer_tokens": 1024,
-        "train_tokens": 1024,
-        "generate": generate,
-        "prefix": 8,
-        "new_tokens": 32,
-        "long_tokens": args.long_tokens,
-        "lstm_hidden": 2434,
-        "lstm_hidden_body": 1324,
-    }
-    if args.quick:
-        s.update(
-            vocab=3000,
-            cutoff="500,1000,2000",
-            small=True,
-            layer_tokens=64,
-            train_tokens=32,
-            generate=[(1, 2)],
-            prefix=2,
-            new_tokens=2,
-            long_tokens=40,
-            lstm_hidden=64,
-            lstm_hidden_body=32,
-        )
+    s = SimpleNamespace(
+        **{**SIZES, "generate": generate, "long_tokens": args.long_tokens, **(QUICK if args.quick else {})}
+    )
+    functions = dict(layers=part_layers, train=part_train, generate=part_generate, responsiveness=part_responsiveness)
     sections, checks = [], []
-    functions = {
-        "layers": part_layers,
-        "train": part_train,
-        "generate": part_generate,
-        "responsiveness": part_responsiveness,
-    }
     for part in parts:
         text, part_checks = functions[part](bench, s)
         sections.append(text)

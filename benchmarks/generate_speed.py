@@ -1,9 +1,7 @@
-"""Generation speed (beam search, fairseq's ``SequenceGenerator``) of ``transformer_define``, unfolded and folded,
-against fairseq's ``transformer``; models as in ``benchmarks.train_speed``, random weights, eval mode. Variants:
-``transformer``; ``transformer_define`` unfolded (its cached V x m tables built in the warm-up: the steady state);
-the same with the tables rebuilt every batch (``model.eval()`` in the timed call: the first batch's cost); and
-after ``fold_model``. Every hypothesis is forced to the same length (``min_len = max_len_b``). The folded model's
-generations are compared with the unfolded one's. Target: folded ``transformer_define`` >= 1.0x ``transformer``.
+"""Generation speed (beam search, fairseq's ``SequenceGenerator``, output length forced) of ``transformer``,
+``transformer_define`` unfolded (its V x m tables cached: the steady state; and rebuilt every batch: the first batch's
+cost) and after ``fold_model``, whose generations are checked against the unfolded one's; models as in
+``benchmarks.train_speed``, random weights, eval mode. Target: folded ``transformer_define`` >= 1.0x ``transformer``.
 
     .venv/bin/python -m benchmarks.generate_speed [--device cuda] [--sentences 32] [--beam 4] [--out-len 30]
 """
@@ -12,9 +10,9 @@ import copy
 
 import torch
 
-from benchmarks.common import Bench, Check, millions, options, run_main, table
+from benchmarks.common import Bench, count_params, options, run_main
+from benchmarks.targets import millions, table
 from benchmarks.train_speed import translation_batch, translation_models
-from benchmarks.workloads import count_params
 
 VARIANTS = (
     "transformer",
@@ -22,19 +20,18 @@ VARIANTS = (
     "transformer_define (unfolded, tables rebuilt every batch)",
     "transformer_define (folded)",
 )
+COLUMNS = "model | parameters | batch ms (median) | batch ms (min) | generated tokens/s | "
+COLUMNS += "vs transformer (ratio of medians) | vs transformer (median of per-round ratios)"
 
 
 def same_generations(a, b, tolerance: float) -> bool:
     """Every beam hypothesis of every sentence: the same tokens, scores within ``tolerance``."""
-    return len(a) == len(b) and all(
-        len(ha) == len(hb)
-        and all(
-            torch.equal(x["tokens"], y["tokens"])
-            and torch.allclose(x["positional_scores"], y["positional_scores"], rtol=tolerance, atol=tolerance)
-            for x, y in zip(ha, hb)
-        )
-        for ha, hb in zip(a, b)
-    )
+
+    def same(x, y):
+        close = torch.allclose(x["positional_scores"], y["positional_scores"], rtol=tolerance, atol=tolerance)
+        return torch.equal(x["tokens"], y["tokens"]) and close
+
+    return len(a) == len(b) and all(len(ha) == len(hb) and all(map(same, ha, hb)) for ha, hb in zip(a, b))
 
 
 def main(argv=None):
@@ -54,10 +51,8 @@ def main(argv=None):
     models = [baseline, define, copy.deepcopy(define), fold_model(copy.deepcopy(define))]
     models = dict(zip(VARIANTS, (bench.to(m).eval() for m in models)))
     sample = translation_batch(task, sentences, 18, 22)
-    sample = bench.to(
-        {"id": sample["id"], "net_input": {k: sample["net_input"][k] for k in ("src_tokens", "src_lengths")}}
-    )
-    outputs = {}
+    net_input = {k: sample["net_input"][k] for k in ("src_tokens", "src_lengths")}
+    sample, outputs = bench.to({"id": sample["id"], "net_input": net_input}), {}
 
     def gen(name):
         model = models[name]
@@ -79,14 +74,7 @@ def main(argv=None):
     equal = all(v in outputs for v in VARIANTS) and all(
         same_generations(outputs[VARIANTS[3]], outputs[v], tolerance) for v in VARIANTS[1:3]
     )
-    rows = [
-        [
-            f"`{n}`",
-            millions(count_params(m)),
-            *t.columns(n, VARIANTS[0], ntok),
-        ]
-        for n, m in models.items()
-    ]
+    rows = [[f"`{n}`", millions(count_params(m)), *t.columns(n, VARIANTS[0], ntok)] for n, m in models.items()]
     notes = [
         f"Models: d_model 512, FFN 2048, 8 heads, {layers} + {layers} layers, vocabulary 32000 per side, decoder "
         f"output tied; transformer_define: DeFINE n=128, k=1024, depth 3; random weights, eval mode",
@@ -94,33 +82,17 @@ def main(argv=None):
         f"forced to {out_len} tokens + EOS; {ntok} generated tokens per batch (best hypothesis of each "
         f"sentence, EOS included)",
     ]
-    body = table(
-        [
-            "model",
-            "parameters",
-            "batch ms (median)",
-            "batch ms (min)",
-            "generated tokens/s",
-            "vs transformer (ratio of medians)",
-            "vs transformer (median of per-round ratios)",
-        ],
-        rows,
+    rounding = (
+        " (the unfolded model computes its V x m tables under autocast, the folded tables were computed in float32: "
+        "rounding can change a beam)"
     )
-    body += (
+    body = table(COLUMNS, rows) + (
         "\nParameters as stored (the folded model keeps each V x n table and adds the V x m folded tables). "
         "Folded generations equal the unfolded ones (tokens of every hypothesis, scores within "
-        f"{tolerance:g}): **{'yes' if equal else 'NO'}**"
-        + (
-            ""
-            if bench.dtype == torch.float32
-            else " (the unfolded model computes its V x m tables under "
-            "autocast, the folded tables were computed in float32: rounding can change a beam)"
-        )
-        + ".\n"
+        f"{tolerance:g}): **{'yes' if equal else 'NO'}**{'' if bench.dtype == torch.float32 else rounding}.\n"
     )
-    checks = [
-        Check("folded transformer_define vs transformer, generated tokens/s", t.speedup(VARIANTS[0], VARIANTS[3]), 1.0)
-    ]
+    what = "folded transformer_define vs transformer, generated tokens/s"
+    checks = [bench.check(what, t.speedup(VARIANTS[0], VARIANTS[3]), 1.0)]
     return bench.finish("Generation speed: transformer_define (unfolded / folded) vs transformer", notes, body, checks)
 
 

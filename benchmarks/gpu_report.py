@@ -1,13 +1,10 @@
-"""Every benchmark on a GPU with short settings, in one run, and one table of its figures beside the GPU targets;
-each benchmark's own tables follow in the same file (default ``benchmarks/results/gpu-<gpu name>.md``).
+"""Every benchmark of ``targets.BENCHMARKS`` on a GPU with short settings, in one process, and one table of its
+figures beside the GPU targets, each benchmark's own tables after it (default ``results/gpu-<gpu name>.md``, its
+records beside it). A missed target does not stop the run; a benchmark that raises is reported in the table and the
+others still run (exit status 1). ``--device cpu --quick`` checks the whole report on a CPU. :class:`Round` is the
+report of ``make gpu-round`` (``benchmarks/gpu_round.py``): its rows as records, its Markdown and its summary.
 
     .venv/bin/python -m benchmarks.gpu_report [--out PATH] [--only train_speed,mogrifier_speed] [--tests-log LOG]
-
-A missed target does not stop the run; a benchmark that raises is reported in the table and the others still run
-(exit status 1 when something raised, 0 otherwise). ``--device cpu --quick`` checks the whole report on a CPU.
-
-:class:`Round` is the report of ``make gpu-round`` (``benchmarks/gpu_round.py`` runs its items, each in its own
-process): its rows as records, its Markdown report and the summary that the round prints last.
 """
 
 import argparse
@@ -28,23 +25,9 @@ from typing import Optional, Sequence
 import numpy
 import torch
 
-from benchmarks.common import RESULTS_DIR, error_text, slug, table, write_result
-from benchmarks.records import FIELDS, ROUND_FIELDS, json_path, of_checks, parse_figures, write
-from benchmarks.targets import GOALS, revision, show, show_target
-
-# (benchmark, its options): each a few tens of seconds on one H100 (the Mogrifier's torch.compile about a minute)
-RUNS = (
-    ("group_linear", ["--rounds", "10"]),
-    ("train_speed", ["--rounds", "10"]),
-    ("train_speed", ["--tokens", "26000", "--rounds", "5"]),
-    ("train_speed", ["--dtype", "fp16", "--rounds", "10"]),
-    ("generate_speed", ["--rounds", "5"]),
-    ("lstm_lm_speed", ["--rounds", "5"]),
-    ("mogrifier_speed", ["--rounds", "5"]),
-    ("txl_speed", ["--rounds", "5"]),
-    ("txl_speed", ["--shape", "nvidia-base", "--rounds", "5"]),
-    ("gcnn_speed", ["--parts", "train,generate", "--rounds", "3"]),
-)
+from benchmarks import targets
+from benchmarks.common import REPO, RESULTS_DIR
+from benchmarks.targets import BENCHMARKS, GOALS, show, show_target, table
 
 
 def main(argv=None) -> int:
@@ -53,20 +36,17 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks that everything runs")
     parser.add_argument("--out", help="the report's file ('-': none)")
     parser.add_argument("--tests-log", help="pytest's output on this machine: its summary line goes in the report")
-    parser.add_argument("--only", help="comma-separated benchmarks to run, of: " + ", ".join(n for n, _ in RUNS))
+    parser.add_argument("--only", help="comma-separated benchmarks to run, of: " + ", ".join(BENCHMARKS))
     args = parser.parse_args(argv)
     cuda = args.device == "cuda"
     if cuda and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device (torch.cuda.is_available() is False)")
-    only = [n.strip() for n in (args.only or ",".join(n for n, _ in RUNS)).split(",") if n.strip()]
-    if not only or set(only) - {n for n, _ in RUNS}:
-        parser.error(f"--only {args.only}: choose from {', '.join(n for n, _ in RUNS)}")
-    device = torch.cuda.get_device_name() if cuda else "CPU"
-    rev = revision(os.path.dirname(RESULTS_DIR))
+    only = [n.strip() for n in (args.only or ",".join(BENCHMARKS)).split(",") if n.strip()]
+    if not only or set(only) - set(BENCHMARKS):
+        parser.error(f"--only {args.only}: choose from {', '.join(BENCHMARKS)}")
+    device, rev = torch.cuda.get_device_name() if cuda else "CPU", targets.revision(REPO)
     start, rows, sections, failed, checks = time.perf_counter(), [], [], False, []
-    for name, extra in RUNS:
-        if name not in only:
-            continue
+    for name, extra in [(name, extra) for name, runs in BENCHMARKS.items() if name in only for extra in runs]:
         began, label = time.perf_counter(), run_label(name, extra)
         print(f"== {label}", file=sys.stderr, flush=True)
         try:
@@ -75,39 +55,29 @@ def main(argv=None) -> int:
             )
             failed |= result.failed
             checks.append((name, result.checks))
-            rows += [
-                [
-                    f"`{label}`",
-                    c.what,
-                    show(c.value, c.unit),
-                    show_target(c.target, c.unit, c.at_most),
-                    "n/a" if c.value != c.value else "yes" if c.met else "**no**",
-                ]
-                for c in result.checks
-            ]
-            sections.append(
-                re.sub(r"^#", "##", result.text, flags=re.M) + f"\n({label}: {time.perf_counter() - began:.0f} s)\n"
-            )
+            for c in result.checks:
+                met = "n/a" if c.value != c.value else "yes" if c.met else "**no**"
+                rows.append(
+                    [f"`{label}`", c.what, show(c.value, c.unit), show_target(c.target, c.unit, c.at_most), met]
+                )
+            seconds = time.perf_counter() - began
+            sections.append(re.sub(r"^#", "##", result.text, flags=re.M) + f"\n({label}: {seconds:.0f} s)\n")
         except (Exception, SystemExit) as error:  # reported; the other benchmarks still run
             traceback.print_exc()
             failed = True
-            rows.append([f"`{label}`", f"**{error_text(error)}**", "", "", ""])
+            rows.append([f"`{label}`", f"**{targets.error_text(error)}**", "", "", ""])
         finally:
             gc.collect()
             if cuda:
                 torch.cuda.empty_cache()
-    command = " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m benchmarks.gpu_report " + " ".join(argv if argv is not None else sys.argv[1:])
     tests = ""
     if args.tests_log:
-        summaries = (
-            [line.strip("= \n") for line in open(args.tests_log) if re.search(r"\d+ (passed|failed)", line)]
-            if os.path.exists(args.tests_log)
-            else []
-        )
+        lines = open(args.tests_log).read().splitlines() if os.path.exists(args.tests_log) else []
+        summaries = [line.strip("= ") for line in lines if re.search(r"\d+ (passed|failed)", line)]
         tests = f"\n- `pytest -m cuda`: {summaries[-1] if summaries else 'no summary line in ' + args.tests_log}"
     text = (
-        f"# Benchmarks on {device}: figures and targets\n\n"
-        f"- Command: `python -m benchmarks.gpu_report {command}`; revision {rev}"
+        f"# Benchmarks on {device}: figures and targets\n\n- Command: `{command}`; revision {rev}"
         f"\n- {environment(cuda)}; {time.strftime('%Y-%m-%d %H:%M')}, {time.perf_counter() - start:.0f} s in all"
         + tests
         + ("\n- **--quick: tiny sizes, measures nothing**" if args.quick else "")
@@ -118,14 +88,15 @@ def main(argv=None) -> int:
         + "\n".join(sections)
     )
     print(text)
-    out = args.out or (None if args.quick else os.path.join(RESULTS_DIR, f"gpu-{slug(device)}.md"))
+    out = args.out or (None if args.quick else os.path.join(RESULTS_DIR, f"gpu-{targets.slug(device)}.md"))
     if out and out != "-":
-        write_result(out, text)
+        targets.write_result(out, text)
         print(f"wrote {os.path.relpath(out)}")
-        context = dict(command=f"python -m benchmarks.gpu_report {command}", revision=rev, machine=device)
-        context["precision"] = "bf16" if cuda else "fp32"  # each benchmark's default on the device
+        # each benchmark's default precision on the device
+        context = dict(command=command, revision=rev, machine=device, precision="bf16" if cuda else "fp32")
         report = f"results/{os.path.basename(out)}"
-        write(json_path(out), [r for name, c in checks for r in of_checks(c, name, report, context, cuda)])
+        records = [r for name, c in checks for r in targets.of_checks(c, name, report, context, cuda)]
+        targets.write(targets.json_path(out), records)
     return 1 if failed else 0
 
 
@@ -142,13 +113,12 @@ def environment(cuda: bool) -> str:
         return text
     driver = "driver unknown (no nvidia-smi)"
     if shutil.which("nvidia-smi"):
-        query = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True
-        )
-        driver = f"driver {query.stdout.split()[0]}" if query.returncode == 0 and query.stdout.split() else driver
-    props = torch.cuda.get_device_properties(0)
+        query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+        found = subprocess.run(query, capture_output=True, text=True)
+        driver = f"driver {found.stdout.split()[0]}" if found.returncode == 0 and found.stdout.split() else driver
+    p = torch.cuda.get_device_properties(0)
     return (
-        f"{props.name} ({props.total_memory / 2**30:.0f} GiB, compute capability {props.major}.{props.minor}), "
+        f"{p.name} ({p.total_memory / 2**30:.0f} GiB, compute capability {p.major}.{p.minor}), "
         f"{driver}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}, " + text
     )
 
@@ -197,7 +167,7 @@ def cut(text: str, chars: int = CELL_CHARS) -> str:
 
 
 class Round:
-    """The rows so far (records: :data:`benchmarks.records.FIELDS` and ``ROUND_FIELDS``), rewritten to ``md`` and
+    """The rows so far (records: ``targets.FIELDS`` and ``ROUND_FIELDS``), rewritten to ``md`` and
     the ``.json`` beside it after each item, and their summary (:meth:`summary`), which the round prints last."""
 
     def __init__(self, md: str, context: dict, header: Sequence[str], budget: Optional[float] = None):
@@ -209,7 +179,7 @@ class Round:
     def row(self, item, record: Optional[dict] = None, **fields) -> dict:
         """A record of this round: ``record`` (a benchmark's, else one with no figure) with the round's revision,
         machine, report and ``item``'s command, then ``fields``."""
-        out = {k: None for k in FIELDS + ROUND_FIELDS}
+        out = {k: None for k in targets.FIELDS + targets.ROUND_FIELDS}
         out.update(record or {}, item=item.key, command=command_of(item))
         out["benchmark"] = out["benchmark"] or benchmark_of(item)
         out.update(revision=self.context["revision"], machine=self.context["machine"], report=self.report)
@@ -227,7 +197,7 @@ class Round:
                 what = item.what + (f"; failed: {', '.join(failed)}" if failed else "")
                 self.rows.append(self.row(item, what=cut(what, 2000), status=summary[-1], met=rc == 0, **ran))
                 return self.write()
-        figures = parse_figures(text)
+        figures = targets.parse_figures(text)
         self.rows += [self.row(item, record, status="measured", **ran) for record in figures]
         if rc != 0 or not figures:
             why = failure(text, rc, limit, "test summary" if is_tests(item) else "figure")

@@ -1,34 +1,13 @@
 """One prepared GPU round (``make gpu-round``): the CUDA tests of the new paths and every speed goal of
 ``benchmarks/targets.py`` at this revision, in one command that fits a short GPU loan, losing only the item that
-crashes or hangs.
+crashes or hangs (docs/development.md, "Checking a GPU node", says what each item runs and what comes back).
 
     python -m benchmarks.gpu_round [--wheelhouse DIR] [--out-dir DIR] [--device cuda|cpu] [--quick] [--budget 450]
         [--only ID,...] [--logs DIR] [--revision REV]
 
-With ``--wheelhouse`` (the folder of ``make wheelhouse PY=3.12``) it first installs from that folder alone: the
-wheels with ``--no-deps``, and fairseq's sdist unpacked and put on ``PYTHONPATH`` with only its three small
-extensions compiled (``FAIRSEQ_EXTENSIONS``, a few seconds; none of its torch C++ extensions), which
-``tests/conftest.py`` needs; the benchmarks need none. Then each item runs in its own process under its own time
-limit (``SIGTERM`` ``KILL_GRACE`` s before it, ``SIGKILL`` at it), cut to what is left of ``--budget`` (seconds
-from the start, the install included). ``--out-dir`` (``$OUT`` on a loan) gets three files, rewritten after each
-item: ``gpu-round-<gpu>.md`` (a row per figure: the item, the figure beside its target, met or not, the ratio
-method, precision, batch, exit status, seconds, revision, GPU and command; a row for an item that failed, timed
-out or did not run), ``gpu-round-<gpu>.json`` (the same rows as the records of every benchmark,
-``benchmarks.records.FIELDS`` and ``ROUND_FIELDS``, which ``benchmarks.records`` and ``benchmarks.pages`` read)
-and ``gpu-round-logs.tar.gz`` (the install's and each item's output and results file, kept in ``--logs``).
-Items write nothing to this command's output, which ends with the summary (``Round.summary``: the goals and a
-line per item, under 12,000 characters). ``--device cpu --quick`` runs the harness on a CPU with tiny sizes.
-
-The items, by what they tell, with their limits in seconds:
-
-1. ``triton_cuda`` 120: the Triton kernels compiled for the GPU (about 40 specialisations on a cold cache);
-2. ``cuda_tests`` 100: the other CUDA tests (``CUDA_MODULE_TESTS`` and ``tests/gpu/*``), 12 pytest processes;
-3. ``accumulation`` 60: the Mogrifier's CUDA graphs over accumulated windows (``-k accumulation``) and the model's;
-4. the eager speed goals: ``mogrifier`` 60, ``train_4k`` 45, ``train_26k`` 60, ``txl_base`` 45, ``txl_table2`` 60,
-   ``group_linear`` 45, ``lstm_scoring`` 45;
-5. ``txl_base_graphs`` 120: Transformer-XL at NVIDIA's base shape as CUDA graphs;
-6. the compiled ones: ``train_4k_compiled``, ``txl_base_compiled``, ``train_26k_compiled`` 120 each,
-   ``txl_table2_compiled`` 150.
+It installs from ``--wheelhouse`` (:func:`install`), then runs each item (:func:`items`) in its own process under its
+own limit (``SIGTERM`` ``KILL_GRACE`` s before it, ``SIGKILL`` at it), cut to what is left of ``--budget``, and
+rewrites the report (``gpu_report.Round``), its records and a logs archive in ``--out-dir`` after each item.
 
 The arithmetic: the limits add up to 1,270 s against a budget of 450 s (the loan's command has about 480 s: the
 device call's ``timeout_s`` is 480), so they cannot all be given their full limit. The install takes about 30 s
@@ -43,7 +22,6 @@ import argparse
 import glob
 import importlib.util
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -52,8 +30,8 @@ import tarfile
 import time
 from typing import List, NamedTuple, Sequence, Tuple
 
+from benchmarks import targets
 from benchmarks.gpu_report import Round, is_tests
-from benchmarks.targets import ABSOLUTE_METHOD, RATIO_METHOD, REVISION_VARIABLE, revision
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRITON_TESTS = ("tests/modules/test_mogrifier_triton_cuda.py",)
@@ -338,9 +316,8 @@ def main(argv=None) -> int:
     if args.device == "cuda" and machine == "CPU":
         parser.error("--device cuda: torch sees no CUDA device; run on a GPU node, or --device cpu --quick")
     if args.revision:  # the items' own results files name it too
-        env[REVISION_VARIABLE] = args.revision
-    rev = revision(REPO) if not args.revision else args.revision
-    slug = re.sub(r"[^a-z0-9]+", "-", machine.lower()).strip("-")
+        env[targets.REVISION_VARIABLE] = args.revision
+    rev = targets.revision(REPO) if not args.revision else args.revision
     context = dict(revision=rev, machine=machine, device=args.device)
     header = [
         f"Command: `python -m benchmarks.gpu_round {shlex.join(argv if argv is not None else sys.argv[1:])}`; "
@@ -348,10 +325,10 @@ def main(argv=None) -> int:
         f"{environment}; {install_note}",
         f"Budget {args.budget:.0f} s in all; each item in its own process under its own limit (exit status 124: "
         f"timed out, then killed), in the order of benchmarks/gpu_round.py; the report is rewritten after each item",
-        f"Ratios: {RATIO_METHOD} (the baseline's median time over the variant's, variants timed interleaved); "
-        f"absolute figures: {ABSOLUTE_METHOD}",
+        f"Ratios: {targets.RATIO_METHOD} (the baseline's median time over the variant's, variants timed interleaved); "
+        f"absolute figures: {targets.ABSOLUTE_METHOD}",
     ] + (["**--quick: tiny sizes; checks the harness, measures nothing**"] if args.quick else [])
-    report = Round(os.path.join(args.out_dir, f"gpu-round-{slug}.md"), context, header, args.budget)
+    report = Round(os.path.join(args.out_dir, f"gpu-round-{targets.slug(machine)}.md"), context, header, args.budget)
     tar = os.path.join(args.out_dir, ARCHIVE)
     if extensions != "True":
         plan, dropped = without_conftest(plan)

@@ -1,29 +1,25 @@
-"""GroupLinear forward + backward against a per-group loop of nn.Linear and a dense nn.Linear.
-
-Shapes: the three layers of the base ``transformer_define``'s DeFINE unit (n=128, k=1024, m=512, depth 3, 4 groups
-at most) and 1024 -> 2048 with 4 groups. The input requires grad, as inside DeFINE. Both formulations of
-GroupLinear are timed (``fused``: its custom autograd function; ``plain``: the batched multiply and a transposing
-copy); "GroupLinear" is the one the layer takes on the device. On a GPU each variant is also timed by CUDA-graph
-replay (forward, and forward + backward, each captured once and replayed between two CUDA events), the GPU's time
-without the host's launches. Targets: GroupLinear no slower than the loop at every shape (wall time); at least 1.5x
-faster than dense at 1024 -> 2048, 4 groups, 8192 tokens, in device time: GPU time by CUDA-graph replay on a GPU
-(the wall time there is the host's), the wall time on a CPU (which runs the kernels itself).
+"""GroupLinear forward + backward (the input requires grad, as inside DeFINE) against a per-group loop of
+nn.Linear and a dense nn.Linear, at the three layers of the base ``transformer_define``'s DeFINE unit and 1024 ->
+2048 with 4 groups; both formulations (``fused``: its autograd function; ``plain``: a batched multiply), "GroupLinear"
+the one it takes on the device. On a GPU each variant is also timed by CUDA-graph replay, the GPU's time without the
+host's launches. Targets: no slower than the loop at every shape; >= 1.5x dense at 1024 -> 2048, 4 groups, 8192
+tokens, in device time (CUDA-graph replay on a GPU, the wall time on a CPU).
 
     .venv/bin/python -m benchmarks.group_linear [--device cuda] [--tokens 8192] [--rounds 15] [--replays 50]
 """
 
-import statistics
-
 import torch
 import torch.nn as nn
 
-from benchmarks.common import Bench, Check, Timings, ms, options, ratio, run_main, table
+from benchmarks.common import Bench, Timings, options, run_main
+from benchmarks.targets import ms, ratio, table
 from define_fairseq.modules import GroupLinear
 from define_fairseq.modules.define.group_linear import FUSED_DEVICES, _group_linear_fused, _group_linear_reference
 from define_fairseq.modules.define.unit import define_layer_sizes
 
 FORMULATIONS = ("fused", "plain")
 GOAL_SHAPE = (1024, 2048, 4)
+NAMES = ("fused", "plain", "loop", "dense")
 
 
 class LoopGroupLinear(nn.Module):
@@ -53,10 +49,10 @@ class FormulationGroupLinear(GroupLinear):
 
 
 def graph_timings(bench: Bench, calls, replays: int) -> Timings:
-    """GPU seconds per call of each of ``calls`` (name -> callable): each captured once as a CUDA graph (after
-    three warm-up calls on a side stream, gradients set to None so that the graph writes rather than accumulates
-    them), then per round ``replays`` replays between two CUDA events, rounds interleaved and rotated as
-    ``Bench.time`` does; the median over rounds."""
+    """GPU seconds per call of each of ``calls`` (name -> (callable, zeroing callable)): each captured once as a
+    CUDA graph (after three warm-up calls on a side stream, gradients set to None so that the graph writes rather
+    than accumulates them), then per round ``replays`` replays between two CUDA events, rounds interleaved and
+    rotated as ``Bench.time`` does; the median over rounds."""
     graphs = {}
     for name, (call, zero) in calls.items():
         side = torch.cuda.Stream()
@@ -70,9 +66,8 @@ def graph_timings(bench: Bench, calls, replays: int) -> Timings:
         graphs[name] = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graphs[name]):
             call()
-    t = Timings(list(graphs))
+    t, names = Timings(list(graphs)), list(graphs)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    names = list(graphs)
     for r in range(bench.args.warmup + bench.args.rounds):
         for name in names[r % len(names) :] + names[: r % len(names)]:
             torch.cuda.synchronize()
@@ -117,69 +112,52 @@ def main(argv=None):
 
             return run
 
-        t = bench.time(
-            {name: step(name) for name in modules}, before=None if bench.cuda else zero, repeat=20 if bench.cuda else 1
-        )
-        rows.append(
-            [label, f"{in_f} -> {out_f}", groups]
-            + [t.ms(n) for n in modules]
-            + [ratio(t.speedup(n, chosen)) for n in (other, "loop", "dense")]
-        )
-        checks.append(
-            Check(f"GroupLinear vs the loop at {in_f} -> {out_f}, g={groups}", t.speedup("loop", chosen), 1.0)
-        )
+        fns = {name: step(name) for name in modules}
+        t = bench.time(fns, before=None if bench.cuda else zero, repeat=20 if bench.cuda else 1)
+        speedups = [ratio(t.speedup(n, chosen)) for n in (other, "loop", "dense")]
+        rows.append([label, f"{in_f} -> {out_f}", groups] + [t.ms(n) for n in modules] + speedups)
+        what = f"GroupLinear vs the loop at {in_f} -> {out_f}, g={groups}"
+        checks.append(bench.check(what, t.speedup("loop", chosen), 1.0))
         if (in_f, out_f, groups) == GOAL_SHAPE and not bench.cuda:
             goal = t.speedup("dense", chosen)  # a CPU runs the kernels itself: its wall time is its device time
-        if bench.cuda:
-            for part, backward in (("forward", False), ("forward + backward", True)):
-                calls = {
-                    n: ((lambda m=m: m(x).backward(grad)) if backward else (lambda m=m: m(x)), lambda n=n: zero(n))
-                    for n, m in modules.items()
-                }
-                try:
-                    g = graph_timings(bench, calls, bench.args.replays)
-                except Exception as error:  # the wall times and the other shapes still count
-                    gpu_rows.append([label, part, bench.error(error)] + [""] * 7)
-                    continue
-                gpu_rows.append(
-                    [label, part]
-                    + [ms(g.median(n)) for n in modules]
-                    + [ratio(g.speedup(n, chosen)) for n in (other, "loop", "dense")]
-                    + [ratio(statistics.median(a / b for a, b in zip(g.times["dense"], g.times[chosen])))]
-                )
-                if backward and (in_f, out_f, groups) == GOAL_SHAPE:
-                    goal = g.speedup("dense", chosen)
+        if not bench.cuda:
+            continue
+        for part, backward in (("forward", False), ("forward + backward", True)):
+            calls = {
+                n: ((lambda m=m: m(x).backward(grad)) if backward else (lambda m=m: m(x)), lambda n=n: zero(n))
+                for n, m in modules.items()
+            }
+            try:
+                g = graph_timings(bench, calls, bench.args.replays)
+            except Exception as error:  # the wall times and the other shapes still count
+                gpu_rows.append([label, part, bench.error(error)] + [""] * 7)
+                continue
+            speedups = [ratio(g.speedup(n, chosen)) for n in (other, "loop", "dense")]
+            gpu_rows.append(
+                [label, part] + [ms(g.median(n)) for n in modules] + speedups + [ratio(g.paired("dense", chosen))]
+            )
+            if backward and (in_f, out_f, groups) == GOAL_SHAPE:
+                goal = g.speedup("dense", chosen)
     clock = "GPU time (CUDA-graph replay)" if bench.cuda else "CPU time"
-    checks.append(
-        Check(f"GroupLinear g=4 vs dense at 1024 -> 2048, {tokens} tokens, forward + backward, {clock}", goal, 1.5)
-    )
+    what = f"GroupLinear g=4 vs dense at 1024 -> 2048, {tokens} tokens, forward + backward, {clock}"
+    checks.append(bench.check(what, goal, 1.5))
+    wall = "torch.cuda.synchronize() around 20 calls in a row, the host's launches included"
     notes = [
         f"{tokens} tokens, input requires grad; GroupLinear = its {chosen} formulation, the one it takes on "
         f"{bench.device.type}; fused = its custom autograd function, plain = the batched multiply and a transposing "
         f"copy, loop = one nn.Linear per group, dense = nn.Linear (benchmarks/README.md)",
-        "wall time: "
-        + (
-            "torch.cuda.synchronize() around 20 calls in a row, the host's launches included"
-            if bench.cuda
-            else "one call per timing"
-        ),
+        "wall time: " + (wall if bench.cuda else "one call per timing"),
     ]
     if bench.cuda:
         notes.append(
             f"GPU time: each variant captured as a CUDA graph (forward, and forward + backward), {bench.args.replays} "
             f"replays between two CUDA events per round, the median over rounds"
         )
-    names = ["fused", "plain", "loop", "dense"]
-    ratios = [f"{other} / GroupLinear", "loop / GroupLinear", "dense / GroupLinear"]
-    body = "## Wall time\n\n" + table(
-        ["shape", "in -> out", "groups"] + [f"{n} ms" for n in names] + ratios,
-        rows,
-    )
+    columns = [f"{n} ms" for n in NAMES] + [f"{other} / GroupLinear", "loop / GroupLinear", "dense / GroupLinear"]
+    body = "## Wall time\n\n" + table(["shape", "in -> out", "groups"] + columns, rows)
     if gpu_rows:
-        body += "\n## GPU time (CUDA-graph replay)\n\n" + table(
-            ["shape", "pass"] + [f"{n} ms" for n in names] + ratios + ["dense / GroupLinear (median of rounds)"],
-            gpu_rows,
-        )
+        gpu_columns = ["shape", "pass"] + columns + ["dense / GroupLinear (median of rounds)"]
+        body += "\n## GPU time (CUDA-graph replay)\n\n" + table(gpu_columns, gpu_rows)
     body += "\nRatios above 1 mean GroupLinear is faster.\n"
     return bench.finish("GroupLinear forward + backward", notes, body, checks)
 

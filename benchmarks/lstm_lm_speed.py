@@ -1,15 +1,10 @@
-"""Training and scoring speed of the LSTM language models. Two comparisons, each timed interleaved:
-
-1. Table 1a R3 (``lstm_lm_define_wt103_n3``) against R2 (``lstm_lm_adaptive_wt103``): V = 267,735, 4 LSTM layers
-   of 1024, batch 60 x BPTT 140, adaptive softmax, SGD. Target: R3's step at most 1.1x R2's.
-2. ``lstm_lm_define`` (one fused ``nn.LSTM`` per layer) against fairseq's ``lstm_lm`` (a loop over time steps of
-   ``nn.LSTMCell``), the same network at AWD-LSTM's PTB size (V = 10,000, embedding 400, 3 layers of 1150, tied;
-   ``--input-layer table``), and with a DeFINE unit under the LSTM: training at batch 20, scoring (eval mode, no
-   autograd) at batch 10 and 1. Also timed: the model's 3 LSTM layers alone, and the arithmetic of the step's matrix
-   products at the machine's peak rate (a floor). Targets: >= 3x fairseq's tokens/s on a CPU, >= 5x on a GPU; in
-   scoring, ``lstm_lm_define`` within 5% of the tokens/s of its LSTM layers alone (``benchmarks/targets.py``).
-
-A training step: forward, loss, backward, gradient clipping (0.25), SGD.
+"""Training and scoring speed of the LSTM language models, each comparison timed interleaved: (1) Table 1a R3
+(``lstm_lm_define_wt103_n3``) against R2 (``lstm_lm_adaptive_wt103``), V = 267,735, batch 60 x BPTT 140; (2)
+``lstm_lm_define`` (a fused ``nn.LSTM`` per layer) against fairseq's ``lstm_lm`` (a loop of ``nn.LSTMCell``), the same
+network at AWD-LSTM's PTB size and with a DeFINE unit, training at batch 20 and scoring at batch 10 and 1, beside
+its 3 LSTM layers alone and the step's matrix products at the peak rate (a floor). A training step: forward, loss,
+backward, clipping (0.25), SGD. Targets: R3's step at most 1.1x R2's; >= 3x fairseq's tokens/s on a CPU, >= 5x on a
+GPU; in scoring, within 5% of the tokens/s of its LSTM layers alone.
 
     .venv/bin/python -m benchmarks.lstm_lm_speed [--device cuda] [--rounds 3] [--skip-wt103]
 """
@@ -18,11 +13,23 @@ import copy
 
 import torch
 
-from benchmarks.common import Bench, Check, millions, ms, options, ratio, run_main, table
-from benchmarks.workloads import build_model, count_params, lm_sample
+from benchmarks.common import Bench, build_model, count_params, lm_sample, options, run_main
+from benchmarks.targets import millions, ms, ratio, table
 
 FAIRSEQ, SAME = "fairseq `lstm_lm`", "`lstm_lm_define`, no DeFINE (same network)"
 ALONE = "*its 3 LSTM layers alone (fused nn.LSTM, on a fixed input)*"
+SIZE = "--decoder-embed-dim 400 --decoder-hidden-size 1150 --decoder-layers 3 --dropout 0.4 "
+SIZE += "--share-decoder-input-output-embed"
+VARIANTS = {  # at the PTB size: name -> (arch, flags)
+    FAIRSEQ: ("lstm_lm", SIZE + " --decoder-out-embed-dim 400"),
+    SAME: ("lstm_lm_define", SIZE + " --decoder-output-dim 1150 --define-n 400 --input-layer table"),
+    "`lstm_lm_define`, DeFINE n=128, N=7, k=1024 (m=400)": (
+        "lstm_lm_define",
+        SIZE + " --decoder-output-dim 1150 --define-n 128 --define-depth 7 --define-k 1024",
+    ),
+}
+COLUMNS = "regime | model | parameters | ms per batch (median) | tokens/s | vs lstm_lm (ratio of medians) | "
+COLUMNS += "vs lstm_lm (median of per-round ratios) | matrix-product GFLOP/s"
 
 
 def layers_alone(bench: Bench, stack, batch: int, bptt: int, training: bool):
@@ -54,6 +61,32 @@ def step_flops(layers, proj, vocab: int, batch: int, bptt: int, training: bool) 
     return (3 if training else 1) * sum(2 * m * k * o for m, k, o in products)
 
 
+def wt103(bench: Bench):
+    """Table 1a's R3 against R2: (section, check)."""
+    vocab, batch, bptt = (3000, 2, 8) if bench.args.quick else (267735, 60, 140)
+    task = "--task language_modeling --criterion adaptive_loss --ddp-backend legacy_ddp".split()
+    small = ["--adaptive-input-cutoff", "500,1000,2000", "--adaptive-softmax-cutoff", "500,1000,2000"]
+    sample, models = bench.to(lm_sample(vocab, batch, bptt)), {}
+    for arch in ("lstm_lm_adaptive_wt103", "lstm_lm_define_wt103_n3"):
+        _, _, model, criterion = build_model(arch, vocab, task, small if bench.args.quick else [])
+        models[arch] = bench.to(model), criterion
+    fns = {
+        a: bench.step(m.train(), c, sample, torch.optim.SGD(m.parameters(), lr=0.1), clip=0.25)
+        for a, (m, c) in models.items()
+    }
+    t = bench.time(fns)
+    rows = [
+        [f"`{a}`", millions(count_params(m)), t.ms(a), t.min_ms(a), t.per_s(a, batch * bptt)]
+        for a, (m, _) in models.items()
+    ]
+    section = (
+        f"## 1. Table 1a R3 vs R2 (V={vocab:,}, batch {batch} x BPTT {bptt})\n\n"
+        + table("arch | parameters | step ms (median) | step ms (min) | tokens/s", rows)
+        + "\nPaper (GTX 1080 Ti): R2 297 ms/batch, R3 298 ms/batch (1.00x).\n"
+    )
+    return section, bench.check("R3 step time over R2's", 1 / t.speedup(*models), 1.1, at_most=True)
+
+
 def main(argv=None):
     parser = options(__doc__, rounds=3)
     parser.add_argument("--skip-wt103", action="store_true", help="only the comparison with fairseq's lstm_lm")
@@ -61,140 +94,52 @@ def main(argv=None):
     quick = bench.args.quick
     sections, checks = [], []
     if not bench.args.skip_wt103:
-        vocab, batch, bptt = (3000, 2, 8) if quick else (267735, 60, 140)
-        task = ["--task", "language_modeling", "--criterion", "adaptive_loss", "--ddp-backend", "legacy_ddp"]
-        small = ["--adaptive-input-cutoff", "500,1000,2000", "--adaptive-softmax-cutoff", "500,1000,2000"] * quick
-        sample, models = bench.to(lm_sample(vocab, batch, bptt)), {}
-        for arch in ("lstm_lm_adaptive_wt103", "lstm_lm_define_wt103_n3"):
-            torch.manual_seed(1)
-            _, _, model, criterion = build_model(arch, vocab, task, small)
-            models[arch] = bench.to(model), criterion
-        t = bench.time(
-            {
-                a: bench.step(m.train(), c, sample, torch.optim.SGD(m.parameters(), lr=0.1), clip=0.25)
-                for a, (m, c) in models.items()
-            }
-        )
-        rows = [
-            [f"`{a}`", millions(count_params(m)), t.ms(a), t.min_ms(a), f"{batch * bptt / t.median(a):.0f}"]
-            for a, (m, _) in models.items()
-        ]
-        sections.append(
-            f"## 1. Table 1a R3 vs R2 (V={vocab:,}, batch {batch} x BPTT {bptt})\n\n"
-            + table(["arch", "parameters", "step ms (median)", "step ms (min)", "tokens/s"], rows)
-            + "\nPaper (GTX 1080 Ti): R2 297 ms/batch, R3 298 ms/batch (1.00x).\n"
-        )
-        checks.append(Check("R3 step time over R2's", 1 / t.speedup(*models), 1.1, at_most=True))
-
+        section, check = wt103(bench)
+        sections.append(section)
+        checks.append(check)
     vocab, bptt = (500, 8) if quick else (10000, 70)
-    size = [
-        "--decoder-embed-dim",
-        "400",
-        "--decoder-hidden-size",
-        "1150",
-        "--decoder-layers",
-        "3",
-        "--dropout",
-        "0.4",
-        "--share-decoder-input-output-embed",
-    ]
-    ours = size + ["--decoder-output-dim", "1150", "--define-n"]
-    variants = {
-        FAIRSEQ: ("lstm_lm", size + ["--decoder-out-embed-dim", "400"]),
-        SAME: ("lstm_lm_define", ours + ["400", "--input-layer", "table"]),
-        "`lstm_lm_define`, DeFINE n=128, N=7, k=1024 (m=400)": (
-            "lstm_lm_define",
-            ours + ["128", "--define-depth", "7", "--define-k", "1024"],
-        ),
-    }
     models = {}
-    for name, (arch, extra) in variants.items():
-        torch.manual_seed(1)
-        _, _, model, criterion = build_model(arch, vocab, ["--task", "language_modeling"], extra)
+    for name, (arch, flags) in VARIANTS.items():
+        _, _, model, criterion = build_model(arch, vocab, ["--task", "language_modeling"], flags.split())
         models[name] = bench.to(model), criterion
     decoder = models[SAME][0].decoder
     layers = [(layer.lstm.input_size, layer.lstm.hidden_size) for layer in decoder.lstm.layers]
     proj = decoder.project_out_dim
     proj = None if proj is None else (proj.in_features, proj.out_features)
-    peak = bench.peak_flops()
-    rows = []
-    for kind, nominal, training in (
-        ("training", 20, True),
-        ("scoring (eval mode, no grad)", 10, False),
-        ("scoring (eval mode, no grad)", 1, False),
-    ):
+    peak, rows = bench.peak_flops(), []
+    scoring = "scoring (eval mode, no grad)"
+    for kind, nominal, training in (("training", 20, True), (scoring, 10, False), (scoring, 1, False)):
         batch = 2 if quick else nominal
         label = f"{kind}, batch {batch}"
         sample = bench.to(lm_sample(vocab, batch, bptt))
-        fns = {
-            n: bench.step(
-                m.train(training), c, sample, torch.optim.SGD(m.parameters(), lr=0.1) if training else None, clip=0.25
-            )
-            for n, (m, c) in models.items()
-        }
+        fns = {}
+        for n, (m, c) in models.items():
+            optimizer = torch.optim.SGD(m.parameters(), lr=0.1) if training else None
+            fns[n] = bench.step(m.train(training), c, sample, optimizer, clip=0.25)
         fns[ALONE] = layers_alone(bench, decoder.lstm, batch, bptt, training)
         t = bench.time(fns, rounds=bench.args.rounds + 2)
         flops = step_flops(layers, proj, vocab, batch, bptt, training)
         for n in fns:
+            params = millions(count_params(models[n][0])) if n in models else ""
             rows.append(
-                [
-                    label if n == FAIRSEQ else "",
-                    n,
-                    millions(count_params(models[n][0])) if n in models else "",
-                    t.ms(n),
-                    f"{batch * bptt / t.median(n):.0f}",
-                    ratio(t.speedup(FAIRSEQ, n)),
-                    ratio(t.paired(FAIRSEQ, n)),
-                    f"{flops / t.median(n) / 1e9:.0f}",
-                ]
+                [label if n == FAIRSEQ else "", n, params, t.ms(n), t.per_s(n, batch * bptt)]
+                + [ratio(t.speedup(FAIRSEQ, n)), ratio(t.paired(FAIRSEQ, n)), t.per_s(n, flops / 1e9)]
             )
+        floor = f"*the products' arithmetic ({flops / 1e9:.1f} GFLOP) at the peak rate: a floor*"
         rows.append(
-            [
-                "",
-                f"*the products' arithmetic ({flops / 1e9:.1f} GFLOP) at the peak rate: a floor*",
-                "",
-                ms(flops / peak),
-                f"{batch * bptt * peak / flops:.0f}",
-                ratio(t.median(FAIRSEQ) * peak / flops),
-                "",
-                f"{peak / 1e9:.0f}",
-            ]
+            ["", floor, "", ms(flops / peak), f"{batch * bptt * peak / flops:.0f}"]
+            + [ratio(t.median(FAIRSEQ) * peak / flops), "", f"{peak / 1e9:.0f}"]
         )
-        checks.append(
-            Check(
-                f"lstm_lm_define vs fairseq's lstm_lm, same network, {label}: tokens/s",
-                t.speedup(FAIRSEQ, SAME),
-                5.0 if bench.cuda else 3.0,
-            )
-        )
+        what = f"lstm_lm_define vs fairseq's lstm_lm, same network, {label}: tokens/s"
+        checks.append(bench.check(what, t.speedup(FAIRSEQ, SAME), 5.0 if bench.cuda else 3.0))
         if not training:
-            goal = f"lstm_scoring_b{nominal}"
-            checks.append(
-                Check.of_goal(
-                    goal,
-                    f"lstm_lm_define (same network) vs its 3 LSTM layers alone, {label}: tokens/s",
-                    t.speedup(ALONE, SAME),
-                    bench.cuda,
-                    0.95,
-                    batch=f"{batch} x {bptt} tokens",
-                )
-            )
+            what = f"lstm_lm_define (same network) vs its 3 LSTM layers alone, {label}: tokens/s"
+            batch_text = f"{batch} x {bptt} tokens"
+            checks.append(bench.check(what, t.speedup(ALONE, SAME), 0.95, f"lstm_scoring_b{nominal}", batch=batch_text))
     sections.append(
         f"## 2. lstm_lm_define vs fairseq's lstm_lm (V={vocab:,}, embedding 400, 3 layers of 1150, tied; "
         f"BPTT {bptt})\n\n"
-        + table(
-            [
-                "regime",
-                "model",
-                "parameters",
-                "ms per batch (median)",
-                "tokens/s",
-                "vs lstm_lm (ratio of medians)",
-                "vs lstm_lm (median of per-round ratios)",
-                "matrix-product GFLOP/s",
-            ],
-            rows,
-        )
+        + table(COLUMNS, rows)
         + "\nThe layers alone and the floor bound what any implementation of the network can gain "
         "(benchmarks/README.md).\n"
     )

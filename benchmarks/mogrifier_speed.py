@@ -1,20 +1,10 @@
-"""Mogrifier LSTM: forward + backward of the recurrent stack alone, the paper's PTB shape (2 layers, input and hidden
-1000, batch 64 x BPTT 70, r=5, k=84, capped input gate), a fixed input that requires grad, a fixed output gradient,
-no dropout. Variants: ``MogrifierLSTM`` (its fast path), its ``reference_forward`` (per step, plain autograd), the
-fast path at full rank, ``nn.LSTM`` of the same size (cuDNN on a GPU), a straightforward module (per layer an
-``nn.LSTMCell`` and full-rank ``nn.Linear`` rounds); ``--compile`` (default on a GPU): ``torch.compile`` of
-``MogrifierLSTMLayer.reference_step`` called step by step; on a GPU: the fast path's whole forward and backward
-captured as CUDA graphs (``torch.cuda.make_graphed_callables``); ``--triton``: the layers stepped through
-``mogrifier.triton_step.triton_mogrifier_layer`` (Triton kernels for the element-wise work; on a CPU only under
-``TRITON_INTERPRET=1``, the interpreter, with ``--quick``).
-
-Then the stack that ``fairseq-train`` builds for ``mogrifier_lstm_lm_ptb`` (H = 912, r = 5, k = 84, its dropouts
-drawn inside, the sum of both layers' outputs; batch 64 x BPTT 70, V = 10,000), forward + backward from the
-embedding's output: on a GPU its default path (the fused Triton kernels, each window replayed as CUDA graphs), the
-fused kernels without graphs (``--mogrifier-no-cuda-graphs``), and the torch fast path (``kernels = "torch"``),
-beside ``nn.LSTM`` of its size (cuDNN); on a CPU its fast path (what it runs there) beside ``nn.LSTM``.
-Targets: ``MogrifierLSTM`` >= 0.5x the tokens/s of ``nn.LSTM`` (on a GPU: the model's default path) and >= 2x the
-straightforward module's.
+"""Mogrifier LSTM, forward + backward of the recurrent stack alone at the paper's PTB shape (2 layers, 1000 -> 1000,
+batch 64 x BPTT 70, r=5, k=84, no dropout): ``MogrifierLSTM`` (its fast path), its ``reference_forward``, full rank,
+``nn.LSTM`` and a straightforward module (``nn.LSTMCell``, full-rank ``nn.Linear`` rounds); ``--compile`` (default on
+a GPU): ``torch.compile`` of the reference step; on a GPU: the fast path as CUDA graphs; ``--triton``: the Triton step
+(on a CPU under ``TRITON_INTERPRET=1``, with ``--quick``). Then the stack that fairseq-train builds for
+``mogrifier_lstm_lm_ptb``, on each of its paths, beside ``nn.LSTM`` (benchmarks/README.md). Targets: ``MogrifierLSTM``
+>= 0.5x the tokens/s of ``nn.LSTM`` (on a GPU: the model's default path) and >= 2x the straightforward module's.
 
     .venv/bin/python -m benchmarks.mogrifier_speed [--device cuda] [--layers 2] [--rounds 3] [--compile] [--triton]
 """
@@ -26,8 +16,8 @@ import time
 import torch
 import torch.nn as nn
 
-from benchmarks.common import Bench, Check, millions, options, ratio, run_main, table
-from benchmarks.workloads import build_model, count_params
+from benchmarks.common import Bench, build_model, count_params, options, run_main
+from benchmarks.targets import millions, ratio, table
 from define_fairseq.modules import MogrifierLSTM
 from define_fairseq.modules.mogrifier import threads as recurrence_threads
 from define_fairseq.modules.mogrifier.layer import MogrifierLSTMLayer
@@ -98,14 +88,16 @@ class CompiledSteps(nn.Module):
 
 
 class TritonSteps(nn.Module):
-    """A ``MogrifierLSTM``'s layers run step by step through the Triton step (autograd through each step's
-    kernels and GEMMs). Shapes: ``x [B, T, C] -> [B, T, H]``."""
+    """A ``MogrifierLSTM``'s layers run step by step through ``run_layer`` (default: the Triton step, autograd
+    through each step's kernels and GEMMs). Shapes: ``x [B, T, C] -> [B, T, H]``."""
 
-    def __init__(self, model: MogrifierLSTM):
+    def __init__(self, model: MogrifierLSTM, run_layer=None):
         super().__init__()
-        from define_fairseq.modules.mogrifier import triton_step  # needs Triton: imported only for this variant
+        if run_layer is None:
+            from define_fairseq.modules.mogrifier import triton_step  # needs Triton: imported only for this variant
 
-        self.model, self.run_layer = model, triton_step.triton_mogrifier_layer
+            run_layer = triton_step.triton_mogrifier_layer
+        self.model, self.run_layer = model, run_layer
 
     def forward(self, x):
         y = x.transpose(0, 1).contiguous()
@@ -148,6 +140,7 @@ def main(argv=None):
     names = {
         "fast": f"`MogrifierLSTM` r={r}, k={k}",
         "reference": f"`MogrifierLSTM` r={r}, k={k}, `reference_forward`",
+        "full": f"`MogrifierLSTM` r={r}, full rank",
         "lstm": "`nn.LSTM`",
         "naive": f"straightforward: `nn.Linear` rounds (full rank, r={r}) + `nn.LSTMCell`",
         "compile": "`torch.compile` of `MogrifierLSTMLayer.reference_step`, step by step",
@@ -161,7 +154,6 @@ def main(argv=None):
         "lstm": lambda: place(Output(nn.LSTM(H, H, L, batch_first=True))),
         "naive": lambda: place(Straightforward(H, H, L, r)),
     }
-    names["full"] = f"`MogrifierLSTM` r={r}, full rank"
     if args.compile if args.compile is not None else bench.cuda:
         makers["compile"] = lambda: CompiledSteps(fast)
     if args.triton:
@@ -182,26 +174,16 @@ def main(argv=None):
             errors[key] = bench.error(error)
             variants.pop(key, None)
 
-    def call(module):
-        return lambda: module(x).backward(grad)
-
     def clear(key):
         x.grad = None
         variants[key].zero_grad(set_to_none=True)
 
-    t = bench.time({key: call(m) for key, m in variants.items()}, before=clear)
+    t = bench.time({key: (lambda m=m: m(x).backward(grad)) for key, m in variants.items()}, before=clear)
     t.errors.update(errors)
-    rows = [
-        [
-            names[key],
-            millions(count_params(variants[key])) if key in variants else "",
-            t.ms(key),
-            t.min_ms(key),
-            f"{B * T / t.median(key):.0f}",
-            ratio(t.speedup("fast", key)),
-        ]
-        for key in makers
-    ]
+    rows = []
+    for key in makers:
+        params = millions(count_params(variants[key])) if key in variants else ""
+        rows.append([names[key], params, t.ms(key), t.min_ms(key), t.per_s(key, B * T), ratio(t.speedup("fast", key))])
     notes = [
         f"{L} layer(s), input {H}, hidden {H}, batch {B}, BPTT {T} ({B * T} tokens per call), rounds {r}, rank "
         f"{k}, capped input gate; no dropout; input requires grad; outputs of the reference path, the compiled "
@@ -212,35 +194,40 @@ def main(argv=None):
             f"torch.compile: building the module and its first call (compilation) took {first_call['compile']:.0f} s"
         )
     if not bench.cuda:
+        one = "yes" if recurrence_threads.small_work_on_one_thread() else "no"
         notes.append(
-            f"MogrifierLSTM's small per-step work on one thread: "
-            f"{'yes' if recurrence_threads.small_work_on_one_thread() else 'no'} (only under "
-            f"OMP_WAIT_POLICY=PASSIVE; see define_fairseq/modules/mogrifier/threads.py)"
+            f"MogrifierLSTM's small per-step work on one thread: {one} (only under OMP_WAIT_POLICY=PASSIVE; see "
+            "define_fairseq/modules/mogrifier/threads.py)"
         )
-    body = table(
-        ["variant", "parameters", "ms per call (median)", "ms (min)", "tokens/s", "speed vs `MogrifierLSTM`"], rows
-    )
+    columns = "variant | parameters | ms per call (median) | ms (min) | tokens/s | speed vs `MogrifierLSTM`"
+    body = table(columns, rows)
     body += "\n\"speed vs\": the variant's tokens/s relative to `MogrifierLSTM`'s fast path; below 1 means slower.\n"
     checks = [
-        Check(f"{names[key]} vs `nn.LSTM`, tokens/s", t.speedup("lstm", key), 0.5)
+        bench.check(f"{names[key]} vs `nn.LSTM`, tokens/s", t.speedup("lstm", key), 0.5)
         for key in ("fast", "compile", "graph")
         if key in makers
     ]
-    checks.append(Check("`MogrifierLSTM` vs the straightforward module, tokens/s", t.speedup("naive", "fast"), 2.0))
-    model_body, model_notes, model_checks = model_stack(bench, x.new_empty(0))
-    return bench.finish(
-        "Mogrifier LSTM: forward + backward speed", notes + model_notes, body + model_body, checks + model_checks
+    checks.append(
+        bench.check("`MogrifierLSTM` vs the straightforward module, tokens/s", t.speedup("naive", "fast"), 2.0)
     )
+    model_body, model_notes, model_checks = model_stack(bench, x.new_empty(0))
+    title = "Mogrifier LSTM: forward + backward speed"
+    return bench.finish(title, notes + model_notes, body + model_body, checks + model_checks)
+
+
+def ptb_stack(bench: Bench, vocab: int, hidden=None, rank=None):
+    """The ``mogrifier_lstm_lm_ptb`` stack as fairseq-train builds it (its size unless ``hidden``, ``rank``), on the
+    device in float32."""
+    size = [] if hidden is None else ["--mogrifier-hidden-size", str(hidden), "--mogrifier-rank", str(rank)]
+    task = ["--task", "language_modeling", "--criterion", "lm_regularized_loss"]
+    return build_model("mogrifier_lstm_lm_ptb", vocab, task, size)[2].decoder.lstm.to(bench.device).train()
 
 
 def model_stack(bench: Bench, like: torch.Tensor):
     """The ``mogrifier_lstm_lm_ptb`` stack as fairseq-train builds it, per path, beside ``nn.LSTM``: (table, notes,
     checks)."""
-    quick = bench.args.quick
-    B, T, V = (4, 5, 100) if quick else (64, 70, 10_000)
-    extra = ["--mogrifier-hidden-size", "32", "--mogrifier-rank", "8"] if quick else []
-    task = ["--task", "language_modeling", "--criterion", "lm_regularized_loss"]
-    lstm = build_model("mogrifier_lstm_lm_ptb", V, task, extra)[2].decoder.lstm.to(bench.device, bench.dtype).train()
+    B, T, V = (4, 5, 100) if bench.args.quick else (64, 70, 10_000)
+    lstm = ptb_stack(bench, V, 32 if bench.args.quick else None, 8 if bench.args.quick else None).to(bench.dtype)
     H, L = lstm.hidden_size, lstm.num_layers
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(B, T, H, generator=gen).to(like).requires_grad_()
@@ -269,20 +256,16 @@ def model_stack(bench: Bench, like: torch.Tensor):
         cudnn.zero_grad(set_to_none=True)
 
     t = bench.time(fns, before=clear)
-    rows = [[names[k], t.ms(k), t.min_ms(k), f"{B * T / t.median(k):.0f}", ratio(t.speedup("lstm", k))] for k in fns]
-    body = "\n" + table(
-        ["`mogrifier_lstm_lm_ptb` stack", "ms per call (median)", "ms (min)", "tokens/s", "vs `nn.LSTM`"], rows
-    )
+    rows = [[names[k], t.ms(k), t.min_ms(k), t.per_s(k, B * T), ratio(t.speedup("lstm", k))] for k in fns]
+    columns = "`mogrifier_lstm_lm_ptb` stack | ms per call (median) | ms (min) | tokens/s | vs `nn.LSTM`"
     notes = [
         f"the `mogrifier_lstm_lm_ptb` stack as fairseq-train builds it: {L} layers, hidden {H}, rounds "
         f"{lstm.rounds}, rank {lstm.rank}, its dropouts (masks drawn inside, per step), batch {B}, BPTT {T}, from "
         f"zero states; `nn.LSTM` {L} x {H} beside it"
     ]
     best = "graphs" if bench.cuda else "torch"
-    checks = [
-        Check(f"`mogrifier_lstm_lm_ptb` stack ({names[best]}) vs `nn.LSTM`, tokens/s", t.speedup("lstm", best), 0.5)
-    ]
-    return body, notes, checks
+    what = f"`mogrifier_lstm_lm_ptb` stack ({names[best]}) vs `nn.LSTM`, tokens/s"
+    return "\n" + table(columns, rows), notes, [bench.check(what, t.speedup("lstm", best), 0.5)]
 
 
 if __name__ == "__main__":

@@ -1,17 +1,31 @@
-"""The speed goals in one place, how a benchmark states a figure against its target, and the revision measured.
+"""The benchmarks and the speed goals in one place, and how a figure is stated and shown: a :class:`Check` against
+its target, its record (:data:`FIELDS`), the tables' formats, the results file and the revision measured.
 
-Every benchmark states each figure as a :class:`Check`; ``Bench.finish`` prints its human line (``- PASS: what:
-1.04x (target >= 1x)``) and its record (``benchmarks.records``: one ``FIGURE {json}`` line, which
-``benchmarks.gpu_round`` reads). :data:`GOALS` holds the targets of the goals that ``make gpu-round`` measures, for a
-GPU and for a CPU; a benchmark tags its check with the goal's key, and a benchmark that does not is matched by the
-goal's pattern on the check's text. Every speed ratio is a ratio of medians (:data:`RATIO_METHOD`).
+A benchmark is its file, ``benchmarks/<name>.py`` (a ``main(argv)`` that returns ``common.Bench.finish``'s result),
+and its entry in :data:`BENCHMARKS`. :data:`GOALS` holds the targets that ``make gpu-round`` measures, for a GPU and
+for a CPU; a check tagged with a goal's key, or whose text the goal's pattern finds, is judged against the goal's
+target. ``Bench.finish`` prints each check's line (``- PASS: what: 1.04x (target >= 1x)``) and its record as a
+``FIGURE {json}`` line, which ``benchmarks.gpu_round`` reads back. Every speed ratio is a ratio of medians.
 """
 
+import json
 import os
 import re
 import subprocess
-from typing import NamedTuple, Optional
+from pathlib import Path
+from typing import List, NamedTuple, Optional, Sequence
 
+# each benchmark -> its runs in ``python -m benchmarks.gpu_report`` (the options of each: a few tens of seconds on one
+# H100, the Mogrifier's torch.compile about a minute)
+BENCHMARKS = {
+    "group_linear": (["--rounds", "10"],),
+    "train_speed": (["--rounds", "10"], ["--tokens", "26000", "--rounds", "5"], ["--dtype", "fp16", "--rounds", "10"]),
+    "generate_speed": (["--rounds", "5"],),
+    "lstm_lm_speed": (["--rounds", "5"],),
+    "mogrifier_speed": (["--rounds", "5"],),
+    "txl_speed": (["--rounds", "5"], ["--shape", "nvidia-base", "--rounds", "5"]),
+    "gcnn_speed": (["--parts", "train,generate", "--rounds", "3"],),
+}
 RATIO_METHOD = "ratio of medians"  # the baseline's median time over the variant's, variants timed interleaved
 ABSOLUTE_METHOD = "tokens over the median step time"
 
@@ -58,7 +72,7 @@ def define_train_goal(tokens) -> str:
     return "define_train_4k" if 3000 <= tokens <= 5000 else "define_train_26k" if 20000 <= tokens <= 32000 else ""
 
 
-def target(key: str, cuda: bool, default: float) -> float:
+def goal_target(key: str, cuda: bool, default: float) -> float:
     """Goal ``key``'s target on the device (``default`` where ``key`` is empty or not a goal on that device)."""
     goal = GOALS.get(key)
     value = None if goal is None else goal.gpu if cuda else goal.cpu
@@ -67,11 +81,9 @@ def target(key: str, cuda: bool, default: float) -> float:
 
 def goal_of(what: str, key: str = "") -> str:
     """The goal a check states: its own ``key``, else the first goal whose pattern finds ``what``; "" if none."""
-    if key:
-        if key not in GOALS:
-            raise KeyError(f"goal {key!r}: not in benchmarks/targets.py GOALS ({', '.join(GOALS)})")
-        return key
-    return next((k for k, g in GOALS.items() if g.pattern and re.search(g.pattern, what)), "")
+    if key and key not in GOALS:
+        raise KeyError(f"goal {key!r}: not in benchmarks/targets.py GOALS ({', '.join(GOALS)})")
+    return key or next((k for k, g in GOALS.items() if g.pattern and re.search(g.pattern, what)), "")
 
 
 def show(value: float, unit: str) -> str:
@@ -88,8 +100,8 @@ def show_target(value: float, unit: str, at_most: bool = False) -> str:
 
 class Check(NamedTuple):
     """A figure: ``value`` against ``target``, at least (or, ``at_most``, at most); ``goal``: its key in
-    :data:`GOALS`; ``unit``: "x" for a speed ratio (:data:`RATIO_METHOD`), else the unit of an absolute figure;
-    ``batch``: what one timed call processes."""
+    :data:`GOALS`; ``unit``: "x" for a speed ratio, else the unit of an absolute figure; ``batch``: what one timed
+    call processes."""
 
     what: str
     value: float
@@ -98,11 +110,6 @@ class Check(NamedTuple):
     goal: str = ""
     unit: str = "x"
     batch: str = ""
-
-    @classmethod
-    def of_goal(cls, goal: str, what: str, value: float, cuda: bool, default: float, **fields) -> "Check":
-        """The check of goal ``goal``: its target on the device (:func:`target`, ``default`` where it has none)."""
-        return cls(what, value, target(goal, cuda, default), goal=goal, **fields)
 
     @property
     def met(self) -> bool:
@@ -116,6 +123,103 @@ class Check(NamedTuple):
         return f"- {self.verdict()}: {self.what}: {show(self.value, self.unit)} (target {goal})"
 
 
+FIELDS = ("benchmark", "what", "value", "unit", "target", "at_most", "goal", "met", "ratio_method", "report_target")
+FIELDS += ("revision", "machine", "precision", "batch", "command", "report", "origin")
+# ``origin``: "run" for the records a benchmark wrote as it ran, "report" for those read back from its Markdown; a gpu
+# round's records also name its item, its status ("measured", "failed", "skipped" or pytest's summary), exit status
+# and seconds: a failed item is a record with no value
+ROUND_FIELDS = ("item", "status", "rc", "seconds")
+FIGURE_PREFIX = "FIGURE "
+
+
+def record(benchmark: str, what: str, value, unit: str, target=None, at_most=False, gpu=None, **context) -> dict:
+    """One figure as a record: ``target`` is the goal's (:data:`GOALS`, on a GPU or not: ``gpu``, else as the
+    machine's name says) where ``what`` is a goal's figure, else ``target``; ``report_target`` keeps ``target``."""
+    goal = context.pop("goal", None)
+    goal = goal_of(what) if goal is None else goal  # None: the goal whose pattern finds ``what``; "": none
+    gpu = "CPU" not in (context.get("machine") or "CPU") if gpu is None else gpu
+    chosen = goal_target(goal, gpu, target) if goal else target
+    value = None if value is None or value != value else value
+    met = None if value is None or chosen is None else (value <= chosen if at_most else value >= chosen)
+    method = context.pop("ratio_method", None) or {"x": RATIO_METHOD, "ms": "median"}.get(unit, ABSOLUTE_METHOD)
+    out = dict(benchmark=benchmark, what=what, value=value, unit=unit, target=chosen, at_most=at_most, goal=goal)
+    out.update(met=met, ratio_method=method, report_target=target)
+    return dict(out, **{k: context.get(k) for k in FIELDS if k not in out})
+
+
+def of_checks(checks, benchmark: str, report: Optional[str], context: dict, gpu: bool) -> List[dict]:
+    """The records of a run's checks on a GPU or not; ``context``: the run's command, revision, precision and
+    machine; ``report``: its results file under ``results/`` (None: none)."""
+    context = {k: v for k, v in dict(context, report=report, origin="run").items() if k in FIELDS}
+
+    def fields(c):
+        return dict(context, goal=goal_of(c.what, c.goal), batch=c.batch or None)
+
+    return [record(benchmark, c.what, c.value, c.unit, c.target, c.at_most, gpu, **fields(c)) for c in checks]
+
+
+def figure_line(record: dict) -> str:
+    """``record`` as one machine-readable line of a benchmark's output: ``FIGURE`` and the record as JSON."""
+    return FIGURE_PREFIX + json.dumps(record, sort_keys=True)
+
+
+def parse_figures(text: str) -> List[dict]:
+    """The records of the ``FIGURE`` lines in ``text`` (a benchmark's output), in order."""
+    return [json.loads(line[len(FIGURE_PREFIX) :]) for line in text.splitlines() if line.startswith(FIGURE_PREFIX)]
+
+
+def write(path, records: List[dict]) -> None:
+    Path(path).write_text(json.dumps(records, indent=1, sort_keys=True) + "\n")
+
+
+def json_path(md) -> Path:
+    return Path(str(md)[: -len(".md")] + ".json")
+
+
+KEEP_MARK = "<!-- written by hand below this line: kept when the benchmark is run again -->"
+
+
+def ms(seconds: float) -> str:
+    v = seconds * 1e3
+    return "n/a" if v != v else f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.3g}"
+
+
+def ratio(x: float) -> str:
+    return "n/a" if x != x else f"{x:.2f}x"
+
+
+def millions(n: int) -> str:
+    return f"{n / 1e6:.2f} M"
+
+
+def table(columns, rows: Sequence[Sequence[object]]) -> str:
+    """A markdown table of ``columns`` (a list, or one string ``"a | b"``) and ``rows`` (cells formatted already)."""
+    columns = columns.split(" | ") if isinstance(columns, str) else columns
+    out = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    return "\n".join(out + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]) + "\n"
+
+
+def error_text(error: BaseException) -> str:
+    """An error as one line for a table cell."""
+    return f"failed: {type(error).__name__}: {error}".replace("|", "/").replace("\n", " ")[:300]
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def write_result(path: str, text: str) -> None:
+    """Write ``text`` to ``path``, keeping what the file had from :data:`KEEP_MARK` on (hand-written history)."""
+    kept = ""
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            old = f.read()
+        kept = "\n" + old[old.index(KEEP_MARK) :] if KEEP_MARK in old else ""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text + kept)
+
+
 REVISION_VARIABLE = "DEFINE_FAIRSEQ_REVISION"  # the revision of a copied tree without git, as its copier knew it
 
 
@@ -126,15 +230,13 @@ def revision(cwd: Optional[str] = None) -> str:
     if os.environ.get(REVISION_VARIABLE):
         return os.environ[REVISION_VARIABLE]
 
-    def git(*args):
-        # a copied checkout often belongs to another user: git would refuse it without safe.directory
+    def git(*args):  # a copied checkout often belongs to another user: git would refuse it without safe.directory
         return subprocess.run(
             ["git", "-c", "safe.directory=*", *args], cwd=cwd, capture_output=True, text=True, timeout=60
         )
 
     try:
-        head = git("rev-parse", "--short=10", "HEAD")
-        status = git("status", "--porcelain")
+        head, status = git("rev-parse", "--short=10", "HEAD"), git("status", "--porcelain")
     except (OSError, subprocess.SubprocessError):
         return "unknown (no git)"
     if head.returncode != 0:

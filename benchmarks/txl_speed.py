@@ -1,20 +1,11 @@
 """Transformer-XL with DeFINE (n = 128) against the standard 384 model at the DeFINE paper's Table 2 sizes (V =
-267,735, 16 layers of d 384, projected adaptive softmax tied to the input table). Timed interleaved:
-
-1. Training: forward, ``lm_regularized_loss``, backward, clipping, Adam, batch 15 x ``tgt_len`` 150 with a memory of
-   150 (the paper's batch 60 on 4 GPUs); also the context network alone, and the arithmetic of the input and
-   output layers at the peak rate, which bound what any input/output layer can gain. Target: DeFINE >= 1.15x on a
-   GPU, >= 1.3x on a CPU.
-2. Evaluation as fairseq-eval-lm scores (eval mode, full log-probabilities, ``tgt_len`` 64, memory 640,
-   ``clamp_len`` 400, ``same_length``, batch 10): standard, DeFINE unfolded, DeFINE folded. Target: >= 1.3x.
-
-``--shape nvidia-base`` times, instead, training at NVIDIA DeepLearningExamples' Transformer-XL base shape (16
-layers, d_model 512, 8 heads of 64, d_inner 2048, ``tgt_len`` and ``mem_len`` 192, batch 32 per GPU, adaptive
-softmax with cutoffs 19997, 39997, 199997 on 267,735 words, ``div_val`` 1, tied): absolute tokens/s beside that
-implementation's published figure. Target: 120,000 tokens/s on one H100 or H200.
-
-``--model-args`` passes fairseq flags to every model timed (e.g. ``"--torch-compile"``). The targets are in
-``benchmarks/targets.py``.
+267,735, 16 layers of d 384, projected adaptive softmax tied to the input table), timed interleaved: (1) training,
+batch 15 x 150 with a memory of 150, beside the context network alone and the input and output layers' arithmetic at
+the peak rate (what bounds any input layer's gain); (2) evaluation as fairseq-eval-lm scores, batch 10 x 64, memory
+640, standard, DeFINE and DeFINE folded. ``--shape nvidia-base``: instead, training at NVIDIA DeepLearningExamples'
+base shape, absolute tokens/s beside its published figure. ``--model-args``: fairseq flags for every model (e.g.
+``"--torch-compile"``). Targets (``benchmarks/targets.py``): DeFINE >= 1.15x in training on a GPU, >= 1.3x on a CPU
+and in evaluation; 120,000 tokens/s at NVIDIA's base shape on one H100 or H200.
 
     .venv/bin/python -m benchmarks.txl_speed [--device cuda] [--rounds 3] [--batch 15] [--skip-training]
         [--shape paper|nvidia-base] [--model-args "..."]
@@ -25,17 +16,16 @@ import shlex
 
 import torch
 
-from benchmarks.common import Bench, Check, millions, ms, options, ratio, run_main, table
-from benchmarks.targets import GOALS
-from benchmarks.workloads import build_model, count_params, lm_sample
+from benchmarks.common import Bench, build_model, count_params, lm_sample, options, run_main
+from benchmarks.targets import GOALS, millions, ms, ratio, table
 
 STANDARD, DEFINE = "transformer_xl_wt103_d384", "transformer_xl_define_wt103_n128"
 ALONE = "context network alone (same in both)"
-NVIDIA_BASE = [
-    "--decoder-layers", "16", "--decoder-embed-dim", "512", "--decoder-attention-heads", "8", "--txl-head-dim", "64",
-    "--decoder-ffn-embed-dim", "2048", "--adaptive-softmax-cutoff", "19997,39997,199997",
-]  # fmt: skip
+TASK = "--task language_modeling --criterion lm_regularized_loss --ddp-backend legacy_ddp".split()
+NVIDIA_BASE = "--decoder-layers 16 --decoder-embed-dim 512 --decoder-attention-heads 8 --txl-head-dim 64 "
+NVIDIA_BASE += "--decoder-ffn-embed-dim 2048 --adaptive-softmax-cutoff 19997,39997,199997"
 NVIDIA_ANCHOR = 60000  # tokens/s, about: one A100 40GB, mixed precision, the DeepLearningExamples README's base model
+QUICK = ["--decoder-layers", "2", "--adaptive-softmax-cutoff", "500,1000,2000"]
 
 
 def txl_batch(vocab: int, batch: int, tgt_len: int, seed: int):
@@ -88,31 +78,30 @@ def context_alone(bench: Bench, model, batch: int, tgt_len: int):
     return run
 
 
+def training_step(bench: Bench, model, criterion, sample):
+    return bench.step(model, criterion, sample, torch.optim.Adam(model.parameters(), lr=2.5e-4), clip=0.25)
+
+
 def nvidia_base(bench: Bench, batch: int):
     """Training at NVIDIA DeepLearningExamples' base shape: the standard model and its context network alone."""
-    quick = bench.args.quick
-    vocab, tgt_len = (3000, 8) if quick else (267735, 192)
-    shape = NVIDIA_BASE + ["--txl-mem-len", str(tgt_len)]
-    if quick:
-        shape += ["--decoder-layers", "2", "--adaptive-softmax-cutoff", "500,1000,2000"]
-    task = ["--task", "language_modeling", "--criterion", "lm_regularized_loss", "--ddp-backend", "legacy_ddp"]
-    torch.manual_seed(1)
-    _, _, model, criterion = build_model("transformer_xl_lm", vocab, task, shape + shlex.split(bench.args.model_args))
-    model = bench.to(model).train()
-    sample = bench.to(txl_batch(vocab, batch, tgt_len, seed=0))
-    name = "transformer_xl_lm at the base shape"
-    fns = {name: bench.step(model, criterion, sample, torch.optim.Adam(model.parameters(), lr=2.5e-4), clip=0.25)}
+    vocab, tgt_len = (3000, 8) if bench.args.quick else (267735, 192)
+    shape = NVIDIA_BASE.split() + ["--txl-mem-len", str(tgt_len)] + (QUICK if bench.args.quick else [])
+    _, _, model, criterion = build_model("transformer_xl_lm", vocab, TASK, shape + shlex.split(bench.args.model_args))
+    model, name = bench.to(model).train(), "transformer_xl_lm at the base shape"
+    fns = {name: training_step(bench, model, criterion, bench.to(txl_batch(vocab, batch, tgt_len, seed=0)))}
     fns["context network alone"] = context_alone(bench, model, batch, tgt_len)
     t = bench.time(fns)
-    rows = [[n, t.ms(n), f"{batch * tgt_len / t.median(n):.0f}"] for n in fns]
+    rows = [[n, t.ms(n), t.per_s(n, batch * tgt_len)] for n in fns]
     flags = f" ({bench.args.model_args.strip()})" if bench.args.model_args.strip() else ""
-    check = Check.of_goal(
-        "txl_nvidia_base",
+    what = (
         f"Transformer-XL at NVIDIA's base shape{flags}, training tokens/s, {bench.args.dtype} (twice NVIDIA's A100 "
-        "figure)",
+        "figure)"
+    )
+    check = bench.check(
+        what,
         batch * tgt_len / t.median(name),
-        bench.cuda,
         GOALS["txl_nvidia_base"].gpu,
+        "txl_nvidia_base",
         unit="tokens/s",
         batch=f"{batch} x {tgt_len} tokens, memory {tgt_len}",
     )
@@ -120,7 +109,7 @@ def nvidia_base(bench: Bench, batch: int):
     return check, (
         f"## Training at NVIDIA's Transformer-XL base shape (batch {batch} x tgt_len {tgt_len}, memory {tgt_len}, "
         f"{count_params(model) / 1e6:.1f} M parameters, Adam, clipping 0.25)\n\n"
-        + table(["model", "step ms (median)", "tokens/s"], rows)
+        + table("model | step ms (median) | tokens/s", rows)
         + "\nNVIDIA's recipe trains with LAMB; Adam's step costs the same order (an elementwise pass over the "
         "parameters). Its figure is per GPU, from its README's training performance table.\n"
     )
@@ -145,75 +134,45 @@ def main(argv=None):
         check, body = nvidia_base(bench, 2 if quick else args.batch or 32)
         return bench.finish("Transformer-XL at NVIDIA's base shape: training tokens/s", [], body, [check])
     args.batch = args.batch or 15
-    vocab, batch, tgt_len, eval_batch, eval_len = (
-        (3000, 2, 8, 2, 4) if quick else (267735, args.batch, 150, args.eval_batch, 64)
-    )
-    task = ["--task", "language_modeling", "--criterion", "lm_regularized_loss", "--ddp-backend", "legacy_ddp"]
-    small = ["--decoder-layers", "2", "--adaptive-softmax-cutoff", "500,1000,2000"] if quick else []
+    sizes = (3000, 2, 8, 2, 4) if quick else (267735, args.batch, 150, args.eval_batch, 64)
+    vocab, batch, tgt_len, eval_batch, eval_len = sizes
     models = {}
     for arch in (STANDARD, DEFINE):
-        torch.manual_seed(1)
-        extra = ["--txl-mem-len", str(tgt_len)] + small + shlex.split(args.model_args)
-        _, _, model, criterion = build_model(arch, vocab, task, extra)
+        extra = ["--txl-mem-len", str(tgt_len)] + (QUICK if quick else []) + shlex.split(args.model_args)
+        _, _, model, criterion = build_model(arch, vocab, TASK, extra)
         models[arch] = bench.to(model), criterion
     sections, checks = [], []
     flags = f" ({args.model_args.strip()})" if args.model_args.strip() else ""
 
-    def vs_standard(goal: str, who: str, regime: str, name: str, t, batch: str) -> Check:
+    def vs_standard(goal: str, who: str, regime: str, name: str, t, batch: str):
         """Goal ``goal``'s check: ``name``'s tokens/s over the standard 384 model's (1.3x where it has no target)."""
         what = f"{who} vs standard 384{flags}, {regime} tokens/s, {args.dtype}"
-        return Check.of_goal(goal, what, t.speedup(STANDARD, name), bench.cuda, 1.3, batch=batch)
+        return bench.check(what, t.speedup(STANDARD, name), 1.3, goal, batch=batch)
 
     if not args.skip_training:
         sample = bench.to(txl_batch(vocab, batch, tgt_len, seed=0))
         for model, _ in models.values():
             model.train().decoder.memory.clear()
-        fns = {
-            n: bench.step(m, c, sample, torch.optim.Adam(m.parameters(), lr=2.5e-4), clip=0.25)
-            for n, (m, c) in models.items()
-        }
+        fns = {n: training_step(bench, m, c, sample) for n, (m, c) in models.items()}
         fns[ALONE] = context_alone(bench, models[DEFINE][0], batch, tgt_len)
         t = bench.time(fns)
         params = {n: count_params(m) for n, (m, _) in models.items()}
         params[ALONE] = count_params(models[DEFINE][0].decoder.stack)
         rows = [
-            [
-                f"`{n}`" if n in models else n,
-                millions(params[n]),
-                t.ms(n),
-                t.page_faults(n),
-                f"{batch * tgt_len / t.median(n):.0f}",
-                ratio(t.speedup(STANDARD, n)),
-            ]
+            [f"`{n}`" if n in models else n, millions(params[n]), t.ms(n), t.page_faults(n)]
+            + [t.per_s(n, batch * tgt_len), ratio(t.speedup(STANDARD, n))]
             for n in fns
         ]
         peak = bench.peak_flops()
         io = {name: io_training_flops(m, sample) for name, (m, _) in models.items()}
         distinct = sample["net_input"]["src_tokens"].unique().numel()
         floor = t.median(ALONE) + io[DEFINE] / peak
-        rows.append(
-            [
-                "context network alone + DeFINE's input/output products at the peak rate",
-                "",
-                ms(floor),
-                "",
-                f"{batch * tgt_len / floor:.0f}",
-                ratio(t.median(STANDARD) / floor),
-            ]
-        )
+        label = "context network alone + DeFINE's input/output products at the peak rate"
+        rows.append([label, "", ms(floor), "", f"{batch * tgt_len / floor:.0f}", ratio(t.median(STANDARD) / floor)])
+        columns = "model | parameters | step ms (median) | page faults per step (median) | tokens/s | vs standard 384"
         sections.append(
             f"## 1. Training (batch {batch} x tgt_len {tgt_len}, memory {tgt_len}, Adam)\n\n"
-            + table(
-                [
-                    "model",
-                    "parameters",
-                    "step ms (median)",
-                    "page faults per step (median)",
-                    "tokens/s",
-                    "vs standard 384",
-                ],
-                rows,
-            )
+            + table(columns, rows)
             + f"\nInput and output layers' matrix products per step ({distinct} distinct tokens): standard "
             f"{io[STANDARD] / 1e9:.1f} GFLOP, DeFINE {io[DEFINE] / 1e9:.1f} GFLOP; peak rate {peak / 1e9:.0f} "
             f"GFLOP/s. Paper (4 x RTX 2080 Ti): standard 384 855 ms/batch, DeFINE n = 128 606 (1.41x).\n"
@@ -223,20 +182,15 @@ def main(argv=None):
 
     from define_fairseq.tools.fold_define import fold_model
 
-    variants = {
-        STANDARD: models[STANDARD][0],
-        DEFINE: models[DEFINE][0],
-        f"{DEFINE}, folded": fold_model(copy.deepcopy(models[DEFINE][0])),
-    }
+    folded = f"{DEFINE}, folded"
+    variants = {STANDARD: models[STANDARD][0], DEFINE: models[DEFINE][0]}
+    variants[folded] = fold_model(copy.deepcopy(models[DEFINE][0]))
     sample = bench.to(txl_batch(vocab, eval_batch, eval_len, seed=1))
     for model in variants.values():
         model.eval()
         model.decoder.memory.clear()
-        model.decoder.stack.mem_len, model.decoder.stack.clamp_len, model.decoder.stack.same_length = (
-            10 * eval_len,
-            400,
-            True,
-        )
+        stack = model.decoder.stack
+        stack.mem_len, stack.clamp_len, stack.same_length = 10 * eval_len, 400, True
         with torch.no_grad(), bench.autocast():  # fill the memory: 10 segments
             for _ in range(10):
                 model(**sample["net_input"])
@@ -246,50 +200,31 @@ def main(argv=None):
             with torch.no_grad(), bench.autocast():
                 out = variants[name](**sample["net_input"])
                 if log_probs:
-                    variants[name].get_normalized_probs(out, log_probs=True, sample=sample).gather(
-                        -1, sample["target"].unsqueeze(-1)
-                    )
+                    probs = variants[name].get_normalized_probs(out, log_probs=True, sample=sample)
+                    probs.gather(-1, sample["target"].unsqueeze(-1))
 
         return run
 
     fns = {name: score(name) for name in variants}
     fns.update({f"{name} (stack)": score(name, log_probs=False) for name in (STANDARD, DEFINE)})
     t = bench.time(fns)
-    stack = {
-        name: t.median(f"{name} (stack)" if name != f"{DEFINE}, folded" else f"{DEFINE} (stack)") for name in variants
-    }
+    stack = {name: t.median(f"{DEFINE if name == folded else name} (stack)") for name in variants}
     rows = [
-        [
-            f"`{n}`",
-            t.ms(n),
-            ms(stack[n]),
-            ms(t.median(n) - stack[n]),
-            t.page_faults(n),
-            f"{eval_batch * eval_len / t.median(n):.0f}",
-            ratio(t.speedup(STANDARD, n)),
-        ]
+        [f"`{n}`", t.ms(n), ms(stack[n]), ms(t.median(n) - stack[n]), t.page_faults(n)]
+        + [t.per_s(n, eval_batch * eval_len), ratio(t.speedup(STANDARD, n))]
         for n in variants
     ]
+    columns = "model | ms per segment (median) | of which input + stack (ms) | of which log-probabilities (ms, the "
+    columns += "difference) | page faults per segment (median) | tokens/s | vs standard 384"
     sections.append(
         f"## 2. Evaluation (batch {eval_batch} x tgt_len {eval_len}, memory {10 * eval_len}, clamp_len 400, "
         f"same_length; full log-probabilities as fairseq-eval-lm)\n\n"
-        + table(
-            [
-                "model",
-                "ms per segment (median)",
-                "of which input + stack (ms)",
-                "of which log-probabilities (ms, the difference)",
-                "page faults per segment (median)",
-                "tokens/s",
-                "vs standard 384",
-            ],
-            rows,
-        )
+        + table(columns, rows)
         + "\nInput + stack: the forward alone (the folded model's taken as the unfolded one's). Paper (Table 5, "
         "inference ms/batch): standard 384 202, projective 128 129, DeFINE 128 131.\n"
     )
     shape = f"{eval_batch} x {eval_len} tokens, memory {10 * eval_len}"
-    checks += [vs_standard("txl_define_eval", n, "evaluation", n, t, shape) for n in (DEFINE, f"{DEFINE}, folded")]
+    checks += [vs_standard("txl_define_eval", n, "evaluation", n, t, shape) for n in (DEFINE, folded)]
     return bench.finish("Transformer-XL: DeFINE n=128 vs standard 384 (Table 2 sizes)", [], "\n".join(sections), checks)
 
 

@@ -11,13 +11,24 @@ from arch_cases import TXL_TINY
 from conftest import REPO
 
 from benchmarks import gpu_report, group_linear
-from benchmarks.common import KEEP_MARK, Bench, Check, Result, Timings, options, write_result
+from benchmarks.common import Bench, Result, Timings, build_model, options
 from benchmarks.lstm_lm_speed import step_flops
-from benchmarks.records import FIELDS, figure_line, of_checks, parse_figures
-from benchmarks.targets import GOALS, RATIO_METHOD, goal_of, revision, target
-from benchmarks.train_speed import goal_key
+from benchmarks.targets import (
+    FIELDS,
+    GOALS,
+    KEEP_MARK,
+    RATIO_METHOD,
+    Check,
+    define_train_goal as goal_key,
+    figure_line,
+    goal_of,
+    goal_target as target,
+    of_checks,
+    parse_figures,
+    revision,
+    write_result,
+)
 from benchmarks.txl_speed import io_training_flops, txl_batch
-from benchmarks.workloads import build_model
 
 
 def make_bench(*argv):
@@ -159,9 +170,9 @@ def test_bf16_autocast_and_device_placement():
 
 def test_header_names_the_command_and_the_machine():
     bench = make_bench("--rounds", "2", "--quick")
-    header = bench.header("Title", ["a note"])
+    header = bench.header("Title", ["a note"], "0123abcdef")
     assert header.startswith("# Title\n")
-    assert "- Command: `python -m benchmarks.example --rounds 2 --quick`" in header
+    assert "- Command: `python -m benchmarks.example --rounds 2 --quick`; revision 0123abcdef" in header
     assert "threads: 2" in header and "allocator: " in header and "- a note" in header and "--quick" in header
 
 

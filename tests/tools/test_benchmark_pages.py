@@ -1,9 +1,10 @@
-"""The speed tables of the pages (``benchmarks.pages``): goals, launch counts, the data-parallel step and the measured
+"""The speed tables of the pages (``benchmarks.records``): goals, launch counts, the data-parallel step and the measured
 figures, rendered from their data; every committed page matches, and a figure edited by hand is caught."""
 
 import pytest
 
-from benchmarks import pages
+from benchmarks import records as pages
+from benchmarks.targets import GOALS
 
 
 def test_every_committed_benchmark_table_matches_its_data():
@@ -11,7 +12,7 @@ def test_every_committed_benchmark_table_matches_its_data():
     assert pages.PAGE in found
     assert len(found) >= 6  # benchmarks/README.md and five examples' pages
     where = lambda page: page.relative_to(pages.ROOT).as_posix()  # noqa: E731
-    assert {where(page): pages.stale(page) for page in found} == {where(page): [] for page in found}
+    assert {where(page): pages.stale_tables(page) for page in found} == {where(page): [] for page in found}
 
 
 def test_a_figure_edited_by_hand_is_named(tmp_path):
@@ -19,7 +20,7 @@ def test_a_figure_edited_by_hand_is_named(tmp_path):
     row = next(line for line in text.splitlines() if line.startswith("| `transformer` | eager |"))
     page = tmp_path / "README.md"
     page.write_text(text.replace(row, row.replace("| 1008 |", "| 1007 |")))
-    assert pages.stale(page, at=pages.PAGE) == ["launch_count"]
+    assert pages.stale_tables(page, at=pages.PAGE) == ["launch_count"]
 
 
 def test_a_measured_speed_figure_edited_by_hand_is_named(tmp_path):
@@ -28,8 +29,8 @@ def test_a_measured_speed_figure_edited_by_hand_is_named(tmp_path):
     row = next(line for line in block.splitlines() if "| 2.80x | >= 1.5x |" in line)
     page = tmp_path / "README.md"
     page.write_text(text.replace(row, row.replace("| 2.80x |", "| 2.90x |")))
-    assert pages.stale(page, at=pages.PAGE) == ["cpu-latest"]
-    assert pages.stale(page) != []  # rendered elsewhere, its links to the reports differ too
+    assert pages.stale_tables(page, at=pages.PAGE) == ["cpu-latest"]
+    assert pages.stale_tables(page) != []  # rendered elsewhere, its links to the reports differ too
 
 
 def test_a_figure_names_its_report_revision_and_machine_relative_to_its_page():
@@ -43,7 +44,7 @@ def test_a_figure_names_its_report_revision_and_machine_relative_to_its_page():
 def test_a_goal_shows_the_target_of_targets_py_not_the_reports():
     text = pages.figures_table(pages.FIGURES["gpu-goals"], pages.PAGE)
     row = next(line for line in text.splitlines() if line.startswith("| GroupLinear vs dense at 1024"))
-    assert f"| >= {pages.GOALS['group_linear_dense'].gpu:g}x |" in row  # the report printed >= 2.5x
+    assert f"| >= {GOALS['group_linear_dense'].gpu:g}x |" in row  # the report printed >= 2.5x
 
 
 def test_a_missing_data_file_is_named(tmp_path):
@@ -55,7 +56,7 @@ def test_a_missing_data_file_is_named(tmp_path):
 
 def test_every_goal_has_a_row():
     table = pages.targets_table()
-    assert all(f"| `{key}` |" in table for key in pages.GOALS)
+    assert all(f"| `{key}` |" in table for key in GOALS)
 
 
 def test_every_table_is_rendered_on_some_page():
@@ -70,5 +71,5 @@ def test_a_bound_row_is_the_ratio_of_its_reports_two_median_times():
     rows = [line for line in text.splitlines() if line.startswith(f"| {label} |")]
     assert len(rows) == len(spec.reports)  # every report times both
     for report, row in zip(spec.reports, rows):
-        times = {r["what"]: r["value"] for r in pages.records.load(report)}
+        times = {r["what"]: r["value"] for r in pages.load(report)}
         assert f"| {times[a] / times[b]:.2f}x |" in row and f"[{report}]" in row

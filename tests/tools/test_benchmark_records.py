@@ -5,8 +5,8 @@ are read back into them without drift, a report without a revision says null, an
 import json
 
 from benchmarks import gpu_report, group_linear, records
-from benchmarks.common import Bench, Check, Result, options
-from benchmarks.targets import GOALS, RATIO_METHOD
+from benchmarks.common import Bench, Result, options
+from benchmarks.targets import GOALS, RATIO_METHOD, Check, write
 
 REPORT = """# Training speed: transformer_define vs transformer
 
@@ -33,7 +33,7 @@ def by_what(rows):
 
 
 def test_every_committed_report_matches_its_records():
-    assert records.stale() == []
+    assert records.stale_records() == []
     assert all(records.json_path(md).exists() for md in records.reports())
 
 
@@ -77,7 +77,7 @@ def test_a_run_that_wrote_its_records_is_not_read_back(tmp_path, monkeypatch):
     monkeypatch.setattr(records, "RESULTS", tmp_path)
     (tmp_path / "a.md").write_text(REPORT)
     (tmp_path / "b.md").write_text(REPORT)
-    records.write(tmp_path / "b.json", [dict(what="x", origin="run")])
+    write(tmp_path / "b.json", [dict(what="x", origin="run")])
     assert [p.name for p in records.reports()] == ["a.md"]
 
 

@@ -18,13 +18,13 @@ import time
 import pytest
 from conftest import REPO
 
-from benchmarks import gpu_report, gpu_round, pages, records
-from benchmarks.targets import GOALS, RATIO_METHOD
+from benchmarks import gpu_report, gpu_round, records
+from benchmarks.targets import FIELDS, GOALS, RATIO_METHOD, ROUND_FIELDS
 
 PY = sys.executable
 # a benchmark's output: its check as the record Bench.finish prints, with the 1.0 target the check carried
 FIGURE = (
-    "from benchmarks.records import figure_line, of_checks; from benchmarks.targets import Check; "
+    "from benchmarks.targets import Check, figure_line, of_checks; "
     "(r,) = of_checks([Check({what!r}, {value}, 1.0, goal={goal!r}, batch='8 x 4 tokens')], 'fake', None, "
     "dict(command='python -m benchmarks.fake', precision='fp32', machine='CPU', revision='x'), gpu=False); "
     "print(figure_line(r))"
@@ -57,7 +57,7 @@ def test_a_raising_and_a_hanging_item_lose_only_themselves(tmp_path, monkeypatch
     gpu_round.run_items(plan, report, env, str(tmp_path), start + 600, results=False)
     assert time.monotonic() - start < 20  # the hang cost its limit and the grace, not its 300 s
     written = json.loads((tmp_path / "gpu-round-cpu.json").read_text())
-    assert all(set(r) == set(records.FIELDS + records.ROUND_FIELDS) for r in written)  # one schema, every row
+    assert all(set(r) == set(FIELDS + ROUND_FIELDS) for r in written)  # one schema, every row
     rows = {r["item"]: r for r in written}
     assert list(rows) == ["first", "raises", "hangs", "after", "last"]
     assert all(r["revision"] == "abc1234+dirty" and r["machine"] == "CPU" for r in rows.values())
@@ -89,10 +89,9 @@ def test_a_rounds_records_are_read_and_rendered_like_any_reports(tmp_path, monke
     plan = [figure_item("first", "ours vs theirs", 1.2, goal="define_train_4k")]
     gpu_round.run_items(plan, report, dict(os.environ, PYTHONPATH=REPO), str(tmp_path), time.monotonic() + 60, False)
     monkeypatch.setattr(records, "RESULTS", tmp_path)
-    monkeypatch.setattr(pages, "RESULTS", tmp_path)
     (record,) = records.load("gpu-round-cpu.md")
     assert record["what"] == "ours vs theirs" and record["value"] == 1.2
-    table = pages.figures_table(pages.Figures(("gpu-round-cpu.md",), r"^ours vs"), pages.PAGE)
+    table = records.figures_table(records.Figures(("gpu-round-cpu.md",), r"^ours vs"), records.PAGE)
     assert "| ours vs theirs | 1.20x | >= 1.1x | yes |" in table and "| CPU, fp32 | abc1234 |" in table
     assert "gpu-round-cpu.md" not in [md.name for md in records.reports()]  # its records are not read back
 

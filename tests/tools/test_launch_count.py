@@ -193,7 +193,7 @@ def test_bad_options_name_the_flag(capsys):
 
 def test_a_missing_mogrifier_entry_point_names_the_flag(monkeypatch):
     from benchmarks.common import Bench, options
-    from benchmarks.launch_count_models import mogrifier_entry
+    from benchmarks.launch_count import mogrifier_entry
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # mogrifier_entry sets it on a CPU; restored after the test
     bench = Bench("benchmarks.launch_count", options("doc", rounds=1), [])
@@ -207,8 +207,7 @@ def test_json_records_one_per_figure(tmp_path):
     import json
 
     from benchmarks.common import Bench, options
-    from benchmarks.launch_count import write_records
-    from benchmarks.launch_count_models import Row
+    from benchmarks.launch_count import Row, write_records
 
     bench = Bench("benchmarks.launch_count", options("doc", rounds=1), ["--threads", "1"])
     rows = [Row("m", "eager", "launches per training step", 120, 3, "goal <= 1x: met")]
