@@ -222,7 +222,7 @@ gpu-round:
 
 # Every results table of README.md and examples/*/README.md, rendered from the data beside each example
 # (examples/*/results/*.json; docs/results.md), and every page's speed tables, rendered from the benchmarks' records
-# (benchmarks/results/*.json, read from the reports beside them, and the pages' tables: benchmarks/records.py);
+# (benchmarks/results/*.json, and the pages' tables: benchmarks/records.py);
 # tests/scripts/test_render_results.py and tests/tools/test_benchmark_pages.py fail when one differs.
 results: install
 	$(VENV_PY) -m scripts.render_results

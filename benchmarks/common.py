@@ -56,6 +56,15 @@ def options(doc: str, rounds: int, warmup: int = 1, fp16: bool = False) -> argpa
     return p
 
 
+def listed(parser: argparse.ArgumentParser, flag: str, value: Optional[str], choices: Sequence[str]) -> List[str]:
+    """The names that option ``flag`` lists, comma-separated, in ``value`` (None: every one of ``choices``); a usage
+    error naming ``choices`` where none is given or one is not among them."""
+    names = [n.strip() for n in (",".join(choices) if value is None else value).split(",") if n.strip()]
+    if not names or set(names) - set(choices):
+        parser.error(f"{flag} {value}: choose from {', '.join(choices)}")
+    return names
+
+
 class Result(NamedTuple):
     text: str
     checks: List[Check]

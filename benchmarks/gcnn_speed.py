@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import Bench, build_model, lm_sample, options, run_main, zipf_tokens
+from benchmarks.common import Bench, build_model, listed, lm_sample, options, run_main, zipf_tokens
 from benchmarks.targets import millions, ms, ratio, table
 
 PARTS = ("layers", "train", "generate", "responsiveness")
@@ -235,9 +235,7 @@ def main(argv=None):
     parser.add_argument("--long-tokens", type=int, default=2000, help="part 4: length of the long sequence")
     bench = Bench("benchmarks.gcnn_speed", parser, argv)
     args = bench.args
-    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
-    if not parts or any(p not in PARTS for p in parts):
-        parser.error(f"--parts {args.parts}: choose from {', '.join(PARTS)}")
+    parts = listed(parser, "--parts", args.parts, PARTS)
     try:
         generate = [tuple(int(v) for v in c.split("/")) for c in args.generate.split(",")]
     except ValueError:

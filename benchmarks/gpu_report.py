@@ -10,7 +10,6 @@ report of ``make gpu-round`` (``benchmarks/gpu_round.py``): its rows as records,
 import argparse
 import gc
 import importlib
-import json
 import os
 import platform
 import re
@@ -26,7 +25,7 @@ import numpy
 import torch
 
 from benchmarks import targets
-from benchmarks.common import REPO, RESULTS_DIR
+from benchmarks.common import REPO, RESULTS_DIR, listed
 from benchmarks.targets import BENCHMARKS, GOALS, show, show_target, table
 
 
@@ -41,25 +40,21 @@ def main(argv=None) -> int:
     cuda = args.device == "cuda"
     if cuda and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device (torch.cuda.is_available() is False)")
-    only = [n.strip() for n in (args.only or ",".join(BENCHMARKS)).split(",") if n.strip()]
-    if not only or set(only) - set(BENCHMARKS):
-        parser.error(f"--only {args.only}: choose from {', '.join(BENCHMARKS)}")
+    only = listed(parser, "--only", args.only, list(BENCHMARKS))
     device, rev = torch.cuda.get_device_name() if cuda else "CPU", targets.revision(REPO)
     start, rows, sections, failed, checks = time.perf_counter(), [], [], False, []
     for name, extra in [(name, extra) for name, runs in BENCHMARKS.items() if name in only for extra in runs]:
         began, label = time.perf_counter(), run_label(name, extra)
         print(f"== {label}", file=sys.stderr, flush=True)
         try:
-            result = importlib.import_module(f"benchmarks.{name}").main(
-                ["--device", args.device, "--out", "-", *extra] + (["--quick"] if args.quick else [])
-            )
+            flags = ["--device", args.device, "--out", "-", *extra] + (["--quick"] if args.quick else [])
+            result = importlib.import_module(f"benchmarks.{name}").main(flags)
             failed |= result.failed
             checks.append((name, result.checks))
             for c in result.checks:
                 met = "n/a" if c.value != c.value else "yes" if c.met else "**no**"
-                rows.append(
-                    [f"`{label}`", c.what, show(c.value, c.unit), show_target(c.target, c.unit, c.at_most), met]
-                )
+                target = show_target(c.target, c.unit, c.at_most)
+                rows.append([f"`{label}`", c.what, show(c.value, c.unit), target, met])
             seconds = time.perf_counter() - began
             sections.append(re.sub(r"^#", "##", result.text, flags=re.M) + f"\n({label}: {seconds:.0f} s)\n")
         except (Exception, SystemExit) as error:  # reported; the other benchmarks still run
@@ -73,9 +68,8 @@ def main(argv=None) -> int:
     command = "python -m benchmarks.gpu_report " + " ".join(argv if argv is not None else sys.argv[1:])
     tests = ""
     if args.tests_log:
-        lines = open(args.tests_log).read().splitlines() if os.path.exists(args.tests_log) else []
-        summaries = [line.strip("= ") for line in lines if re.search(r"\d+ (passed|failed)", line)]
-        tests = f"\n- `pytest -m cuda`: {summaries[-1] if summaries else 'no summary line in ' + args.tests_log}"
+        log = open(args.tests_log).read() if os.path.exists(args.tests_log) else ""
+        tests = f"\n- `pytest -m cuda`: {pytest_summary(log) or 'no summary line in ' + args.tests_log}"
     text = (
         f"# Benchmarks on {device}: figures and targets\n\n- Command: `{command}`; revision {rev}"
         f"\n- {environment(cuda)}; {time.strftime('%Y-%m-%d %H:%M')}, {time.perf_counter() - start:.0f} s in all"
@@ -131,6 +125,12 @@ CELL_CHARS = 160  # a result in the summary, cut to this; the report holds it wh
 
 def verdict(met) -> str:
     return "n/a" if met is None else "PASS" if met else "FAIL"
+
+
+def pytest_summary(text: str) -> Optional[str]:
+    """pytest's last summary line in ``text`` (``1 failed, 6 passed, 2 skipped in 39.1s``), or None."""
+    found = [line.strip("= ") for line in text.splitlines() if re.search(r"\d+ \w+.* in [\d.]+s\b", line)]
+    return found[-1] if found else None
 
 
 def is_tests(item) -> bool:
@@ -190,12 +190,12 @@ class Round:
         self.limits[item.key] = limit
         ran = dict(rc=rc, seconds=round(seconds, 1))
         if is_tests(item):
-            summary = [line.strip("= ") for line in text.splitlines() if re.search(r"\d+ \w+.* in [\d.]+s\b", line)]
+            summary = pytest_summary(text)
             if summary and rc in (0, 1):
                 failed = [line.split(" ", 1)[1].split(" - ", 1)[0] for line in text.splitlines()
                           if line.startswith(("FAILED ", "ERROR "))]  # fmt: skip
                 what = item.what + (f"; failed: {', '.join(failed)}" if failed else "")
-                self.rows.append(self.row(item, what=cut(what, 2000), status=summary[-1], met=rc == 0, **ran))
+                self.rows.append(self.row(item, what=cut(what, 2000), status=summary, met=rc == 0, **ran))
                 return self.write()
         figures = targets.parse_figures(text)
         self.rows += [self.row(item, record, status="measured", **ran) for record in figures]
@@ -213,8 +213,7 @@ class Round:
         self.write()
 
     def write(self):
-        with open(self.json, "w") as f:
-            f.write(json.dumps(self.rows, indent=1, sort_keys=True) + "\n")
+        targets.write(self.json, self.rows)
         with open(self.md, "w") as f:
             f.write(self.markdown())
 

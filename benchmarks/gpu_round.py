@@ -31,9 +31,9 @@ import time
 from typing import List, NamedTuple, Sequence, Tuple
 
 from benchmarks import targets
+from benchmarks.common import REPO, listed
 from benchmarks.gpu_report import Round, is_tests
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRITON_TESTS = ("tests/modules/test_mogrifier_triton_cuda.py",)
 # the other CUDA tests of plain modules, which run without tests/conftest.py (--noconftest)
 CUDA_MODULE_TESTS = (
@@ -182,7 +182,9 @@ def install(python: str, wheelhouse: str, src: str, log) -> str:
 
 
 PROBE = r"""
-import importlib.util, os, platform, sys, torch
+import importlib.util, os, sys, torch
+from benchmarks.common import cpu_name
+from benchmarks.gpu_report import environment  # as make gpu-check's report gives it
 cuda = torch.cuda.is_available()
 try:
     import triton; tv = triton.__version__
@@ -195,12 +197,9 @@ def found(name):
     except ImportError:
         return False
 exts = [m for m in sys.argv[1:] if found(m)]
-cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
 print(torch.cuda.get_device_name() if cuda else "CPU")
-print(f"torch {torch.__version__}, CUDA {torch.version.cuda if cuda else 'n/a'}, cuDNN "
-      f"{torch.backends.cudnn.version() if cuda else 'n/a'}, Triton {tv}, Python {platform.python_version()}; "
-      f"fairseq {fairseq.__version__} from {os.path.dirname(fairseq.__file__)}, compiled extensions found: "
-      f"{', '.join(exts) or 'none'}; host: {os.cpu_count()} x {cpu}")
+print(f"{environment(cuda)}, Triton {tv}; fairseq {fairseq.__version__} from {os.path.dirname(fairseq.__file__)}, "
+      f"compiled extensions found: {', '.join(exts) or 'none'}; host: {os.cpu_count()} x {cpu_name()}")
 print(len(exts) == len(sys.argv) - 1)
 """
 
@@ -289,10 +288,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     start = time.monotonic()
     plan = items(args.device, args.quick)
-    only = [k.strip() for k in (args.only or "").split(",") if k.strip()]
-    if set(only) - {i.key for i in plan}:
-        parser.error(f"--only {args.only}: choose from {', '.join(i.key for i in plan)}")
-    plan = [i for i in plan if not only or i.key in only]
+    only = listed(parser, "--only", args.only, [i.key for i in plan])
+    plan = [i for i in plan if i.key in only]
     os.makedirs(args.logs, exist_ok=True)
     os.makedirs(args.out_dir, exist_ok=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1")

@@ -28,7 +28,7 @@ from unittest import mock
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from benchmarks.common import REPO, Bench, build_model, cpu_name, lm_sample, options, run_main
+from benchmarks.common import REPO, Bench, build_model, cpu_name, listed, lm_sample, options, run_main
 from benchmarks.targets import revision, table
 
 TRITON_EVENT = "triton::"  # prefix of the profiler range around each Triton launch
@@ -363,9 +363,7 @@ def main(argv=None):
     )
     bench = Bench("benchmarks.launch_count", parser, argv)
     args = bench.args
-    groups = [g.strip() for g in args.only.split(",") if g.strip()]
-    if not groups or set(groups) - set(GROUPS):
-        parser.error(f"--only {args.only}: choose from {', '.join(GROUPS)}")
+    groups = listed(parser, "--only", args.only, GROUPS)
     if not all(":" in entry for entry in args.mogrifier_cuda_path.split(",")):
         parser.error(f"--mogrifier-cuda-path {args.mogrifier_cuda_path}: give MODULE:FUNCTION, comma-separated")
     rows, notes = [], []

@@ -1,11 +1,11 @@
-"""The speed figures as data, and the pages' speed tables rendered from them::
+"""The pages' speed tables rendered from the records::
 
-    python -m benchmarks.records           # rewrite results/<report>.json from each report, then the pages' tables
-    python -m benchmarks.records --check   # exit 1, naming each .json and each table that differs from its data
+    python -m benchmarks.records           # rewrite every page's speed tables from the records
+    python -m benchmarks.records --check   # exit 1, naming each table that differs from its data
 
-A benchmark writes its records itself (``Bench.finish``); those of the reports committed before it did are read back
-from the Markdown (the header, the ``Targets`` lines, a ``gpu_report`` summary, the columns of ratios of medians and
-median step times), a goal's target being that of ``targets.GOALS``. A page's table (:data:`PAGES`) lies between
+A benchmark writes its records itself (``Bench.finish``: ``results/<report>.json`` beside its report); those of the
+reports committed before it did were converted once from their Markdown (``"origin": "report"``), with the targets
+that ``targets.GOALS`` then gave, as a run's records keep those of its day. A page's table (:data:`PAGES`) lies between
 ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->``: the goals, the launches per step, the data-parallel step on
 paper, the figures of :data:`FIGURES`, or those a benchmark of ``targets.BENCHMARKS`` states against a target.
 """
@@ -16,165 +16,28 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import List, NamedTuple, Optional, Tuple
+from typing import List, NamedTuple, Tuple
 
 from benchmarks import targets
-from benchmarks.targets import RATIO_METHOD, json_path, record, show, show_target, table
+from benchmarks.targets import RATIO_METHOD, json_path, show, show_target, table
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 PAGE = ROOT / "benchmarks" / "README.md"
 PAGES = ("benchmarks/README.md", "README.md", "docs/*.md", "examples/*/README.md")
 BLOCK = re.compile(r"(<!-- bench:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /bench:(?P=name) -->)", re.S)
-# reports that are not speed figures of a benchmark run, or whose .json their benchmark writes in its own form
-NOT_RECORDS = {"data_parallel.md", "launch_count.md", "translation-corpora.md"}
-PER_ROUND = "median of per-round ratios (the report gives no ratio of medians for this figure)"
 
 
-def header(text: str) -> dict:
-    """Command, revision, machine and precision from a report's header (the lines before its first table)."""
-    head = text.split("\n|", 1)[0]
-    command = re.search(r"^- Command: `([^`]*)`", head, re.M)
-    rev = re.search(r"^- Command: `[^`]*`; revision (\S+)", head, re.M) or re.search(r"at revision (\w+)", head)
-    gpu = re.search(r"^- GPU: (.+?) \(", head, re.M) or re.search(r"^# Benchmarks on (.+?): figures", head, re.M)
-    cpu = re.search(r"^- Machine: (\d+-core CPU, [^,]+)", head, re.M)
-    precision = re.search(r"Python [\d.]+, (float32|bf16|fp16)", text)
-    return dict(
-        command=command.group(1) if command else None,
-        revision=rev.group(1) if rev else None,
-        machine=gpu.group(1) if gpu else cpu.group(1) if cpu else None,
-        precision=("fp32" if precision.group(1) == "float32" else precision.group(1)) if precision else None,
-        batch=(re.search(r"^- Batch[^:]*: (.+)$", head, re.M) or [None, None])[1],
-    )
-
-
-CHECK = re.compile(
-    r"^- (?:PASS|FAIL|n/a)(?P<qual>[^:]*): (?P<what>.+?): "
-    r"(?:\w+/\w+ = (?P<over>[\d.]+)$|(?P<value>[\d.,]+|n/a) ?(?P<unit>x|×|tokens/s))"
-    r"(?: \((?P<paren>[^)]*)\))?",
-    re.M,
-)
-
-
-def check_record(match, benchmark: str, context: dict) -> dict:
-    what, paren, qual = match.group("what"), match.group("paren") or "", match.group("qual").strip()
-    bound = re.search(r"target (>=|<=) ([\d.,]+)", paren) or re.search(r"(>=|<=) ([\d.,]+)x", what)
-    # "(median of per-round ratios 1.33x)" gives a second estimate beside a ratio of medians; without a number the
-    # figure itself is the median of per-round ratios
-    method = PER_ROUND if re.fullmatch(r"median of per-round ratios", paren.strip()) else None
-    value = match.group("over") or match.group("value")  # older reports: "what: dense/GroupLinear = 2.80"
-    value = None if value == "n/a" else float(value.replace(",", ""))
-    unit = "x" if match.group("unit") in ("x", "×", None) else match.group("unit")
-    what = re.sub(r"(>=|<=) [\d.,]+x (faster than )?", "vs ", what)  # the target is a field of its own
-    if qual.startswith("(") and qual.endswith(")"):  # one pair: the qualifier may end in a parenthesis of its own
-        qual = qual[1:-1]
-    target = float(bound.group(2).replace(",", "")) if bound else None
-    at_most = bool(bound) and bound.group(1) == "<="
-    what = f"{what} ({qual})" if qual else what
-    return record(benchmark, what, value, unit, target, at_most=at_most, ratio_method=method, **context)
-
-
-def table_records(text: str, benchmark: str, context: dict) -> List[dict]:
-    """A record per row and figure of each table of models or shapes: its ``vs X (ratio of medians)``, ``X /
-    GroupLinear`` (a ratio of medians too), ``step ms (median)``, ``batch ms (median)`` and ``X ms`` cells."""
-    out, goal = [], ""
-    tokens = re.search(r"(\d+) target tokens", context.get("batch") or "")
-    tokens = int(tokens.group(1)) if tokens and benchmark == "train_speed" else None
-    for block in re.findall(r"((?:^\|.*\|\n)+)", text, re.M):
-        lines = block.strip("\n").split("\n")
-        cols = [c.strip() for c in lines[0].strip("|").split("|")]
-        if cols[0] not in ("model", "arch", "shape", "regime") or cols[0] == "regime" and cols[1] != "model":
-            continue
-        keys, regime = 2 if cols[0] == "regime" else 1, ""  # a regime's rows name their model in the second column
-        for line in lines[2:]:
-            cells = [c.strip() for c in line.strip("|").split("|")]
-            regime = cells[0] or regime  # a regime's first row names it, the rows after leave it empty
-            row = cells[keys - 1].replace("`", "").strip("*") + (f", {regime}" if keys == 2 else "")
-            for col, cell in zip(cols[keys:], cells[keys:]):
-                vs, over = re.match(r"vs (.+) \(ratio of medians\)$", col), re.match(r"(\w+) / (\w+)$", col)
-                timed = re.match(r"(step|batch) ms \(median\)$|ms per (batch) \(median\)$", col)
-                timed = timed or re.match(r"(\w+) ms$", col)
-                if vs and cell.endswith("x") and not row.split(",")[0].endswith(vs.group(1)):
-                    what, unit, value = f"{row} vs {vs.group(1)}", "x", number(cell[:-1])
-                    goal = targets.define_train_goal(tokens) if what == "transformer_define vs transformer" else None
-                elif over and cell.endswith("x"):
-                    what, unit, value = f"{over.group(2)} vs {over.group(1)} at {row}", "x", number(cell[:-1])
-                    goal = None  # a goal's pattern finds its figure
-                elif timed and cols[0] != "shape":
-                    what, unit, value = f"{row} {timed.group(1) or timed.group(2)}", "ms", number(cell)
-                elif timed:
-                    what, unit, value = f"{timed.group(1)} at {row}", "ms", number(cell)
-                else:
-                    continue
-                out.append(record(benchmark, what, value, unit, **context, goal=goal if unit == "x" else ""))
-    return out
-
-
-def number(cell: str) -> Optional[float]:
-    try:
-        return float(cell.replace(",", ""))
-    except ValueError:
-        return None
-
-
-def summary_records(text: str, context: dict) -> List[dict]:
-    """The figures of a ``gpu_report`` summary table (benchmark | figure | measured | target | met)."""
-    out = []
-    for m in re.finditer(r"^\| `([\w ,=.-]+)` \| (.+?) \| ([\d.,]+)(x| tokens/s) \| (>=|<=) ([\d.,]+)", text, re.M):
-        bench, what, value, unit, sign, bound = m.groups()
-        bench = bench.split(",")[0].split(" ")[0]
-        out.append(record(bench, what, number(value), unit.strip(), number(bound.rstrip("x")), sign == "<=", **context))
-    return out
-
-
-def from_report(md: Path) -> List[dict]:
-    """The records of one committed Markdown report."""
-    text = md.read_text()
-    context = dict(header(text), report=f"results/{md.name}", origin="report")
-    if md.name.startswith("gpu-") and "| benchmark | figure |" in text:
-        records = summary_records(text, context)
-        for section in text.split("\n## ")[1:]:
-            name = re.search(r"^- Command: `[^`]*benchmarks\.(\w+)", section, re.M)
-            batch = header(section)["batch"]
-            records += table_records(section, name.group(1), dict(context, batch=batch)) if name else []
-        return records
-    benchmark = re.sub(r"(-tcmalloc.*|-nvidia.*)$", "", md.stem)
-    return table_records(text, benchmark, context) + [check_record(m, benchmark, context) for m in CHECK.finditer(text)]
-
-
-def reports() -> List[Path]:
-    """The reports whose records are read from their Markdown: not those whose benchmark wrote its own."""
-
-    def written_by_run(md: Path) -> bool:
-        try:
-            records = json.loads(json_path(md).read_text())
-        except (OSError, json.JSONDecodeError):
-            return False
-        return isinstance(records, list) and any(r.get("origin") == "run" for r in records)
-
-    own = {p.name for p in RESULTS.glob("gpu-round-*.md")}  # gpu_round writes its own records
-    return [p for p in sorted(RESULTS.glob("*.md")) if p.name not in NOT_RECORDS | own and not written_by_run(p)]
-
-
-def load_json(path: Path, how: str = "the benchmark that owns it (benchmarks/README.md)"):
+def load_json(path: Path):
     try:
         return json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path}: {error}; write it with {how}") from error
+        raise ValueError(f"{path}: {error}; write it with the benchmark that owns it (benchmarks/README.md)") from error
 
 
 def load(report: str) -> List[dict]:
     """The records of ``report`` (a path under ``results/``, ``.md`` or ``.json``)."""
-    return load_json(json_path((RESULTS / Path(report).name).with_suffix(".md")), "python -m benchmarks.records")
-
-
-def stale_records() -> List[str]:
-    """The ``.json`` files that differ from what their reports give."""
-
-    def differs(md: Path) -> bool:
-        return not json_path(md).exists() or json.loads(json_path(md).read_text()) != from_report(md)
-
-    return [str(json_path(md).relative_to(ROOT)) for md in reports() if differs(md)]
+    return load_json(json_path((RESULTS / Path(report).name).with_suffix(".md")))
 
 
 # ---- the pages' tables
@@ -370,17 +233,14 @@ def pages() -> list:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 when a .json or a table differs from its data")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a table differs from its data")
     args = parser.parse_args(argv)
     if args.check:
-        stale = [f"{name} differs from its report" for name in stale_records()]
+        stale = []
         for page in pages():
             stale += [f"{page.relative_to(ROOT)}: bench:{name} differs from its data" for name in stale_tables(page)]
         print("\n".join(f"{line}; run python -m benchmarks.records" for line in stale) or "no drift")
         return 1 if stale else 0
-    for md in reports():
-        targets.write(json_path(md), from_report(md))
-        print(f"wrote {json_path(md).relative_to(ROOT)}")
     for page in pages():
         text = page.read_text()
         fresh = render(text, page)

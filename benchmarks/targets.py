@@ -125,37 +125,28 @@ class Check(NamedTuple):
 
 FIELDS = ("benchmark", "what", "value", "unit", "target", "at_most", "goal", "met", "ratio_method", "report_target")
 FIELDS += ("revision", "machine", "precision", "batch", "command", "report", "origin")
-# ``origin``: "run" for the records a benchmark wrote as it ran, "report" for those read back from its Markdown; a gpu
-# round's records also name its item, its status ("measured", "failed", "skipped" or pytest's summary), exit status
-# and seconds: a failed item is a record with no value
+# ``origin``: "run" for the records a benchmark wrote as it ran, "report" for those converted once from its Markdown;
+# a gpu round's records also name its item, its status ("measured", "failed", "skipped" or pytest's summary), exit
+# status and seconds: a failed item is a record with no value
 ROUND_FIELDS = ("item", "status", "rc", "seconds")
 FIGURE_PREFIX = "FIGURE "
 
 
-def record(benchmark: str, what: str, value, unit: str, target=None, at_most=False, gpu=None, **context) -> dict:
-    """One figure as a record: ``target`` is the goal's (:data:`GOALS`, on a GPU or not: ``gpu``, else as the
-    machine's name says) where ``what`` is a goal's figure, else ``target``; ``report_target`` keeps ``target``."""
-    goal = context.pop("goal", None)
-    goal = goal_of(what) if goal is None else goal  # None: the goal whose pattern finds ``what``; "": none
-    gpu = "CPU" not in (context.get("machine") or "CPU") if gpu is None else gpu
-    chosen = goal_target(goal, gpu, target) if goal else target
-    value = None if value is None or value != value else value
-    met = None if value is None or chosen is None else (value <= chosen if at_most else value >= chosen)
-    method = context.pop("ratio_method", None) or {"x": RATIO_METHOD, "ms": "median"}.get(unit, ABSOLUTE_METHOD)
-    out = dict(benchmark=benchmark, what=what, value=value, unit=unit, target=chosen, at_most=at_most, goal=goal)
-    out.update(met=met, ratio_method=method, report_target=target)
-    return dict(out, **{k: context.get(k) for k in FIELDS if k not in out})
-
-
 def of_checks(checks, benchmark: str, report: Optional[str], context: dict, gpu: bool) -> List[dict]:
-    """The records of a run's checks on a GPU or not; ``context``: the run's command, revision, precision and
-    machine; ``report``: its results file under ``results/`` (None: none)."""
+    """The records of a run's checks on a GPU or not: a goal's figure (:func:`goal_of`) against the goal's target
+    there, ``report_target`` keeping the check's; ``context``: the run's command, revision, precision and machine;
+    ``report``: its results file under ``results/`` (None: none)."""
     context = {k: v for k, v in dict(context, report=report, origin="run").items() if k in FIELDS}
-
-    def fields(c):
-        return dict(context, goal=goal_of(c.what, c.goal), batch=c.batch or None)
-
-    return [record(benchmark, c.what, c.value, c.unit, c.target, c.at_most, gpu, **fields(c)) for c in checks]
+    records = []
+    for c in checks:
+        goal, value = goal_of(c.what, c.goal), None if c.value != c.value else c.value  # nan: null in JSON
+        target = goal_target(goal, gpu, c.target)
+        met = None if value is None else (value <= target if c.at_most else value >= target)
+        method = {"x": RATIO_METHOD, "ms": "median"}.get(c.unit, ABSOLUTE_METHOD)
+        out = dict(benchmark=benchmark, what=c.what, value=value, unit=c.unit, target=target, at_most=c.at_most)
+        out.update(goal=goal, met=met, ratio_method=method, report_target=c.target, batch=c.batch or None)
+        records.append(dict(out, **{k: context.get(k) for k in FIELDS if k not in out}))
+    return records
 
 
 def figure_line(record: dict) -> str:
