@@ -41,13 +41,8 @@ def options(doc: str, rounds: int, warmup: int = 1, fp16: bool = False) -> argpa
     """The options every benchmark takes; the benchmark adds its own. ``fp16``: it offers ``--dtype fp16``."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument(
-        "--dtype",
-        choices=tuple(DTYPES) if fp16 else ("fp32", "bf16"),
-        help="default fp32 on cpu, bf16 on cuda: autocast around forward and loss of whole models, parameters and "
-        "inputs in that dtype for single modules; fp16 (where offered): float16 parameters with float32 master "
-        "weights and a fixed loss scale (train_speed.MasterWeights), as fairseq's --fp16",
-    )
+    dtypes = tuple(DTYPES) if fp16 else ("fp32", "bf16")  # what each does: PRECISION, benchmarks/README.md
+    p.add_argument("--dtype", choices=dtypes, help="default fp32 on cpu, bf16 on cuda; see benchmarks/README.md")
     p.add_argument("--threads", type=int, help="torch CPU threads (default 2 on cpu; torch's default on cuda)")
     p.add_argument("--rounds", type=int, default=rounds, help="timed interleaved rounds (median reported)")
     p.add_argument("--warmup", type=int, default=warmup, help="untimed rounds first")
@@ -56,11 +51,11 @@ def options(doc: str, rounds: int, warmup: int = 1, fp16: bool = False) -> argpa
     return p
 
 
-def listed(parser: argparse.ArgumentParser, flag: str, value: Optional[str], choices: Sequence[str]) -> List[str]:
+def listed(parser, flag: str, value: Optional[str], choices: Sequence[str], empty: bool = False) -> List[str]:
     """The names that option ``flag`` lists, comma-separated, in ``value`` (None: every one of ``choices``); a usage
-    error naming ``choices`` where none is given or one is not among them."""
+    error naming ``choices`` where one is not among them or, unless ``empty``, none is given."""
     names = [n.strip() for n in (",".join(choices) if value is None else value).split(",") if n.strip()]
-    if not names or set(names) - set(choices):
+    if not (names or empty) or set(names) - set(choices):
         parser.error(f"{flag} {value}: choose from {', '.join(choices)}")
     return names
 
@@ -144,6 +139,12 @@ class Bench:
         if self.half and isinstance(obj, torch.nn.Module):
             return obj.to(self.device).half()
         return obj.to(self.device) if hasattr(obj, "to") else obj
+
+    def build(self, vocab: int, task_args: Sequence[str], archs: Dict[str, tuple]) -> Dict[str, tuple]:
+        """``{name: (cfg, task, model, criterion)}`` of ``{name: (arch, flags)}``, each as :func:`build_model` builds it
+        (from seed 1), the model on the device."""
+        built = {name: build_model(arch, vocab, task_args, flags) for name, (arch, flags) in archs.items()}
+        return {name: (cfg, task, self.to(model), criterion) for name, (cfg, task, model, criterion) in built.items()}
 
     def check(self, what: str, value: float, target: float, goal: str = "", **fields) -> Check:
         """``what`` against ``target``, or against goal ``goal``'s target on this device where it has one."""
@@ -346,6 +347,7 @@ def cpu_name() -> str:
 
 # ---- what the benchmarks time: the registered fairseq archs, built as fairseq-train builds them without data files
 # (fairseq's parser, its omegaconf config, task.build_model), on made-up dictionaries; batches of Zipf-like tokens
+ADAPTIVE_LM = "--task language_modeling --criterion adaptive_loss --ddp-backend legacy_ddp".split()
 
 
 def count_params(module: torch.nn.Module) -> int:

@@ -2,8 +2,6 @@
 single-GPU steps of the committed GPU results files and each model's gradient bytes, the expected step at 4 and 8
 GPUs over NVLink and PCIe with a ring all-reduce, with and without overlap (``results/data_parallel.md`` gives the
 formula and what is not modelled), beside the DeFINE paper's setting; every assumption is named with its source.
-
-    .venv/bin/python -m benchmarks.data_parallel [--inputs FILE ...] [--out PATH|-] [--json PATH|-]
 """
 
 import argparse
@@ -14,6 +12,7 @@ import math
 import os
 import re
 import sys
+from pathlib import Path
 from typing import Dict, List, NamedTuple, Optional, Sequence
 
 from benchmarks.common import REPO, RESULTS_DIR
@@ -132,28 +131,25 @@ def parse_results(path: str) -> List[Measurement]:
     rel = os.path.relpath(rel, REPO) if rel.startswith(REPO + os.sep) else rel
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{rel}: no such results file (give GPU results files with --inputs)")
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().splitlines()
-    found = re.search(r"\brevision:? `?([0-9a-f]{7,40}(?:\+dirty)?)\b", "\n".join(lines))
-    revision = found.group(1) if found else None
-    section = gpu = precision = batch = ""
+    text = Path(path).read_text(encoding="utf-8")
+    found = re.search(r"\brevision:? `?([0-9a-f]{7,40}(?:\+dirty)?)\b", text)
+    above = dict(file=rel, revision=found.group(1) if found else None, section="", gpu="", precision="", batch="")
     measurements, block = [], []
-    for line in lines + [""]:
+    for line in text.splitlines() + [""]:
         if line.startswith("|"):
             block.append([c.strip() for c in line.strip().strip("|").split("|")])
             continue
         if block and "step ms (median)" in block[0]:  # a table has ended: its rows, under what came before it
-            where = f"{rel}, the table under '{section}'"
-            measurements += pair_steps(block[0], block[2:], where, (rel, revision, section, gpu, precision, batch))
+            measurements += pair_steps(block[0], block[2:], **above)
         block = []
         if line.startswith("#"):
-            section, batch = line.lstrip("#").strip(), ""
+            above.update(section=line.lstrip("#").strip(), batch="")
         elif re.match(PRECISION_LINE, line):
-            precision = re.match(PRECISION_LINE, line).group(1)
+            above["precision"] = re.match(PRECISION_LINE, line).group(1)
         elif line.startswith("- GPU: "):
-            gpu = line[len("- GPU: ") :].split(" (")[0]
+            above["gpu"] = line[len("- GPU: ") :].split(" (")[0]
         elif line.startswith("- Batch"):
-            batch = "; ".join(b.strip() for b in line[2:].split(";")[:2])
+            above["batch"] = "; ".join(b.strip() for b in line[2:].split(";")[:2])
     if not measurements:
         raise ValueError(
             f"{rel}: no training table of {' or '.join(f'`{p.baseline}`' for p in PAIRS)} (a 'step ms (median)' "
@@ -162,10 +158,10 @@ def parse_results(path: str) -> List[Measurement]:
     return measurements
 
 
-def pair_steps(header, body, where: str, context) -> List[Measurement]:
-    """The measurements of one table (``header``, ``body`` rows) for each pair whose baseline it has a row of;
-    ``context``: the file, its revision, and the section, GPU, precision and batch lines above the table."""
-    rel, revision, section, gpu, precision, batch = context
+def pair_steps(header, body, file, revision, section, gpu, precision, batch) -> List[Measurement]:
+    """The measurements of one table (``header``, ``body`` rows) for each pair whose baseline it has a row of, under
+    the section, GPU, precision and batch lines above it in ``file`` (at ``revision``)."""
+    where = f"{file}, the table under '{section}'"
     col, names, out = header.index("step ms (median)"), [r[0].strip("`") for r in body], []
     for pair in (p for p in PAIRS if p.baseline in names):
         if precision not in GRADIENT_BYTES:
@@ -186,7 +182,7 @@ def pair_steps(header, body, where: str, context) -> List[Measurement]:
         fastest = min(defines, key=steps.get)
         file_params = {"baseline": params[pair.baseline], "define": params[fastest]}
         steps = (steps[pair.baseline], fastest, steps[fastest])
-        out.append(Measurement(pair, rel, revision, section, gpu, precision, batch or section, *steps, file_params))
+        out.append(Measurement(pair, file, revision, section, gpu, precision, batch or section, *steps, file_params))
     return out
 
 
@@ -207,18 +203,11 @@ def count_pair_params(pair: Pair) -> Dict[str, int]:
     from benchmarks.train_speed import translation_models
 
     if pair.baseline == "transformer":
-        define, baseline, _, _ = translation_models(6)
+        define, baseline = translation_models(6)[:2]
     else:
-        txl = [
-            build_model(arch, 267735, TXL_TASK, ["--txl-mem-len", "150"])[2] for arch in (pair.define, pair.baseline)
-        ]
-        define, baseline = txl
+        flags = ["--txl-mem-len", "150"]
+        define, baseline = (build_model(arch, 267735, TXL_TASK, flags)[2] for arch in (pair.define, pair.baseline))
     return {"baseline": count_params(baseline), "define": count_params(define)}
-
-
-def sha256(path: str) -> str:
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
 
 
 def figures(measurements: Sequence[Measurement], params: Dict[str, Dict[str, int]]) -> List[dict]:
@@ -301,6 +290,7 @@ def render(measurements: List[Measurement], records: List[dict], paper: List[dic
     rows = [[k + 1, f"`{i['file']}`", i["revision"] or "none", i["sha256"][:12]] for k, i in enumerate(inputs)]
     text += "\n## Inputs\n\n" + table(" | file | revision recorded in it | sha256 (first 12 hex digits)", rows)
     grads = {(r["pair"], r["gradient_element_bytes"]): r["parameters"] for r in records}
+    built = {r["pair"]: r["parameters"] for r in records}  # each pair's, whatever the gradients' precision
     rows = []
     for (pair, size), n in grads.items():
         base, define = n["baseline"], n["define"]
@@ -312,7 +302,7 @@ def render(measurements: List[Measurement], records: List[dict], paper: List[dic
         f"{m.file} ({m.define_name if side == 'define' else m.pair.baseline}): {m.file_params[side]}"
         for m in measurements
         for side in ("baseline", "define")
-        if m.file_params[side] and m.file_params[side] != f"{grads_of(grads, m)[side] / 1e6:.2f} M"
+        if m.file_params[side] and m.file_params[side] != f"{built[m.pair.name][side] / 1e6:.2f} M"
     }
     text += (
         "\nThe ceiling: the step ratio when the all-reduce takes all of the step. The parameters the results files "
@@ -334,16 +324,12 @@ def render(measurements: List[Measurement], records: List[dict], paper: List[dic
     )
     rows = []
     for m in measurements:
-        cells = [break_even_bandwidth(m, grads_of(grads, m), GRADIENT_BYTES[m.precision][0], n) for n in (4, 8)]
+        cells = [break_even_bandwidth(m, built[m.pair.name], GRADIENT_BYTES[m.precision][0], n) for n in (4, 8)]
         cells = ["always" if b == math.inf else f"{b / 1e9:.1f} GB/s" for b in cells]
         rows.append([short[m.pair.name], label[(m.file, m.section)], f"{m.baseline_ms / m.define_ms:.2f}x", *cells])
     text += table("model pair | measured step | ratio on one GPU | break-even, 4 GPUs | 8 GPUs", rows)
     bus = ", ".join(f"{k} {v.bandwidth * assumption('link_efficiency') / 1e9:.1f} GB/s" for k, v in LINKS.items())
     return text + f"\nThe bus bandwidths assumed here: {bus}.\n\n" + paper_section(paper)
-
-
-def grads_of(grads: Dict, m: Measurement) -> Dict[str, int]:
-    return grads[(m.pair.name, GRADIENT_BYTES[m.precision][0])]
 
 
 def paper_section(paper: List[Dict]) -> str:
@@ -378,7 +364,8 @@ def main(argv=None) -> int:
     measurements = [m for _, found in per_file for m in found]
     params = {p.name: count_pair_params(p) for p in PAIRS if any(m.pair == p for m in measurements)}
     records, paper = figures(measurements, params), paper_setting()
-    inputs = [dict(file=found[0].file, revision=found[0].revision, sha256=sha256(path)) for path, found in per_file]
+    digest = {path: hashlib.sha256(Path(path).read_bytes()).hexdigest() for path, _ in per_file}
+    inputs = [dict(file=found[0].file, revision=found[0].revision, sha256=digest[path]) for path, found in per_file]
     command = " ".join(["python -m benchmarks.data_parallel"] + list(sys.argv[1:] if argv is None else argv))
     text = render(measurements, records, paper, inputs, command)
     print(text)
@@ -388,8 +375,7 @@ def main(argv=None) -> int:
     data = json.dumps(dict(data, paper=dict(PAPER, rows=paper)), indent=1, sort_keys=True) + "\n"
     for path, default, content in ((args.out, "data_parallel.md", text), (args.json, "data_parallel.json", data)):
         if path != "-":
-            with open(path or os.path.join(RESULTS_DIR, default), "w", encoding="utf-8") as f:
-                f.write(content)
+            Path(path or os.path.join(RESULTS_DIR, default)).write_text(content, encoding="utf-8")
     return 0
 
 

@@ -4,8 +4,6 @@ forward + backward of GCNN-14's convolution shapes, ``F.conv1d``, ``torch.conv_t
 a step as fairseq-train's; (3) generate: fairseq's ``SequenceGenerator``; (4) responsiveness (the paper's Table 4):
 scoring one sentence and one long sequence at batch 1, ``gcnn_lm_8`` against ``lstm_lm_adaptive_wt103`` with its
 total or its body matched. Targets: ours >= 1.0x fairseq's tokens/s in training and generation.
-
-    .venv/bin/python -m benchmarks.gcnn_speed [--device cuda] [--rounds 3] [--parts train,generate]
 """
 
 from types import SimpleNamespace
@@ -13,7 +11,7 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import Bench, build_model, listed, lm_sample, options, run_main, zipf_tokens
+from benchmarks.common import ADAPTIVE_LM, Bench, listed, lm_sample, options, run_main, zipf_tokens
 from benchmarks.targets import millions, ms, ratio, table
 
 PARTS = ("layers", "train", "generate", "responsiveness")
@@ -76,15 +74,11 @@ def part_layers(bench: Bench, s):
             totals[v] += count * t.median(v)
             label = f"{cin} -> {cout} (= 2 x {cout // 2}), k={k}" if v == CONVS[0] else ""
             rows.append([label, f"`{v}`", *t.columns(v, CONVS[1], 6 * tokens * k * cin * cout / 1e9)])
-    label = "**GCNN-14's 14 layers** (sum of medians x layers)"
-    rows += [
-        [label if v == CONVS[0] else "", f"`{v}`", ms(totals[v]), "", "", ratio(totals[CONVS[1]] / totals[v]), ""]
-        for v in CONVS
-    ]
-    columns = (
-        "layer (in -> out channels) | implementation | ms (median) | ms (min) | GFLOP/s | speed vs conv_tbc (ratio "
-    )
-    columns += "of medians) | (median of per-round ratios)"
+    for v in CONVS:
+        cells = [ms(totals[v]), "", "", ratio(totals[CONVS[1]] / totals[v]), ""]
+        rows.append(["**GCNN-14's 14 layers** (sum of medians x layers)" if v == CONVS[0] else "", f"`{v}`", *cells])
+    columns = "layer (in -> out channels) | implementation | ms (median) | ms (min) | GFLOP/s | speed vs conv_tbc "
+    columns += "(ratio of medians) | (median of per-round ratios)"
     return (
         f"## 1. Causal convolution layers of GCNN-14, forward + backward, 1 x {tokens} tokens\n\nInput and weights "
         f"require gradients; plain weights; GFLOP/s counts 3 x 2 x T x k x in x out.\n\n" + table(columns, rows)
@@ -95,21 +89,11 @@ def wt103_args(s):
     return ["--dropout", "0", "--adaptive-softmax-cutoff", s.cutoff, "--tokens-per-sample", "1024"]
 
 
-def build(bench: Bench, s, archs):
-    """``{name: (cfg, task, model, criterion)}`` for ``{name: (arch, flags)}``, each from seed 1, on the device."""
-    task = "--task language_modeling --criterion adaptive_loss --ddp-backend legacy_ddp".split()
-    built = {}
-    for name, (arch, flags) in archs.items():
-        cfg, task_, model, criterion = build_model(arch, s.vocab, task, flags)
-        built[name] = cfg, task_, bench.to(model), criterion
-    return built
-
-
 def part_train(bench: Bench, s):
     from fairseq import optim
 
     flags = wt103_args(s) + "--optimizer nag --lr 1.0 --momentum 0.99 --weight-decay 5e-06 --clip-norm 0.1".split()
-    built = build(bench, s, {FAIRSEQ: (FAIRSEQ, flags), OURS: (OURS, flags)})
+    built = bench.build(s.vocab, ADAPTIVE_LM, {FAIRSEQ: (FAIRSEQ, flags), OURS: (OURS, flags)})
     sample = bench.to(lm_sample(s.vocab, 1, s.train_tokens))
     losses = {name: [] for name in built}
 
@@ -131,10 +115,8 @@ def part_train(bench: Bench, s):
 
     warmup, ntok = 1 if s.small else 3, s.train_tokens
     t = bench.time({name: step(name) for name in built}, rounds=2 * bench.args.rounds, warmup=warmup)
-    rows = [
-        [f"`{n}`", millions(sum(p.numel() for p in built[n][2].parameters())), *t.columns(n, FAIRSEQ, ntok, True)]
-        for n in (FAIRSEQ, OURS)
-    ]
+    params = {n: millions(sum(p.numel() for p in built[n][2].parameters())) for n in built}
+    rows = [[f"`{n}`", params[n], *t.columns(n, FAIRSEQ, ntok, True)] for n in (FAIRSEQ, OURS)]
     loss = {n: " ".join(f"{v.item():.1f}" for v in losses[n]) for n in built}
     columns = "model | parameters | step ms (median) | step ms (min) | page faults per step (median) | tokens/s | " + VS
     text = (
@@ -152,7 +134,7 @@ def part_train(bench: Bench, s):
 def part_generate(bench: Bench, s):
     from fairseq.sequence_generator import SequenceGenerator
 
-    built = build(bench, s, {FAIRSEQ: (FAIRSEQ, wt103_args(s)), OURS: (OURS, wt103_args(s))})
+    built = bench.build(s.vocab, ADAPTIVE_LM, {FAIRSEQ: (FAIRSEQ, wt103_args(s)), OURS: (OURS, wt103_args(s))})
     for cfg, _, model, _ in built.values():
         model.prepare_for_inference_(cfg)  # as fairseq-generate: removes weight-norm hooks, eval mode
         model.eval()
@@ -180,10 +162,8 @@ def part_generate(bench: Bench, s):
                 len(h[0]["tokens"]) == prefix + new + 1 and torch.equal(h[0]["tokens"][:prefix].cpu(), src[i])
                 for i, h in enumerate(hypos)
             ), f"{name}: hypotheses do not continue the prefix to its length"
-        rows += [
-            [f"batch {batch}, beam {beam}" if n == FAIRSEQ else "", f"`{n}`", *t.columns(n, FAIRSEQ, batch * new)]
-            for n in (FAIRSEQ, OURS)
-        ]
+        label = f"batch {batch}, beam {beam}"
+        rows += [[label if n == FAIRSEQ else "", f"`{n}`", *t.columns(n, FAIRSEQ, batch * new)] for n in built]
         what = f"{OURS} vs {FAIRSEQ}, generation tokens/s, batch {batch}, beam {beam}"
         checks.append(bench.check(what, t.speedup(FAIRSEQ, OURS), 1.0))
     columns = "batch, beam | model | ms per batch (median) | ms (min) | new tokens/s | " + VS
@@ -203,7 +183,7 @@ def part_responsiveness(bench: Bench, s):
     small = ["--adaptive-input-cutoff", s.cutoff, "--adaptive-softmax-cutoff", s.cutoff] if s.small else []
     for hidden, why in ((s.lstm_hidden, "total matched"), (s.lstm_hidden_body, "body matched")):
         archs[f"{lstm}, hidden {hidden} ({why})"] = (lstm, ["--decoder-hidden-size", str(hidden)] + small)
-    built = build(bench, s, archs)
+    built = bench.build(s.vocab, ADAPTIVE_LM, archs)
     for cfg, _, model, _ in built.values():
         model.prepare_for_inference_(cfg)  # as fairseq-eval-lm
         model.eval()
@@ -213,10 +193,8 @@ def part_responsiveness(bench: Bench, s):
     rows = []
     for n in built:
         counts = parameter_breakdown(built[n][2])
-        rows.append(
-            [f"`{n}`", millions(counts["context"]), millions(counts["total"]), short.ms(n), short.per_s(n, 20)]
-            + [longer.ms(n), longer.per_s(n, s.long_tokens), ratio(longer.speedup(n, "gcnn_lm_8"))]
-        )
+        row = [f"`{n}`", millions(counts["context"]), millions(counts["total"]), short.ms(n), short.per_s(n, 20)]
+        rows.append(row + [longer.ms(n), longer.per_s(n, s.long_tokens), ratio(longer.speedup(n, "gcnn_lm_8"))])
     columns = "model | body (context) | total | one 20-token sentence: ms (median) | tokens/s (sentence) | one "
     columns += f"{s.long_tokens:,}-token sequence: ms (median) | tokens/s (sequence) | gcnn_lm_8's speed over this "
     columns += "model's (sequence)"
@@ -240,15 +218,11 @@ def main(argv=None):
         generate = [tuple(int(v) for v in c.split("/")) for c in args.generate.split(",")]
     except ValueError:
         parser.error(f"--generate {args.generate}: give batch/beam pairs, e.g. 8/1,8/5")
-    s = SimpleNamespace(
-        **{**SIZES, "generate": generate, "long_tokens": args.long_tokens, **(QUICK if args.quick else {})}
-    )
+    sizes = {**SIZES, "generate": generate, "long_tokens": args.long_tokens, **(QUICK if args.quick else {})}
+    s = SimpleNamespace(**sizes)
     functions = dict(layers=part_layers, train=part_train, generate=part_generate, responsiveness=part_responsiveness)
-    sections, checks = [], []
-    for part in parts:
-        text, part_checks = functions[part](bench, s)
-        sections.append(text)
-        checks += part_checks
+    done = [functions[part](bench, s) for part in parts]  # (text, checks) of each part
+    sections, checks = [text for text, _ in done], [c for _, part_checks in done for c in part_checks]
     return bench.finish("Gated convolutional LM (gcnn_lm): speed", [], "\n".join(sections), checks)
 
 

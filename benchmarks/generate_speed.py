@@ -2,8 +2,6 @@
 ``transformer_define`` unfolded (its V x m tables cached: the steady state; and rebuilt every batch: the first batch's
 cost) and after ``fold_model``, whose generations are checked against the unfolded one's; models as in
 ``benchmarks.train_speed``, random weights, eval mode. Target: folded ``transformer_define`` >= 1.0x ``transformer``.
-
-    .venv/bin/python -m benchmarks.generate_speed [--device cuda] [--sentences 32] [--beam 4] [--out-len 30]
 """
 
 import copy
@@ -56,9 +54,8 @@ def main(argv=None):
 
     def gen(name):
         model = models[name]
-        generator = SequenceGenerator(
-            [model], task.target_dictionary, beam_size=args.beam, max_len_a=0, max_len_b=out_len, min_len=out_len
-        )
+        limits = dict(max_len_a=0, max_len_b=out_len, min_len=out_len)
+        generator = SequenceGenerator([model], task.target_dictionary, beam_size=args.beam, **limits)
 
         def run():
             if name == VARIANTS[2]:
@@ -71,9 +68,8 @@ def main(argv=None):
     t = bench.time({name: gen(name) for name in models})
     ntok = sum(len(h[0]["tokens"]) for h in outputs.get(VARIANTS[0], []))
     tolerance = 1e-5 if bench.dtype == torch.float32 else 2e-2
-    equal = all(v in outputs for v in VARIANTS) and all(
-        same_generations(outputs[VARIANTS[3]], outputs[v], tolerance) for v in VARIANTS[1:3]
-    )
+    done = all(v in outputs for v in VARIANTS)
+    equal = done and all(same_generations(outputs[VARIANTS[3]], outputs[v], tolerance) for v in VARIANTS[1:3])
     rows = [[f"`{n}`", millions(count_params(m)), *t.columns(n, VARIANTS[0], ntok)] for n, m in models.items()]
     notes = [
         f"Models: d_model 512, FFN 2048, 8 heads, {layers} + {layers} layers, vocabulary 32000 per side, decoder "
@@ -82,10 +78,8 @@ def main(argv=None):
         f"forced to {out_len} tokens + EOS; {ntok} generated tokens per batch (best hypothesis of each "
         f"sentence, EOS included)",
     ]
-    rounding = (
-        " (the unfolded model computes its V x m tables under autocast, the folded tables were computed in float32: "
-        "rounding can change a beam)"
-    )
+    rounding = " (the unfolded model computes its V x m tables under autocast, the folded tables were computed in "
+    rounding += "float32: rounding can change a beam)"
     body = table(COLUMNS, rows) + (
         "\nParameters as stored (the folded model keeps each V x n table and adds the V x m folded tables). "
         "Folded generations equal the unfolded ones (tokens of every hypothesis, scores within "

@@ -3,8 +3,6 @@ figures beside the GPU targets, each benchmark's own tables after it (default ``
 records beside it). A missed target does not stop the run; a benchmark that raises is reported in the table and the
 others still run (exit status 1). ``--device cpu --quick`` checks the whole report on a CPU. :class:`Round` is the
 report of ``make gpu-round`` (``benchmarks/gpu_round.py``): its rows as records, its Markdown and its summary.
-
-    .venv/bin/python -m benchmarks.gpu_report [--out PATH] [--only train_speed,mogrifier_speed] [--tests-log LOG]
 """
 
 import argparse
@@ -19,6 +17,7 @@ import subprocess
 import sys
 import time
 import traceback
+from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy
@@ -44,7 +43,8 @@ def main(argv=None) -> int:
     device, rev = torch.cuda.get_device_name() if cuda else "CPU", targets.revision(REPO)
     start, rows, sections, failed, checks = time.perf_counter(), [], [], False, []
     for name, extra in [(name, extra) for name, runs in BENCHMARKS.items() if name in only for extra in runs]:
-        began, label = time.perf_counter(), run_label(name, extra)
+        shown = [a for i, a in enumerate(extra) if a != "--rounds" and (i == 0 or extra[i - 1] != "--rounds")]
+        began, label = time.perf_counter(), " ".join([name, *shown])  # with the options that set what it measures
         print(f"== {label}", file=sys.stderr, flush=True)
         try:
             flags = ["--device", args.device, "--out", "-", *extra] + (["--quick"] if args.quick else [])
@@ -68,19 +68,16 @@ def main(argv=None) -> int:
     command = "python -m benchmarks.gpu_report " + " ".join(argv if argv is not None else sys.argv[1:])
     tests = ""
     if args.tests_log:
-        log = open(args.tests_log).read() if os.path.exists(args.tests_log) else ""
+        log = Path(args.tests_log).read_text() if os.path.exists(args.tests_log) else ""
         tests = f"\n- `pytest -m cuda`: {pytest_summary(log) or 'no summary line in ' + args.tests_log}"
+    quick = "\n- **--quick: tiny sizes, measures nothing**" if args.quick else ""
     text = (
         f"# Benchmarks on {device}: figures and targets\n\n- Command: `{command}`; revision {rev}"
         f"\n- {environment(cuda)}; {time.strftime('%Y-%m-%d %H:%M')}, {time.perf_counter() - start:.0f} s in all"
-        + tests
-        + ("\n- **--quick: tiny sizes, measures nothing**" if args.quick else "")
-        + "\n- Ratios are speed ratios (how many times faster) from one run, the variants timed interleaved; each "
-        "benchmark's section below gives its settings, precision and tables\n\n"
-        + table(["benchmark", "figure", "measured", "target", "met"], rows)
-        + "\n"
-        + "\n".join(sections)
+        f"{tests}{quick}\n- Ratios are speed ratios (how many times faster) from one run, the variants timed "
+        "interleaved; each benchmark's section below gives its settings, precision and tables\n\n"
     )
+    text += table(["benchmark", "figure", "measured", "target", "met"], rows) + "\n" + "\n".join(sections)
     print(text)
     out = args.out or (None if args.quick else os.path.join(RESULTS_DIR, f"gpu-{targets.slug(device)}.md"))
     if out and out != "-":
@@ -92,12 +89,6 @@ def main(argv=None) -> int:
         records = [r for name, c in checks for r in targets.of_checks(c, name, report, context, cuda)]
         targets.write(targets.json_path(out), records)
     return 1 if failed else 0
-
-
-def run_label(name: str, extra) -> str:
-    """The benchmark's name and the options that set what it measures (all but ``--rounds``)."""
-    shown = [a for i, a in enumerate(extra) if a != "--rounds" and (i == 0 or extra[i - 1] != "--rounds")]
-    return " ".join([name, *shown])
 
 
 def environment(cuda: bool) -> str:
@@ -155,12 +146,6 @@ def command_of(item) -> str:
     return shlex.join([f"{k}={v}" for k, v in item.env.items()] + ["python"] + argv)
 
 
-def benchmark_of(item) -> Optional[str]:
-    """The benchmark module an item runs (``train_speed``), or None for a pytest item."""
-    module = next((a for a in item.argv if a.startswith("benchmarks.")), None)
-    return module and module.split(".", 1)[1]
-
-
 def cut(text: str, chars: int = CELL_CHARS) -> str:
     text = str(text).replace("|", "/").replace("\n", " ")
     return text if len(text) <= chars else text[: chars - 3] + "..."
@@ -181,13 +166,14 @@ class Round:
         machine, report and ``item``'s command, then ``fields``."""
         out = {k: None for k in targets.FIELDS + targets.ROUND_FIELDS}
         out.update(record or {}, item=item.key, command=command_of(item))
-        out["benchmark"] = out["benchmark"] or benchmark_of(item)
+        module = next((a for a in item.argv if a.startswith("benchmarks.")), None)  # None: a pytest item
+        out["benchmark"] = out["benchmark"] or module and module.split(".", 1)[1]
         out.update(revision=self.context["revision"], machine=self.context["machine"], report=self.report)
         out.update(origin="run", **fields)
         return out
 
     def add_item(self, item, rc: int, seconds: float, limit: float, text: str, results: Optional[str]):
-        self.limits[item.key] = limit
+        self.limits[item.key] = round(limit)
         ran = dict(rc=rc, seconds=round(seconds, 1))
         if is_tests(item):
             summary = pytest_summary(text)
@@ -203,8 +189,7 @@ class Round:
             why = failure(text, rc, limit, "test summary" if is_tests(item) else "figure")
             self.rows.append(self.row(item, what=why, status="failed", met=False, **ran))
         if results and os.path.exists(results):
-            with open(results) as f:
-                self.sections.append(f"### {item.key}\n\n" + re.sub(r"^#", "###", f.read(), flags=re.M))
+            self.sections.append(f"### {item.key}\n\n" + re.sub(r"^#", "###", Path(results).read_text(), flags=re.M))
         self.write()
 
     def skip(self, item, why: str):
@@ -214,8 +199,7 @@ class Round:
 
     def write(self):
         targets.write(self.json, self.rows)
-        with open(self.md, "w") as f:
-            f.write(self.markdown())
+        Path(self.md).write_text(self.markdown())
 
     def goals(self) -> list:
         """The table of each goal's best row."""
@@ -227,27 +211,24 @@ class Round:
                 continue
             best = (min if goal.at_most else max)(rows, key=lambda r: r["value"])
             target = show_target(best["target"], goal.unit, goal.at_most)
-            out.append(
-                f"| {goal.what} | {target} | {show(best['value'], goal.unit)} | {verdict(best['met'])} | "
-                f"{best['item']}: {best['what']} |"
-            )
+            value, met = show(best["value"], goal.unit), verdict(best["met"])
+            out.append(f"| {goal.what} | {target} | {value} | {met} | {best['item']}: {best['what']} |")
         return out
 
     def markdown(self) -> str:
         c = self.context
         out = [f"# GPU round at {c['revision']} on {c['machine']}", ""] + [f"- {h}" for h in self.header] + [""]
         out += ["## Goals (the best row of each)", ""] + self.goals()
-        columns = ["item", "figure", "measured", "target", "met", "goal", "ratio", "precision", "batch", "rc", "s"]
-        out += ["", "## Rows", "", "| " + " | ".join(columns + ["revision", "GPU", "command"]) + " |"]
-        out.append("|" + "---|" * (len(columns) + 3))
+        columns = "item | figure | measured | target | met | goal | ratio | precision | batch | rc | s | revision | GPU"
+        rows = []
         for r in self.rows:
             measured = show(r["value"], r["unit"]) if r["value"] is not None else r["status"]
             target = show_target(r["target"], r["unit"], r["at_most"]) if r["target"] is not None else ""
             cells = [r["item"], r["what"], measured, target, verdict(r["met"]), r["goal"], r["ratio_method"]]
             cells += [r["precision"], r["batch"], r["rc"], r["seconds"], r["revision"], r["machine"]]
-            out.append("| " + " | ".join("" if x is None else str(x).replace("|", "/") for x in cells)
-                       + f" | `{r['command']}` |")  # fmt: skip
-        return "\n".join(out + [""] + self.sections) + "\n"
+            rows.append(["" if x is None else str(x).replace("|", "/") for x in cells] + [f"`{r['command']}`"])
+        out += ["", "## Rows", "", table(columns + " | command", rows)]
+        return "\n".join(out + self.sections) + "\n"
 
     def summary(self, seconds: float, files: Sequence[str] = ()) -> str:
         """The goals and one line per item (its limit, seconds, exit status and result), at most

@@ -2,9 +2,6 @@
 ``benchmarks/targets.py`` at this revision, in one command that fits a short GPU loan, losing only the item that
 crashes or hangs (docs/development.md, "Checking a GPU node", says what each item runs and what comes back).
 
-    python -m benchmarks.gpu_round [--wheelhouse DIR] [--out-dir DIR] [--device cuda|cpu] [--quick] [--budget 450]
-        [--only ID,...] [--logs DIR] [--revision REV]
-
 It installs from ``--wheelhouse`` (:func:`install`), then runs each item (:func:`items`) in its own process under its
 own limit (``SIGTERM`` ``KILL_GRACE`` s before it, ``SIGKILL`` at it), cut to what is left of ``--budget``, and
 rewrites the report (``gpu_report.Round``), its records and a logs archive in ``--out-dir`` after each item.
@@ -28,6 +25,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from pathlib import Path
 from typing import List, NamedTuple, Sequence, Tuple
 
 from benchmarks import targets
@@ -56,6 +54,7 @@ INSTALL_S = 30  # seconds the install is expected to take, in the module docstri
 MIN_LEFT = 30  # seconds: an item is not started with less of the budget left
 ARCHIVE = "gpu-round-logs.tar.gz"  # in --out-dir, beside the report
 KILL_GRACE = 5  # seconds between SIGTERM and SIGKILL, which comes at the item's limit
+QUICK_LIMITS = 5  # --quick runs on any machine, a loaded 2-core CPU too: the limits, a GPU's, times this
 # pip without any index or configuration: the wheelhouse alone
 OFFLINE_UNSET = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_NO_INDEX", "PIP_CONSTRAINT")
 
@@ -75,13 +74,14 @@ class Item(NamedTuple):
 def items(device: str, quick: bool, python: str = sys.executable) -> List[Item]:
     """The round's items in order: the CUDA tests, the eager speed goals, Transformer-XL's graphs, compiled ones."""
     q = ["--quick"] if quick else []
+    scale = QUICK_LIMITS if quick else 1
     # the compiled variants' first steps compile (and may compile again once the memory is filled): not timed
     warm = ["--warmup", "3"]
     backend = " --torch-compile-backend aot_eager" if quick else ""  # no C compiler needed on a CPU
     graphs = backend or " --torch-compile-mode reduce-overhead"  # CUDA graphs; quick, on a CPU: aot_eager alone
 
     def bench(key, limit, module, *args):
-        return Item(key, limit, [python, "-m", f"benchmarks.{module}", "--device", device, *args, *q])
+        return Item(key, limit * scale, [python, "-m", f"benchmarks.{module}", "--device", device, *args, *q])
 
     xdist = device == "cuda" and importlib.util.find_spec("xdist") is not None
 
@@ -90,7 +90,7 @@ def items(device: str, quick: bool, python: str = sys.executable) -> List[Item]:
         conftest = tuple(f for f in files if f in CONFTEST_TESTS)
         argv = [python, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", *flags, *select, *files]
         env = {"DEFINE_FAIRSEQ_CUDA_TESTS": "gpu" if device == "cuda" else "cpu"}
-        return Item(key, limit, argv + ([] if conftest else ["--noconftest"]), env, what, conftest)
+        return Item(key, limit * scale, argv + ([] if conftest else ["--noconftest"]), env, what, conftest)
 
     return [
         tests("triton_cuda", 120, "the Triton kernels compiled for the device", TRITON_TESTS, "-m", "cuda"),
@@ -165,15 +165,14 @@ def install(python: str, wheelhouse: str, src: str, log) -> str:
         raise RuntimeError(f"--wheelhouse {wheelhouse}: pip could not install its wheels (its output: {log.name})")
     marker = os.path.join(src, ".unpacked-from")
     name = os.path.basename(sdists[0])
-    if not (os.path.exists(marker) and open(marker).read() == name):
+    if not (os.path.exists(marker) and Path(marker).read_text() == name):
         os.makedirs(src, exist_ok=True)
         with tarfile.open(sdists[0]) as tar:
             for member in tar.getmembers():
                 member.name = member.name.split("/", 1)[1] if "/" in member.name else ""
                 if member.name and (member.isfile() or member.isdir()):
                     tar.extract(member, src, filter="data")
-        with open(marker, "w") as f:
-            f.write(name)
+        Path(marker).write_text(name)
     log.flush()
     built = subprocess.run([python, "-c", BUILD], cwd=src, stdout=log, stderr=log, timeout=180).returncode == 0
     print(f"install: {len(wheels)} wheels (--no-deps, no index); {name} unpacked in {src}; its extensions "
@@ -262,8 +261,7 @@ def run_items(plan: Sequence[Item], report: Round, env: dict, logs: str, deadlin
         log_path = os.path.join(logs, f"{item.key}.log")
         rc, seconds = run(item, limit, env, log_path)
         print(f"   {item.key}: exit status {rc}, {seconds:.0f} s", file=sys.stderr, flush=True)
-        with open(log_path, errors="replace") as f:
-            report.add_item(item, rc, seconds, limit, f.read(), path)
+        report.add_item(item, rc, seconds, limit, Path(log_path).read_text(errors="replace"), path)
         names += [f"{item.key}.log"] + ([f"{item.key}.md"] if path else [])
         if archive_path:
             archive(logs, names, archive_path)
@@ -273,18 +271,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (the benchmarks' --quick): the harness")
-    parser.add_argument(
-        "--budget", type=float, default=BUDGET, help="seconds for the whole round, the install included"
-    )
+    parser.add_argument("--budget", type=float, default=BUDGET, help="seconds for the whole round, install included")
     parser.add_argument("--only", help="comma-separated items to run, of: " + ", ".join(i.key for i in items("", 0)))
     parser.add_argument("--wheelhouse", help="install from this folder first (make wheelhouse PY=3.12)")
     parser.add_argument("--fairseq-src", default=os.path.join(REPO, "build", "gpu-round-fairseq"))
     parser.add_argument("--out-dir", default=os.path.join(REPO, "build", "gpu-round"),
                         help="the report, its records and the logs archive ($OUT on a GPU loan)")  # fmt: skip
     parser.add_argument("--logs", default=os.path.join(REPO, "build", "gpu-round-logs"), help="each item's output")
-    parser.add_argument(
-        "--revision", help="the revision to record where the tree is a copy without git (default: git's, +dirty)"
-    )
+    parser.add_argument("--revision", help="the revision to record in a copy without git (default: git's, +dirty)")
     args = parser.parse_args(argv)
     start = time.monotonic()
     plan = items(args.device, args.quick)
@@ -304,9 +298,8 @@ def main(argv=None) -> int:
                 archive(args.logs, logged, os.path.join(args.out_dir, ARCHIVE))
         install_note = f"installed from {args.wheelhouse} in {time.monotonic() - start:.0f} s"
     env["PYTHONPATH"] = os.pathsep.join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    probe = subprocess.run(
-        [sys.executable, "-c", PROBE, *FAIRSEQ_EXTENSIONS], cwd=REPO, env=env, capture_output=True, text=True
-    )
+    argv_probe = [sys.executable, "-c", PROBE, *FAIRSEQ_EXTENSIONS]
+    probe = subprocess.run(argv_probe, cwd=REPO, env=env, capture_output=True, text=True)
     if probe.returncode != 0:
         raise RuntimeError(f"the environment does not import torch and fairseq:\n{probe.stderr[-2000:]}")
     machine, environment, extensions = probe.stdout.strip().splitlines()[-3:]

@@ -4,8 +4,6 @@ nn.Linear and a dense nn.Linear, at the three layers of the base ``transformer_d
 the one it takes on the device. On a GPU each variant is also timed by CUDA-graph replay, the GPU's time without the
 host's launches. Targets: no slower than the loop at every shape; >= 1.5x dense at 1024 -> 2048, 4 groups, 8192
 tokens, in device time (CUDA-graph replay on a GPU, the wall time on a CPU).
-
-    .venv/bin/python -m benchmarks.group_linear [--device cuda] [--tokens 8192] [--rounds 15] [--replays 50]
 """
 
 import torch
@@ -95,8 +93,7 @@ def main(argv=None):
         torch.manual_seed(0)
         modules = {f: FormulationGroupLinear(in_f, out_f, groups, f) for f in FORMULATIONS}
         modules.update(loop=LoopGroupLinear(in_f, out_f, groups), dense=nn.Linear(in_f, out_f))
-        for m in modules.values():
-            m.to(bench.device, bench.dtype)
+        modules = {name: m.to(bench.device, bench.dtype) for name, m in modules.items()}
         x = torch.randn(tokens, in_f, device=bench.device, dtype=bench.dtype, requires_grad=True)
         grad = torch.randn(tokens, out_f, device=bench.device, dtype=bench.dtype)
 
@@ -132,10 +129,8 @@ def main(argv=None):
             except Exception as error:  # the wall times and the other shapes still count
                 gpu_rows.append([label, part, bench.error(error)] + [""] * 7)
                 continue
-            speedups = [ratio(g.speedup(n, chosen)) for n in (other, "loop", "dense")]
-            gpu_rows.append(
-                [label, part] + [ms(g.median(n)) for n in modules] + speedups + [ratio(g.paired("dense", chosen))]
-            )
+            cells = [ms(g.median(n)) for n in modules] + [ratio(g.speedup(n, chosen)) for n in (other, "loop", "dense")]
+            gpu_rows.append([label, part] + cells + [ratio(g.paired("dense", chosen))])
             if backward and (in_f, out_f, groups) == GOAL_SHAPE:
                 goal = g.speedup("dense", chosen)
     clock = "GPU time (CUDA-graph replay)" if bench.cuda else "CPU time"

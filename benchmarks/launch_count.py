@@ -6,9 +6,6 @@ outside compiled regions (the outermost of each branch that is not a composite, 
 one per Triton kernel launch (interpreted ones too), and apart the host synchronisations (:data:`SYNCS`) outside an
 optimizer's ``step``. The counts are what the dispatcher was asked to do: the same on any machine and thread count.
 The rows (``*_rows``): the other benchmarks' models, eager and compiled, and the Mogrifier per time step and layer.
-
-    .venv/bin/python -m benchmarks.launch_count [--quick] [--only transformer,txl,mogrifier,lstm] [--out FILE]
-        [--mogrifier-cuda-path MODULE:FUNCTION,...]
 """
 
 import contextlib
@@ -272,7 +269,7 @@ def mogrifier_rows(bench, quick, warmup, entries: str):
     """Launches per time step and layer of the ``mogrifier_lstm_lm_ptb`` stack (small width): forward and backward
     at T1 < T2 < T3, (c(T2) - c(T1)) / ((T2 - T1) x layers), where the per-sequence work cancels; on the CPU path and
     through each of ``entries`` (comma-separated ``MODULE:FUNCTION``, run as ``triton_mogrifier_layer``)."""
-    from benchmarks.mogrifier_speed import TritonSteps, ptb_stack
+    from benchmarks.mogrifier_speed import LayerSteps, ptb_stack
 
     paths = {f"CUDA path ({e})": mogrifier_entry(bench, e) for e in entries.split(",") if e.strip()}
     hidden, batch, lengths = (8, 2, (2, 3, 4)) if quick else (32, 4, (4, 8, 12))
@@ -281,7 +278,7 @@ def mogrifier_rows(bench, quick, warmup, entries: str):
         layer.kernels = "torch"  # what a CPU runs; the CUDA paths below choose their own kernels
     layers, rows, notes = stack.num_layers, [], []
     runners = {"CPU path (MogrifierLSTM, kernels='torch')": lambda x: stack(x)[0]}
-    runners.update({mode: TritonSteps(stack, run_layer) for mode, run_layer in paths.items()})
+    runners.update({mode: LayerSteps(stack, run_layer) for mode, run_layer in paths.items()})
     for mode, runner in runners.items():
         counts = []
         for t in lengths:
@@ -355,12 +352,9 @@ def write_records(path: str, bench: Bench, rows, state: Dict[str, object]) -> st
 def main(argv=None):
     parser = options(__doc__, rounds=1, warmup=2)
     parser.add_argument("--only", default=",".join(GROUPS), help=f"comma-separated, of {', '.join(GROUPS)}")
-    parser.add_argument(
-        "--mogrifier-cuda-path",
-        default=MOGRIFIER_CUDA_PATHS,
-        help="the Mogrifier's CUDA paths to count, comma-separated MODULE:FUNCTION, each a function like "
-        "triton_mogrifier_layer(layer, x [T, B, m], h0, c0) -> (y, (h, c)) (default %(default)s)",
-    )
+    like = "triton_mogrifier_layer(layer, x [T, B, m], h0, c0) -> (y, (h, c)) (default %(default)s)"
+    like = f"the Mogrifier's CUDA paths to count, comma-separated MODULE:FUNCTION, each a function like {like}"
+    parser.add_argument("--mogrifier-cuda-path", default=MOGRIFIER_CUDA_PATHS, help=like)
     bench = Bench("benchmarks.launch_count", parser, argv)
     args = bench.args
     groups = listed(parser, "--only", args.only, GROUPS)

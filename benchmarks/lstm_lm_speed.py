@@ -5,15 +5,13 @@ network at AWD-LSTM's PTB size and with a DeFINE unit, training at batch 20 and 
 its 3 LSTM layers alone and the step's matrix products at the peak rate (a floor). A training step: forward, loss,
 backward, clipping (0.25), SGD. Targets: R3's step at most 1.1x R2's; >= 3x fairseq's tokens/s on a CPU, >= 5x on a
 GPU; in scoring, within 5% of the tokens/s of its LSTM layers alone.
-
-    .venv/bin/python -m benchmarks.lstm_lm_speed [--device cuda] [--rounds 3] [--skip-wt103]
 """
 
 import copy
 
 import torch
 
-from benchmarks.common import Bench, build_model, count_params, lm_sample, options, run_main
+from benchmarks.common import ADAPTIVE_LM, Bench, count_params, lm_sample, options, run_main
 from benchmarks.targets import millions, ms, ratio, table
 
 FAIRSEQ, SAME = "fairseq `lstm_lm`", "`lstm_lm_define`, no DeFINE (same network)"
@@ -21,11 +19,11 @@ ALONE = "*its 3 LSTM layers alone (fused nn.LSTM, on a fixed input)*"
 SIZE = "--decoder-embed-dim 400 --decoder-hidden-size 1150 --decoder-layers 3 --dropout 0.4 "
 SIZE += "--share-decoder-input-output-embed"
 VARIANTS = {  # at the PTB size: name -> (arch, flags)
-    FAIRSEQ: ("lstm_lm", SIZE + " --decoder-out-embed-dim 400"),
-    SAME: ("lstm_lm_define", SIZE + " --decoder-output-dim 1150 --define-n 400 --input-layer table"),
+    FAIRSEQ: ("lstm_lm", (SIZE + " --decoder-out-embed-dim 400").split()),
+    SAME: ("lstm_lm_define", (SIZE + " --decoder-output-dim 1150 --define-n 400 --input-layer table").split()),
     "`lstm_lm_define`, DeFINE n=128, N=7, k=1024 (m=400)": (
         "lstm_lm_define",
-        SIZE + " --decoder-output-dim 1150 --define-n 128 --define-depth 7 --define-k 1024",
+        (SIZE + " --decoder-output-dim 1150 --define-n 128 --define-depth 7 --define-k 1024").split(),
     ),
 }
 COLUMNS = "regime | model | parameters | ms per batch (median) | tokens/s | vs lstm_lm (ratio of medians) | "
@@ -64,21 +62,14 @@ def step_flops(layers, proj, vocab: int, batch: int, bptt: int, training: bool) 
 def wt103(bench: Bench):
     """Table 1a's R3 against R2: (section, check)."""
     vocab, batch, bptt = (3000, 2, 8) if bench.args.quick else (267735, 60, 140)
-    task = "--task language_modeling --criterion adaptive_loss --ddp-backend legacy_ddp".split()
     small = ["--adaptive-input-cutoff", "500,1000,2000", "--adaptive-softmax-cutoff", "500,1000,2000"]
-    sample, models = bench.to(lm_sample(vocab, batch, bptt)), {}
-    for arch in ("lstm_lm_adaptive_wt103", "lstm_lm_define_wt103_n3"):
-        _, _, model, criterion = build_model(arch, vocab, task, small if bench.args.quick else [])
-        models[arch] = bench.to(model), criterion
-    fns = {
-        a: bench.step(m.train(), c, sample, torch.optim.SGD(m.parameters(), lr=0.1), clip=0.25)
-        for a, (m, c) in models.items()
-    }
-    t = bench.time(fns)
-    rows = [
-        [f"`{a}`", millions(count_params(m)), t.ms(a), t.min_ms(a), t.per_s(a, batch * bptt)]
-        for a, (m, _) in models.items()
-    ]
+    archs = {a: (a, small if bench.args.quick else []) for a in ("lstm_lm_adaptive_wt103", "lstm_lm_define_wt103_n3")}
+    models = {a: (m, c) for a, (_, _, m, c) in bench.build(vocab, ADAPTIVE_LM, archs).items()}
+    sample = bench.to(lm_sample(vocab, batch, bptt))
+    sgd = {a: torch.optim.SGD(m.parameters(), lr=0.1) for a, (m, _) in models.items()}
+    t = bench.time({a: bench.step(m.train(), c, sample, sgd[a], clip=0.25) for a, (m, c) in models.items()})
+    params = {a: millions(count_params(m)) for a, (m, _) in models.items()}
+    rows = [[f"`{a}`", params[a], t.ms(a), t.min_ms(a), t.per_s(a, batch * bptt)] for a in models]
     section = (
         f"## 1. Table 1a R3 vs R2 (V={vocab:,}, batch {batch} x BPTT {bptt})\n\n"
         + table("arch | parameters | step ms (median) | step ms (min) | tokens/s", rows)
@@ -92,16 +83,10 @@ def main(argv=None):
     parser.add_argument("--skip-wt103", action="store_true", help="only the comparison with fairseq's lstm_lm")
     bench = Bench("benchmarks.lstm_lm_speed", parser, argv)
     quick = bench.args.quick
-    sections, checks = [], []
-    if not bench.args.skip_wt103:
-        section, check = wt103(bench)
-        sections.append(section)
-        checks.append(check)
+    first = [] if bench.args.skip_wt103 else [wt103(bench)]  # (section, check)
+    sections, checks = [section for section, _ in first], [check for _, check in first]
     vocab, bptt = (500, 8) if quick else (10000, 70)
-    models = {}
-    for name, (arch, flags) in VARIANTS.items():
-        _, _, model, criterion = build_model(arch, vocab, ["--task", "language_modeling"], flags.split())
-        models[name] = bench.to(model), criterion
+    models = {n: (m, c) for n, (_, _, m, c) in bench.build(vocab, ["--task", "language_modeling"], VARIANTS).items()}
     decoder = models[SAME][0].decoder
     layers = [(layer.lstm.input_size, layer.lstm.hidden_size) for layer in decoder.lstm.layers]
     proj = decoder.project_out_dim
@@ -121,15 +106,11 @@ def main(argv=None):
         flops = step_flops(layers, proj, vocab, batch, bptt, training)
         for n in fns:
             params = millions(count_params(models[n][0])) if n in models else ""
-            rows.append(
-                [label if n == FAIRSEQ else "", n, params, t.ms(n), t.per_s(n, batch * bptt)]
-                + [ratio(t.speedup(FAIRSEQ, n)), ratio(t.paired(FAIRSEQ, n)), t.per_s(n, flops / 1e9)]
-            )
+            cells = [label if n == FAIRSEQ else "", n, params, t.ms(n), t.per_s(n, batch * bptt)]
+            rows.append(cells + [ratio(t.speedup(FAIRSEQ, n)), ratio(t.paired(FAIRSEQ, n)), t.per_s(n, flops / 1e9)])
         floor = f"*the products' arithmetic ({flops / 1e9:.1f} GFLOP) at the peak rate: a floor*"
-        rows.append(
-            ["", floor, "", ms(flops / peak), f"{batch * bptt * peak / flops:.0f}"]
-            + [ratio(t.median(FAIRSEQ) * peak / flops), "", f"{peak / 1e9:.0f}"]
-        )
+        cells = ["", floor, "", ms(flops / peak), f"{batch * bptt * peak / flops:.0f}"]
+        rows.append(cells + [ratio(t.median(FAIRSEQ) * peak / flops), "", f"{peak / 1e9:.0f}"])
         what = f"lstm_lm_define vs fairseq's lstm_lm, same network, {label}: tokens/s"
         checks.append(bench.check(what, t.speedup(FAIRSEQ, SAME), 5.0 if bench.cuda else 3.0))
         if not training:

@@ -5,8 +5,6 @@ a GPU): ``torch.compile`` of the reference step; on a GPU: the fast path as CUDA
 (on a CPU under ``TRITON_INTERPRET=1``, with ``--quick``). Then the stack that fairseq-train builds for
 ``mogrifier_lstm_lm_ptb``, on each of its paths, beside ``nn.LSTM`` (benchmarks/README.md). Targets: ``MogrifierLSTM``
 >= 0.5x the tokens/s of ``nn.LSTM`` (on a GPU: the model's default path) and >= 2x the straightforward module's.
-
-    .venv/bin/python -m benchmarks.mogrifier_speed [--device cuda] [--layers 2] [--rounds 3] [--compile] [--triton]
 """
 
 import argparse
@@ -64,32 +62,10 @@ class Output(nn.Module):
         return getattr(self.module, self.method)(x)[0]
 
 
-class CompiledSteps(nn.Module):
-    """A ``MogrifierLSTM``'s layers run step by step through ``torch.compile`` of ``reference_step`` (autograd
-    through the compiled step). Shapes: ``x [B, T, C] -> [B, T, H]``."""
-
-    def __init__(self, model: MogrifierLSTM):
-        super().__init__()
-        self.model = model
-        self.step = torch.compile(MogrifierLSTMLayer.reference_step, dynamic=False)
-
-    def forward(self, x):
-        y = x.transpose(0, 1).contiguous()
-        for layer in self.model.layers:
-            # a state that requires grad from the first step: every call has the same guards, one compiled graph
-            h = y.new_zeros(y.shape[1], layer.hidden_size, requires_grad=True)
-            c = torch.zeros_like(h, requires_grad=True)
-            outputs = []
-            for t in range(y.shape[0]):
-                h, c = self.step(layer, y[t], h, c)
-                outputs.append(h)
-            y = torch.stack(outputs)
-        return y.transpose(0, 1)
-
-
-class TritonSteps(nn.Module):
-    """A ``MogrifierLSTM``'s layers run step by step through ``run_layer`` (default: the Triton step, autograd
-    through each step's kernels and GEMMs). Shapes: ``x [B, T, C] -> [B, T, H]``."""
+class LayerSteps(nn.Module):
+    """A ``MogrifierLSTM``'s layers, each run from zero states through ``run_layer(layer, y [T, B, C], h0, c0) -> (y,
+    (h, c))`` (default: the Triton step, autograd through each step's kernels and GEMMs). Shapes: ``x [B, T, C] ->
+    [B, T, H]``."""
 
     def __init__(self, model: MogrifierLSTM, run_layer=None):
         super().__init__()
@@ -107,6 +83,23 @@ class TritonSteps(nn.Module):
         return y.transpose(0, 1)
 
 
+def compiled_layer():
+    """A ``run_layer`` of :class:`LayerSteps`: ``torch.compile`` of ``reference_step``, step by step (autograd through
+    the compiled step)."""
+    step = torch.compile(MogrifierLSTMLayer.reference_step, dynamic=False)
+
+    def run_layer(layer, y, h, c):
+        # a state that requires grad from the first step: every call has the same guards, one compiled graph
+        h, c = torch.zeros_like(h, requires_grad=True), torch.zeros_like(c, requires_grad=True)
+        outputs = []
+        for t in range(y.shape[0]):
+            h, c = step(layer, y[t], h, c)
+            outputs.append(h)
+        return torch.stack(outputs), (h, c)
+
+    return run_layer
+
+
 def main(argv=None):
     parser = options(__doc__, rounds=3)
     parser.add_argument("--layers", type=int, default=2)
@@ -115,11 +108,8 @@ def main(argv=None):
     parser.add_argument("--bptt", type=int, default=70)
     parser.add_argument("--mog-rounds", type=int, default=5, help="mogrifier rounds r")
     parser.add_argument("--rank", type=int, default=84)
-    parser.add_argument(
-        "--compile",
-        action=argparse.BooleanOptionalAction,
-        help="also torch.compile of the reference step (default: on a GPU only)",
-    )
+    compiled = "also torch.compile of the reference step (default: on a GPU only)"
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, help=compiled)
     parser.add_argument("--triton", action="store_true", help="also the Triton step (modules/mogrifier/triton_step.py)")
     bench = Bench("benchmarks.mogrifier_speed", parser, argv)
     args = bench.args
@@ -155,9 +145,9 @@ def main(argv=None):
         "naive": lambda: place(Straightforward(H, H, L, r)),
     }
     if args.compile if args.compile is not None else bench.cuda:
-        makers["compile"] = lambda: CompiledSteps(fast)
+        makers["compile"] = lambda: LayerSteps(fast, compiled_layer())
     if args.triton:
-        makers["triton"] = lambda: TritonSteps(fast)
+        makers["triton"] = lambda: LayerSteps(fast)
     if bench.cuda:
         makers["graph"] = lambda: torch.cuda.make_graphed_callables(Output(copy.deepcopy(fast)), (x,))
     variants, errors, first_call = {}, {}, {}
@@ -202,14 +192,10 @@ def main(argv=None):
     columns = "variant | parameters | ms per call (median) | ms (min) | tokens/s | speed vs `MogrifierLSTM`"
     body = table(columns, rows)
     body += "\n\"speed vs\": the variant's tokens/s relative to `MogrifierLSTM`'s fast path; below 1 means slower.\n"
-    checks = [
-        bench.check(f"{names[key]} vs `nn.LSTM`, tokens/s", t.speedup("lstm", key), 0.5)
-        for key in ("fast", "compile", "graph")
-        if key in makers
-    ]
-    checks.append(
-        bench.check("`MogrifierLSTM` vs the straightforward module, tokens/s", t.speedup("naive", "fast"), 2.0)
-    )
+    vs_lstm = [key for key in ("fast", "compile", "graph") if key in makers]
+    checks = [bench.check(f"{names[key]} vs `nn.LSTM`, tokens/s", t.speedup("lstm", key), 0.5) for key in vs_lstm]
+    what = "`MogrifierLSTM` vs the straightforward module, tokens/s"
+    checks.append(bench.check(what, t.speedup("naive", "fast"), 2.0))
     model_body, model_notes, model_checks = model_stack(bench, x.new_empty(0))
     title = "Mogrifier LSTM: forward + backward speed"
     return bench.finish(title, notes + model_notes, body + model_body, checks + model_checks)

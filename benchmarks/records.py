@@ -125,16 +125,14 @@ CPU_LATEST += ("mogrifier_speed.md", "gcnn_speed.md", "group_linear.md")
 # input and output layer could gain in training
 TXL_BOUND = "bound on any input layer's training gain: standard 384 step over the context network alone's"
 TXL_BOUND = (TXL_BOUND, "transformer_xl_wt103_d384 step", "context network alone (same in both) step")
+TRANSLATION = GPU_REPORTS + H200_RUNS + TOKEN_PATHS[:1] + FP16_RUN + TOKEN_PATHS[1:]
+GROUP_LINEAR = GPU_REPORTS + ("group_linear-nvidia-h200-fp16.md",)
 FIGURES = {
     "gpu-goals": Figures(GPU_REPORTS, r"^(?!.* (at|step)$)(?!.* at [a-z0-9_ >-]+, \d groups$)(?!.* at transformer)"),
-    "gpu-translation": Figures(
-        GPU_REPORTS + H200_RUNS + TOKEN_PATHS[:1] + FP16_RUN + TOKEN_PATHS[1:], r"^transformer_define vs transformer$"
-    ),
+    "gpu-translation": Figures(TRANSLATION, r"^transformer_define vs transformer$"),
     "gpu-token-paths": Figures(TOKEN_PATHS + FP16_RUN, r" vs transformer$"),
     # ratios only: a reader compares GroupLinear with the other paths, not their milliseconds
-    "gpu-group-linear": Figures(
-        GPU_REPORTS + ("group_linear-nvidia-h200-fp16.md",), r"^GroupLinear vs \w+ at 1024 -> 2048, 4 groups$"
-    ),
+    "gpu-group-linear": Figures(GROUP_LINEAR, r"^GroupLinear vs \w+ at 1024 -> 2048, 4 groups$"),
     "cpu-latest": Figures(CPU_LATEST, r" vs ", targeted=True),
     "gcnn": Figures(("gcnn_speed.md",) + GPU_REPORTS, r"^gcnn_lm_14 (tokens/s )?vs fconv", targeted=True),
     "mogrifier": Figures(("mogrifier_speed.md",) + GPU_REPORTS, r"MogrifierLSTM|mogrifier_lstm_lm_ptb", targeted=True),
@@ -155,11 +153,8 @@ def figures_table(spec: Figures, page: Path) -> str:
         for r in found:
             if not re.search(spec.pattern, r["what"]) or spec.targeted and r["report_target"] is None:
                 continue
-            value = (
-                f"{r['value']:g} ms"
-                if r["unit"] == "ms"
-                else show(float("nan") if r["value"] is None else r["value"], r["unit"])
-            )
+            value = show(float("nan") if r["value"] is None else r["value"], r["unit"])
+            value = f"{r['value']:g} ms" if r["unit"] == "ms" else value
             if r["unit"] == "x" and r["ratio_method"] != RATIO_METHOD:
                 value += " (median of per-round ratios)"
             target = "-" if r["target"] is None else show_target(r["target"], r["unit"], r["at_most"])
@@ -236,10 +231,8 @@ def main(argv=None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 when a table differs from its data")
     args = parser.parse_args(argv)
     if args.check:
-        stale = []
-        for page in pages():
-            stale += [f"{page.relative_to(ROOT)}: bench:{name} differs from its data" for name in stale_tables(page)]
-        print("\n".join(f"{line}; run python -m benchmarks.records" for line in stale) or "no drift")
+        stale = [f"{p.relative_to(ROOT)}: bench:{name}" for p in pages() for name in stale_tables(p)]
+        print("\n".join(f"{t} differs from its data; run python -m benchmarks.records" for t in stale) or "no drift")
         return 1 if stale else 0
     for page in pages():
         text = page.read_text()

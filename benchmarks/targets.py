@@ -42,23 +42,18 @@ class Goal(NamedTuple):
     pattern: str = ""
 
 
+# the patterns of the goals whose benchmarks do not tag their checks
+DENSE_1024 = r"GroupLinear.* (vs|than) dense at 1024"
+MOGRIFIER_STACK = r"^`mogrifier_lstm_lm_ptb` stack.* vs `nn\.LSTM`"  # the model as built, not the module alone
 GOALS = {
     "define_train_4k": Goal("transformer_define vs transformer, training, 4k target tokens a step", 1.0, 1.1),
     "define_train_26k": Goal("transformer_define vs transformer, training, 26k target tokens a step", 1.0, 1.1),
     "txl_nvidia_base": Goal("Transformer-XL at NVIDIA's base shape, training", 120000.0, None, unit="tokens/s"),
     "txl_define_train": Goal("Transformer-XL DeFINE n=128 vs standard 384 (Table 2 sizes), training", 1.15, 1.3),
     "txl_define_eval": Goal("Transformer-XL DeFINE n=128 vs standard 384 (Table 2 sizes), evaluation", 1.3, 1.3),
-    "group_linear_dense": Goal(
-        "GroupLinear g=4 vs dense, 1024 -> 2048 at 8192 tokens",
-        1.5,
-        1.5,
-        pattern=r"GroupLinear.* (vs|than) dense at 1024",
-    ),
+    "group_linear_dense": Goal("GroupLinear g=4 vs dense, 1024 -> 2048 at 8192 tokens", 1.5, 1.5, pattern=DENSE_1024),
     "mogrifier_lstm": Goal(
-        "MogrifierLSTM r=5 at the PTB shape, as fairseq-train builds it, vs nn.LSTM",
-        0.5,
-        0.5,
-        pattern=r"^`mogrifier_lstm_lm_ptb` stack.* vs `nn\.LSTM`",
+        "MogrifierLSTM r=5 at the PTB shape, as fairseq-train builds it, vs nn.LSTM", 0.5, 0.5, pattern=MOGRIFIER_STACK
     ),
     "lstm_scoring_b10": Goal("lstm_lm_define scoring vs its LSTM layers alone, batch 10", 0.95, 0.95),
     "lstm_scoring_b1": Goal("lstm_lm_define scoring vs its LSTM layers alone, batch 1", 0.95, 0.95),
@@ -88,9 +83,7 @@ def goal_of(what: str, key: str = "") -> str:
 
 def show(value: float, unit: str) -> str:
     """A figure as the tables print it: ``1.04x`` for a ratio, ``98,500 tokens/s`` for a rate, ``n/a`` for nan."""
-    if value != value:
-        return "n/a"
-    return f"{value:.2f}x" if unit == "x" else f"{value:,.0f} {unit}"
+    return ratio(value) if unit == "x" or value != value else f"{value:,.0f} {unit}"
 
 
 def show_target(value: float, unit: str, at_most: bool = False) -> str:
@@ -201,14 +194,10 @@ def slug(text: str) -> str:
 
 def write_result(path: str, text: str) -> None:
     """Write ``text`` to ``path``, keeping what the file had from :data:`KEEP_MARK` on (hand-written history)."""
-    kept = ""
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            old = f.read()
-        kept = "\n" + old[old.index(KEEP_MARK) :] if KEEP_MARK in old else ""
+    old = Path(path).read_text(encoding="utf-8") if os.path.exists(path) else ""
+    kept = "\n" + old[old.index(KEEP_MARK) :] if KEEP_MARK in old else ""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text + kept)
+    Path(path).write_text(text + kept, encoding="utf-8")
 
 
 REVISION_VARIABLE = "DEFINE_FAIRSEQ_REVISION"  # the revision of a copied tree without git, as its copier knew it
@@ -222,9 +211,8 @@ def revision(cwd: Optional[str] = None) -> str:
         return os.environ[REVISION_VARIABLE]
 
     def git(*args):  # a copied checkout often belongs to another user: git would refuse it without safe.directory
-        return subprocess.run(
-            ["git", "-c", "safe.directory=*", *args], cwd=cwd, capture_output=True, text=True, timeout=60
-        )
+        argv = ["git", "-c", "safe.directory=*", *args]
+        return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=60)
 
     try:
         head, status = git("rev-parse", "--short=10", "HEAD"), git("status", "--porcelain")

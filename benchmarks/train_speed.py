@@ -4,9 +4,6 @@ of the DeFINE embedding's token paths (``unique``: the unit once per distinct to
 ``positions``: on every position). ``--model-args``: fairseq flags for ``transformer_define`` (e.g. ``"--torch-compile
 --define-token-path positions"``). Target: the fastest ``transformer_define`` >= 1.1x ``transformer`` on a CPU, >= 1.0x
 on a GPU at 4k and at 26k target tokens a step.
-
-    .venv/bin/python -m benchmarks.train_speed [--device cuda] [--dtype fp32|bf16|fp16] [--tokens 4000]
-        [--sentences 112] [--token-paths unique,table,positions] [--layers 6] [--rounds 5] [--model-args "..."]
 """
 
 import copy
@@ -15,7 +12,7 @@ from typing import List
 
 import torch
 
-from benchmarks.common import LOSS_SCALE, Bench, build_model, count_params, options, run_main, zipf_tokens
+from benchmarks.common import LOSS_SCALE, Bench, build_model, count_params, listed, options, run_main, zipf_tokens
 from benchmarks.targets import define_train_goal, millions, ratio, table
 from define_fairseq.modules.define.embedding import TOKEN_PATHS
 
@@ -102,36 +99,28 @@ def main(argv=None):
     parser.add_argument("--tokens", type=int, help="target tokens per batch, about: picks --sentences")
     parser.add_argument("--min-len", type=int, default=20, help="shortest sentence (tokens, before EOS)")
     parser.add_argument("--max-len", type=int, default=32, help="longest sentence (tokens, before EOS)")
-    parser.add_argument(
-        "--token-paths",
-        help="more DeFINE token paths to time (copies of the model built, each on one path), comma-separated; "
-        f"default: {','.join(TOKEN_PATHS)}, none under --torch-compile",
-    )
+    more = "more DeFINE token paths to time (copies of the model built, each on one path), comma-separated; default: "
+    parser.add_argument("--token-paths", help=more + f"{','.join(TOKEN_PATHS)}, none under --torch-compile")
     parser.add_argument("--model-args", default="", help='fairseq flags for transformer_define, e.g. "--torch-compile"')
     bench = Bench("benchmarks.train_speed", parser, argv)
     args = bench.args
     compiled = "--torch-compile" in shlex.split(args.model_args)
-    paths = [p.strip() for p in (args.token_paths or ("" if compiled else ",".join(TOKEN_PATHS))).split(",")]
-    paths = [p for p in paths if p]
-    if set(paths) - set(TOKEN_PATHS):
-        parser.error(f"--token-paths {args.token_paths}: choose from {', '.join(TOKEN_PATHS)}")
+    value = args.token_paths if args.token_paths is not None else "" if compiled else None  # None: all of them
+    paths = listed(parser, "--token-paths", value, TOKEN_PATHS, empty=True)
     if args.tokens is not None and args.sentences is not None:
         parser.error("--tokens and --sentences both set the batch size: give one of them")
     sentences = args.sentences or 112
     if args.tokens is not None:  # sentences of (min_len + max_len) / 2 tokens and EOS
         sentences = max(1, round(args.tokens / ((args.min_len + args.max_len) / 2 + 1)))
-    layers, sentences = (1, 4) if args.quick else (args.layers, sentences)
-    vocab = 500 if args.quick else 32000
+    layers, sentences, vocab = (1, 4, 500) if args.quick else (args.layers, sentences, 32000)
     define, baseline, task, criterion = translation_models(layers, vocab, shlex.split(args.model_args))
     from define_fairseq.modules import DeFINEEmbedding
 
     embeddings = [m for m in define.modules() if isinstance(m, DeFINEEmbedding)]
     built_path = embeddings[0].token_path or ("auto" if bench.device.type == "cuda" else "unique")
     if compiled and set(paths) - {built_path}:
-        parser.error(
-            f"--token-paths {args.token_paths} with --torch-compile: a compiled model keeps the token path its "
-            f"flags chose ({built_path}); give it with --define-token-path in --model-args"
-        )
+        why = f"a compiled model keeps the token path its flags chose ({built_path}); give it with --define-token-path"
+        parser.error(f"--token-paths {args.token_paths} with --torch-compile: {why} in --model-args")
     built_name = " ".join([DEFINE, args.model_args.strip()]).strip() + f" (token_path={built_path})"
     built = {BASELINE: baseline, built_name: define}
     built.update({f"{DEFINE}, token_path={p}": with_token_path(define, p) for p in paths if p != built_path})
@@ -158,12 +147,9 @@ def main(argv=None):
         "Step: forward, label-smoothed cross-entropy (0.1, fairseq's criterion), backward, torch.optim.Adam; "
         "page faults = minor page faults of the process during a step (median)",
     ]
-    body = table(COLUMNS, rows) + "".join(
-        f"\nToken path {name.split('=')[-1]} vs the model built: {ratio(t.paired(built_name, name))} (median of "
-        f"per-round ratios).\n"
-        for name in built
-        if name not in (BASELINE, built_name)
-    )
+    others = [n for n in built if n not in (BASELINE, built_name)]
+    ratios = [f"\nToken path {n.split('=')[-1]} vs the model built: {ratio(t.paired(built_name, n))}" for n in others]
+    body = table(COLUMNS, rows) + "".join(f"{r} (median of per-round ratios).\n" for r in ratios)
     # each side in its fastest mode: transformer has one, transformer_define the fastest of its variants timed
     speeds = {n: t.speedup(BASELINE, n) for n in built if n != BASELINE}
     fastest = max(speeds, key=lambda n: speeds[n] if speeds[n] == speeds[n] else -1.0)

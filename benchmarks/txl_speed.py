@@ -6,9 +6,6 @@ the peak rate (what bounds any input layer's gain); (2) evaluation as fairseq-ev
 base shape, absolute tokens/s beside its published figure. ``--model-args``: fairseq flags for every model (e.g.
 ``"--torch-compile"``). Targets (``benchmarks/targets.py``): DeFINE >= 1.15x in training on a GPU, >= 1.3x on a CPU
 and in evaluation; 120,000 tokens/s at NVIDIA's base shape on one H100 or H200.
-
-    .venv/bin/python -m benchmarks.txl_speed [--device cuda] [--rounds 3] [--batch 15] [--skip-training]
-        [--shape paper|nvidia-base] [--model-args "..."]
 """
 
 import copy
@@ -82,29 +79,21 @@ def training_step(bench: Bench, model, criterion, sample):
     return bench.step(model, criterion, sample, torch.optim.Adam(model.parameters(), lr=2.5e-4), clip=0.25)
 
 
-def nvidia_base(bench: Bench, batch: int):
+def nvidia_base(bench: Bench, batch: int, flags: str):
     """Training at NVIDIA DeepLearningExamples' base shape: the standard model and its context network alone."""
-    vocab, tgt_len = (3000, 8) if bench.args.quick else (267735, 192)
-    shape = NVIDIA_BASE.split() + ["--txl-mem-len", str(tgt_len)] + (QUICK if bench.args.quick else [])
-    _, _, model, criterion = build_model("transformer_xl_lm", vocab, TASK, shape + shlex.split(bench.args.model_args))
+    args = bench.args
+    vocab, tgt_len = (3000, 8) if args.quick else (267735, 192)
+    shape = NVIDIA_BASE.split() + ["--txl-mem-len", str(tgt_len)] + (QUICK if args.quick else [])
+    _, _, model, criterion = build_model("transformer_xl_lm", vocab, TASK, shape + shlex.split(args.model_args))
     model, name = bench.to(model).train(), "transformer_xl_lm at the base shape"
     fns = {name: training_step(bench, model, criterion, bench.to(txl_batch(vocab, batch, tgt_len, seed=0)))}
     fns["context network alone"] = context_alone(bench, model, batch, tgt_len)
     t = bench.time(fns)
     rows = [[n, t.ms(n), t.per_s(n, batch * tgt_len)] for n in fns]
-    flags = f" ({bench.args.model_args.strip()})" if bench.args.model_args.strip() else ""
-    what = (
-        f"Transformer-XL at NVIDIA's base shape{flags}, training tokens/s, {bench.args.dtype} (twice NVIDIA's A100 "
-        "figure)"
-    )
-    check = bench.check(
-        what,
-        batch * tgt_len / t.median(name),
-        GOALS["txl_nvidia_base"].gpu,
-        "txl_nvidia_base",
-        unit="tokens/s",
-        batch=f"{batch} x {tgt_len} tokens, memory {tgt_len}",
-    )
+    what = f"Transformer-XL at NVIDIA's base shape{flags}, training tokens/s, {args.dtype} (twice NVIDIA's A100 "
+    what += "figure)"
+    streams, goal = f"{batch} x {tgt_len} tokens, memory {tgt_len}", GOALS["txl_nvidia_base"].gpu
+    check = bench.check(what, batch * tgt_len / t.median(name), goal, "txl_nvidia_base", unit="tokens/s", batch=streams)
     rows.append(["NVIDIA DeepLearningExamples, 1x A100 40GB, mixed precision (published)", "", f"{NVIDIA_ANCHOR}"])
     return check, (
         f"## Training at NVIDIA's Transformer-XL base shape (batch {batch} x tgt_len {tgt_len}, memory {tgt_len}, "
@@ -120,29 +109,23 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, help="training streams (default 15: batch 60 on 4 GPUs; nvidia-base 32)")
     parser.add_argument("--eval-batch", type=int, default=10)
     parser.add_argument("--skip-training", action="store_true", help="only the evaluation comparison")
-    parser.add_argument(
-        "--shape",
-        choices=("paper", "nvidia-base"),
-        default="paper",
-        help="paper: the DeFINE paper's Table 2 comparison (training and evaluation); nvidia-base: training at "
-        "NVIDIA DeepLearningExamples' base shape, absolute tokens/s beside its published figure",
-    )
+    shapes = "paper: the DeFINE paper's Table 2 comparison (training and evaluation); nvidia-base: training at "
+    shapes += "NVIDIA DeepLearningExamples' base shape, absolute tokens/s beside its published figure"
+    parser.add_argument("--shape", choices=("paper", "nvidia-base"), default="paper", help=shapes)
     parser.add_argument("--model-args", default="", help='fairseq flags for every model, e.g. "--torch-compile"')
     bench = Bench("benchmarks.txl_speed", parser, argv)
     args, quick = bench.args, bench.args.quick
+    flags = f" ({args.model_args.strip()})" if args.model_args.strip() else ""  # the figures name --model-args
     if args.shape == "nvidia-base":
-        check, body = nvidia_base(bench, 2 if quick else args.batch or 32)
+        check, body = nvidia_base(bench, 2 if quick else args.batch or 32, flags)
         return bench.finish("Transformer-XL at NVIDIA's base shape: training tokens/s", [], body, [check])
     args.batch = args.batch or 15
     sizes = (3000, 2, 8, 2, 4) if quick else (267735, args.batch, 150, args.eval_batch, 64)
     vocab, batch, tgt_len, eval_batch, eval_len = sizes
-    models = {}
-    for arch in (STANDARD, DEFINE):
-        extra = ["--txl-mem-len", str(tgt_len)] + (QUICK if quick else []) + shlex.split(args.model_args)
-        _, _, model, criterion = build_model(arch, vocab, TASK, extra)
-        models[arch] = bench.to(model), criterion
+    extra = ["--txl-mem-len", str(tgt_len)] + (QUICK if quick else []) + shlex.split(args.model_args)
+    built = bench.build(vocab, TASK, {arch: (arch, extra) for arch in (STANDARD, DEFINE)})
+    models = {arch: (model, criterion) for arch, (_, _, model, criterion) in built.items()}
     sections, checks = [], []
-    flags = f" ({args.model_args.strip()})" if args.model_args.strip() else ""
 
     def vs_standard(goal: str, who: str, regime: str, name: str, t, batch: str):
         """Goal ``goal``'s check: ``name``'s tokens/s over the standard 384 model's (1.3x where it has no target)."""
@@ -158,11 +141,8 @@ def main(argv=None):
         t = bench.time(fns)
         params = {n: count_params(m) for n, (m, _) in models.items()}
         params[ALONE] = count_params(models[DEFINE][0].decoder.stack)
-        rows = [
-            [f"`{n}`" if n in models else n, millions(params[n]), t.ms(n), t.page_faults(n)]
-            + [t.per_s(n, batch * tgt_len), ratio(t.speedup(STANDARD, n))]
-            for n in fns
-        ]
+        cells = {n: [f"`{n}`" if n in models else n, millions(params[n]), t.ms(n), t.page_faults(n)] for n in fns}
+        rows = [cells[n] + [t.per_s(n, batch * tgt_len), ratio(t.speedup(STANDARD, n))] for n in fns]
         peak = bench.peak_flops()
         io = {name: io_training_flops(m, sample) for name, (m, _) in models.items()}
         distinct = sample["net_input"]["src_tokens"].unique().numel()
@@ -209,11 +189,8 @@ def main(argv=None):
     fns.update({f"{name} (stack)": score(name, log_probs=False) for name in (STANDARD, DEFINE)})
     t = bench.time(fns)
     stack = {name: t.median(f"{DEFINE if name == folded else name} (stack)") for name in variants}
-    rows = [
-        [f"`{n}`", t.ms(n), ms(stack[n]), ms(t.median(n) - stack[n]), t.page_faults(n)]
-        + [t.per_s(n, eval_batch * eval_len), ratio(t.speedup(STANDARD, n))]
-        for n in variants
-    ]
+    cells = {n: [f"`{n}`", t.ms(n), ms(stack[n]), ms(t.median(n) - stack[n]), t.page_faults(n)] for n in variants}
+    rows = [cells[n] + [t.per_s(n, eval_batch * eval_len), ratio(t.speedup(STANDARD, n))] for n in variants]
     columns = "model | ms per segment (median) | of which input + stack (ms) | of which log-probabilities (ms, the "
     columns += "difference) | page faults per segment (median) | tokens/s | vs standard 384"
     sections.append(
