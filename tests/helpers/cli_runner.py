@@ -27,9 +27,10 @@ PROGRAMS = {
     "fairseq-preprocess": "fairseq_cli.preprocess",
     "fairseq-interactive": "fairseq_cli.interactive",
     "fairseq-hydra-train": "fairseq_cli.hydra_train",
+    "fairseq-score": "fairseq_cli.score",
 }
 # torch._dynamo: imported by the first optimizer a program builds, another second of every training run
-_PRELOAD = [*PROGRAMS.values(), "torch._dynamo"]
+PRELOAD = [*PROGRAMS.values(), "torch._dynamo"]
 _CONTEXT = None
 
 
@@ -37,13 +38,12 @@ def _context():
     global _CONTEXT
     if _CONTEXT is None:
         _CONTEXT = multiprocessing.get_context("forkserver")
-        _CONTEXT.set_forkserver_preload(_PRELOAD)
+        _CONTEXT.set_forkserver_preload(PRELOAD)
     return _CONTEXT
 
 
 def _main(module: str, argv: List[str], cwd: str, env: Dict[str, str], stdout: str, stderr: str) -> None:
-    """The child: the program's streams, directory, environment and arguments, then the program (a console
-    script's ``cli_main``, or ``python -m module`` where argv[0] is ``-m``)."""
+    """The child: the program's streams, directory and environment, then the program (:func:`execute`)."""
     for fd, path in ((1, stdout), (2, stderr)):
         file = os.open(path, os.O_WRONLY | os.O_TRUNC)
         os.dup2(file, fd)
@@ -51,19 +51,23 @@ def _main(module: str, argv: List[str], cwd: str, env: Dict[str, str], stdout: s
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
+    sys.exit(execute(module, argv))
+
+
+def execute(module: str, argv: List[str]):
+    """Run the program (a console script's ``cli_main``, or ``python -m module`` where argv[0] is ``-m``) as this
+    process's ``sys.argv`` and return its exit status as ``sys.exit`` takes it (``SystemExit`` is caught)."""
     sys.argv = argv
     try:
         if argv[0] == "-m":
             runpy.run_module(module, run_name="__main__", alter_sys=True)
-            status = 0
-        else:
-            status = importlib.import_module(module).cli_main()
-    except SystemExit:
-        raise
+            return 0
+        return importlib.import_module(module).cli_main()
+    except SystemExit as exit:
+        return exit.code
     except BaseException:  # as the interpreter reports an uncaught exception: its traceback and status 1
         traceback.print_exc()
-        status = 1
-    sys.exit(status)
+        return 1
 
 
 def _run(module: str, argv: List[str], cwd: Optional[str]) -> subprocess.CompletedProcess:

@@ -1,7 +1,8 @@
 """Running the recipes' shell scripts (recipes/) from the tests, and what a run must leave behind.
 
-A script runs with this environment's fairseq programs first on PATH and one thread a process; the variables the
-recipes read come from the test only, never from the caller's environment."""
+A script runs with this environment's fairseq programs first on PATH (forked with fairseq imported:
+``script_programs``) and one thread a process; the variables the recipes read come from the test only, never from
+the caller's environment."""
 
 import hashlib
 import json
@@ -11,7 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import BIN, REPO
+from conftest import REPO
+from script_programs import script_path
 
 RECIPES = REPO / "recipes"
 
@@ -37,7 +39,7 @@ def run_recipe(script, *args, env=None, popen=False):
         return name in RECIPE_VARIABLES or name.startswith("WMT14_") or name.endswith(("_URL", "_MD5"))
 
     full_env = {name: value for name, value in os.environ.items() if not recipe_variable(name)}
-    full_env.update(PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1", PREPROCESS_WORKERS="1")
+    full_env.update(PATH=script_path(), OMP_NUM_THREADS="1", PREPROCESS_WORKERS="1")
     full_env.update(env or {})
     command = ["bash", str(RECIPES / script), *map(str, args)]
     if popen:

@@ -273,13 +273,10 @@ RECIPE = define_fairseq.__file__.rsplit("/define_fairseq/", 1)[0] + "/recipes/wi
 def run_recipe(script, *args):
     import os
     import subprocess
-    import sys
 
-    env = {
-        **os.environ,
-        "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}",
-        "OMP_NUM_THREADS": "1",
-    }
+    from script_programs import script_path
+
+    env = {**os.environ, "PATH": script_path(), "OMP_NUM_THREADS": "1"}
     env.pop("DATA_DIR", None)
     env.pop("SAVE_ROOT", None)
     return subprocess.run(

@@ -8,7 +8,8 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import BIN, REPO, write_tiny_corpus
+from conftest import REPO, write_tiny_corpus
+from script_programs import script_path
 
 from scripts.results_io import LOG_ENTRY
 
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 
 def run_script(script, *args, check=True):
-    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
+    env = dict(os.environ, PATH=script_path())  # fairseq's programs forked with fairseq imported
     proc = subprocess.run(["bash", str(REPO / script), *map(str, args)], capture_output=True, text=True, env=env)
     if check and proc.returncode != 0:
         raise AssertionError(f"{script} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")

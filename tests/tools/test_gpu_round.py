@@ -125,8 +125,8 @@ def test_the_round_in_quick_mode_without_fairseqs_compiled_extensions(tmp_path):
     (blocker / "sitecustomize.py").write_text(BLOCK_EXTENSIONS)
     proc = subprocess.run(
         [PY, "-m", "benchmarks.gpu_round", "--device", "cpu", "--quick", "--only", "train_4k",
-         "--logs", str(tmp_path / "logs"), "--out-dir", str(tmp_path / "logs"), "--budget", "200"],
-        cwd=REPO, env=dict(os.environ, PYTHONPATH=str(blocker)), capture_output=True, text=True, timeout=300,
+         "--logs", str(tmp_path / "logs"), "--out-dir", str(tmp_path / "logs"), "--budget", "400"],
+        cwd=REPO, env=dict(os.environ, PYTHONPATH=str(blocker)), capture_output=True, text=True, timeout=500,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = (tmp_path / "logs" / "gpu-round-cpu.md").read_text()
@@ -181,6 +181,9 @@ def test_the_plan_runs_the_tests_then_the_eager_goals_then_the_graphs_then_the_c
     assert f"limits add up to {sum(limits):,} s against a budget of {gpu_round.BUDGET} s" in gpu_round.__doc__
     assert gpu_round.INSTALL_S + sum(limits[:5]) == 415 <= gpu_round.BUDGET < gpu_round.INSTALL_S + sum(limits[:6])
     assert "come to 415 s, within 450 s" in gpu_round.__doc__.replace("\n", " ")
+    # --quick (the harness on any machine, a loaded CPU too) gives each item its limit times QUICK_LIMITS
+    quick = gpu_round.items("cpu", quick=True)
+    assert [i.limit for i in quick] == [limit * gpu_round.QUICK_LIMITS for limit in limits] and limits[4] == 45
 
 
 def test_without_conftest_the_files_that_need_it_are_named_not_run():
@@ -223,7 +226,7 @@ def test_a_quick_round_writes_at_most_8_files_two_folders_deep_and_prints_its_su
 
     monkeypatch.setattr(gpu_round, "items", stand_ins)
     out, logs = tmp_path / "out", tmp_path / "logs"
-    argv = ["--device", "cpu", "--quick", "--out-dir", str(out), "--logs", str(logs), "--budget", "300"]
+    argv = ["--device", "cpu", "--quick", "--out-dir", str(out), "--logs", str(logs), "--budget", "1000"]
     assert gpu_round.main(argv) == 1  # txl_base failed
     stdout = capsys.readouterr().out
     files = [os.path.relpath(os.path.join(d, f), out) for d, _, fs in os.walk(out) for f in fs]
@@ -237,7 +240,7 @@ def test_a_quick_round_writes_at_most_8_files_two_folders_deep_and_prints_its_su
     summary = stdout
     assert summary.startswith("## GPU round at") and len(summary) <= gpu_report.SUMMARY_CHARS < 12000
     assert all(f"| {k} | " in summary for k in keys)
-    assert "| triton_cuda | 120 | " in summary and "PASS: 3 passed in 0.5s" in summary
+    assert f"| triton_cuda | {120 * gpu_round.QUICK_LIMITS} | " in summary and "PASS: 3 passed in 0.5s" in summary
     assert "failed (exit status 1): RuntimeError: deliberately broken" in summary
     assert "group_linear_dense" in summary and "- Files: gpu-round-cpu.md, gpu-round-cpu.json" in summary
 

@@ -2,7 +2,8 @@
 one run: an explicit init method with ``--distributed-no-spawn`` (the tests of resuming use it), ``torchrun`` with
 ``--distributed-init-method env://``, and Slurm's variables with ``--distributed-port`` (``scontrol`` stood in for by
 a script that names this machine). fairseq's own spawn and torchrun without an init method need CUDA devices to
-count (docs/multi-gpu.md says what they do on GPUs)."""
+count (docs/multi-gpu.md says what they do on GPUs). Each fairseq-train is forked with fairseq imported
+(``script_programs``), in the environment its launcher gave it."""
 
 import os
 import subprocess
@@ -10,6 +11,7 @@ import subprocess
 import pytest
 import torch
 from conftest import BIN, REPO, USER_DIR
+from script_programs import program as served
 from test_data_parallel import free_port
 from test_resume import LM_FLAGS, STATEFUL, load
 from test_resume_ranks import GLOO_RANKS, finish
@@ -38,7 +40,7 @@ def test_torchrun_with_the_env_init_method(lm_data, tmp_path):
     """torchrun sets RANK and WORLD_SIZE; on CPU fairseq needs the init method and the rank on its command line (it
     would take the CUDA device LOCAL_RANK % torch.cuda.device_count() otherwise)."""
     command = " ".join(
-        [str(BIN / "fairseq-train"), str(lm_data), *FLAGS, "--save-dir", str(tmp_path)]
+        [served("fairseq-train"), str(lm_data), *FLAGS, "--save-dir", str(tmp_path)]
         + ["--distributed-init-method", "env://", "--distributed-no-spawn", '--distributed-rank "$RANK"']
     )
     torchrun = [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port()), "--no-python"]
@@ -70,7 +72,7 @@ def test_slurm_variables_with_a_port(lm_data, tmp_path):
             SLURM_PROCID=str(rank),
             SLURM_LOCALID="0",
         )
-        command = [str(BIN / "fairseq-train"), str(lm_data), *FLAGS, "--save-dir", str(tmp_path / "run")]
+        command = [served("fairseq-train"), str(lm_data), *FLAGS, "--save-dir", str(tmp_path / "run")]
         procs.append(
             subprocess.Popen(
                 [*command, "--distributed-port", port],
@@ -89,7 +91,7 @@ def test_fairseqs_spawn_counts_cuda_devices(lm_data, tmp_path):
     if torch.cuda.device_count() >= 2:
         pytest.skip("this machine has the CUDA devices to spawn on")
     proc = subprocess.run(
-        [str(BIN / "fairseq-train"), str(lm_data), *FLAGS, "--save-dir", str(tmp_path)],
+        [served("fairseq-train"), str(lm_data), *FLAGS, "--save-dir", str(tmp_path)],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -9,12 +9,12 @@ rank 0 at the validation before each checkpoint, and each rank continues its own
 
 import random
 import subprocess
-import sys
 import time
 
 import pytest
 import torch
-from conftest import BIN, REPO, USER_DIR
+from conftest import REPO, USER_DIR
+from script_programs import program as served
 from test_data_parallel import free_port
 from test_resume import LM_FLAGS, STATEFUL, STOP_AT, TRANSLATION, UPDATES, ZEROS_WARNING, assert_same_weights, load
 
@@ -51,11 +51,11 @@ def flat(state) -> torch.Tensor:
 
 
 def start_ranks(data, save_dir, max_update, flags, *extra, program=None, output=subprocess.PIPE):
-    """fairseq-train (or ``program``) on ``RANKS`` gloo ranks, a process each (``--distributed-no-spawn``), their
-    output to ``output``."""
+    """fairseq-train (or ``program``) on ``RANKS`` gloo ranks, a process each (``--distributed-no-spawn``, forked
+    with fairseq imported: ``script_programs``), their output to ``output``."""
     port = free_port()
     command = [
-        *(program or [str(BIN / "fairseq-train")]),
+        *(program or [served("fairseq-train")]),
         str(data),
         "--user-dir",
         USER_DIR,
@@ -149,7 +149,7 @@ def test_a_two_rank_run_killed_at_random_moments_ends_with_the_uninterrupted_run
     Prints how many kills, resumes and repairs it made."""
     flags, _ = MODELS["lstm_lm_define"]
     updates, every = 40, ("--save-interval-updates", "1")
-    program = [sys.executable, "-m", "define_fairseq.tools.train"]
+    program = [served("python"), "-m", "define_fairseq.tools.train"]
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     train_ranks(lm_data, straight, updates, flags, *every, program=program)
     rng = random.Random(0)

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import ADAM, BIN, HELPERS, REPO, RUN_FLAGS
 
 PLUGIN = HELPERS / "slow_collate_plugin"
@@ -29,6 +30,8 @@ def train(program, data, save_dir):
     )
 
 
+# four fresh interpreters, each importing torch and fairseq (how a process exits is what it checks): make test-slow
+@pytest.mark.slow
 def test_tools_train_exits_0_where_fairseq_train_aborts(lm_data, tmp_path):
     for run in range(3):
         save_dir = tmp_path / f"run{run}"
