@@ -42,11 +42,22 @@ def test_a_program_runs_in_the_given_directory_and_reports_its_failure(tmp_path)
 PROBE = """import os, sys, time
 print(os.getcwd(), os.environ["PROBE"], sys.stdin.read().strip(), flush=True)
 print("to stderr", file=sys.stderr)
+if sys.argv[1:] == ["pool"]:  # processes of its own (multiprocessing refuses a daemon's)
+    import multiprocessing
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        sys.exit(pool.apply(abs, (-4,)))
 if sys.argv[1:] == ["wait"]:
     open("pid", "w").write(str(os.getpid()))
     time.sleep(60)
 sys.exit(int(sys.argv[1]))
 """
+
+
+def write_probe(folder):
+    """``folder/scripts``: a regular package (a namespace one would lose to the repository's scripts/ on the path)."""
+    (folder / "scripts").mkdir()
+    (folder / "scripts" / "__init__.py").write_text("")
+    (folder / "scripts" / "probe.py").write_text(PROBE)
 
 
 def script(command, cwd, **popen):
@@ -61,12 +72,14 @@ def served_children():
 
 
 def test_a_scripts_program_gets_its_directory_environment_streams_and_arguments_and_returns_its_status(tmp_path):
-    (tmp_path / "scripts").mkdir()
-    (tmp_path / "scripts" / "probe.py").write_text(PROBE)
+    write_probe(tmp_path)
     pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc = script("echo input | python -m scripts.probe 3; echo status $?", tmp_path, **pipes)
     out, err = proc.communicate(timeout=60)
-    assert out.splitlines() == [f"{tmp_path} probed input", "status 3"] and err == "to stderr\n"
+    assert out.splitlines() == [f"{tmp_path} probed input", "status 3"] and err == "to stderr\n", err
+    proc = script("python -m scripts.probe pool < /dev/null", tmp_path, **pipes)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 4 and out.startswith(f"{tmp_path} probed \n"), err
     # fairseq's programs, served: the arguments, the directory, and fairseq's own failure (argparse: status 2)
     (tmp_path / "train.txt").write_text("a b c\nb c\n")
     command = "fairseq-preprocess --only-source --trainpref train.txt --destdir bin && fairseq-train bin "
@@ -80,8 +93,7 @@ def test_a_scripts_program_gets_its_directory_environment_streams_and_arguments_
 
 
 def test_a_signal_to_a_scripts_program_reaches_it_and_killing_the_script_ends_it(tmp_path):
-    (tmp_path / "scripts").mkdir()
-    (tmp_path / "scripts" / "probe.py").write_text(PROBE)
+    write_probe(tmp_path)
 
     def started():
         proc = script("python -m scripts.probe wait", tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

@@ -5,7 +5,7 @@ interpreter that cannot import the repository's copy.
 The interpreters are those of a new virtual environment that reaches this environment's site-packages (torch,
 fairseq) through a ``.pth`` file of paths. Python runs the ``.pth`` files of its own site-packages only, so the
 editable install of the development environment (a ``.pth`` file and an import hook that map ``define_fairseq`` to
-the repository) is invisible there.
+the repository) is invisible there. A pip install and fresh interpreters (about 30 s): in make test-slow.
 """
 
 import os
@@ -22,6 +22,8 @@ from conftest import BIN, REPO, TRAIN_FLAGS
 from lm_helpers import last_float
 
 import define_fairseq
+
+pytestmark = pytest.mark.slow
 
 SCRIPTS = [
     "define-fairseq-train",

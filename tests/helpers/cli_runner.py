@@ -34,7 +34,8 @@ PRELOAD = [*PROGRAMS.values(), "torch._dynamo"]
 _CONTEXT = None
 
 
-def _context():
+def context():
+    """The forkserver context whose server has imported ``PRELOAD`` (started on first use)."""
     global _CONTEXT
     if _CONTEXT is None:
         _CONTEXT = multiprocessing.get_context("forkserver")
@@ -75,7 +76,7 @@ def _run(module: str, argv: List[str], cwd: Optional[str]) -> subprocess.Complet
         stdout, stderr = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
         for path in (stdout, stderr):
             open(path, "w").close()
-        child = _context().Process(
+        child = context().Process(
             target=_main, args=(module, argv, cwd or os.getcwd(), dict(os.environ), stdout, stderr)
         )
         child.start()

@@ -4,7 +4,7 @@ process of this test worker that has imported torch and fairseq, as ``cli_runner
 A script's programs are its children, not the test's, so they reach the fork through their names on PATH:
 :func:`script_path` puts first a folder of small programs named ``fairseq-train``, ``fairseq-eval-lm``, ... and
 ``python``. Each sends its command line, working directory, environment and standard streams (the file descriptors
-themselves) to a server (this file run as a program, one per test worker, started on first use) over a Unix socket;
+themselves) to a server (one per test worker, forked from ``cli_runner``'s on first use) over a Unix socket;
 the server forks a child that takes them over and runs the program, and sends back the child's process id, then
 its exit status. The small program forwards the signals that end a process (SIGTERM, SIGINT, SIGHUP) to the child
 and ends as the child ended (the same status, or killed by the same signal); the child kills itself when the small
@@ -21,7 +21,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -71,17 +70,20 @@ _SERVER = None  # (process, folder of the small programs) of this test worker
 
 def script_path() -> str:
     """The PATH for a script run by a test: the small programs first, then this environment's ``bin`` (its other
-    programs), then the caller's PATH. Starts this worker's server on first use (a few seconds: its imports)."""
+    programs), then the caller's PATH. Starts this worker's server on first use."""
     global _SERVER
     if _SERVER is None:
         folder = Path(tempfile.mkdtemp(prefix="programs-"))
         path = folder / "socket"
-        server = subprocess.Popen([sys.executable, __file__, str(path)], stdin=subprocess.DEVNULL)
-        atexit.register(server.kill)
+        # a child of cli_runner's fork server, which has the imports already; not daemonic, so that its programs
+        # may start processes of their own (multiprocessing refuses a daemon's), and killed when this process ends
+        server = cli_runner.context().Process(target=serve, args=(str(path),))
+        server.start()
+        atexit.register(server.kill)  # before multiprocessing's own exit handler, which would wait for it
         deadline = time.monotonic() + 300
         while not path.exists():  # the server renames its socket into place once it listens
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the program server did not start (exit status {server.poll()})")
+            if server.exitcode is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the program server did not start (exit status {server.exitcode})")
             time.sleep(0.05)
         python = str(Path(sys.executable).parent / "python")  # the venv's own name: its site-packages
         # fairseq-hydra-train starts fresh, as the tests' own runs of it do (tests/conftest.py)
@@ -107,7 +109,7 @@ def server_pid() -> int:
     return _SERVER[0].pid
 
 
-# ---- the server (this file as a program)
+# ---- the server
 
 
 def _read(conn, size):
@@ -141,6 +143,7 @@ def _child(conn, fds, module, argv, cwd, env):
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
+    sys.stdin = open(0, closefd=False)  # multiprocessing gave the server a stdin of its own (/dev/null)
     conn.sendall(f"{os.getpid()}\n".encode())
     threading.Thread(target=_die_with, args=(conn,), daemon=True).start()
     os.chdir(cwd)
@@ -165,9 +168,7 @@ def _child(conn, fds, module, argv, cwd, env):
 
 
 def serve(path: str):
-    for module in cli_runner.PRELOAD:
-        if module != cli_runner.PROGRAMS["fairseq-hydra-train"]:  # not served
-            __import__(module)
+    """The server: accept each small program's request on the Unix socket ``path`` and fork its program."""
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(path + ".part")
     listener.listen(64)
@@ -194,7 +195,3 @@ def serve(path: str):
         for fd in fds:
             os.close(fd)
         threading.Thread(target=_report, args=(conn, pid), daemon=True).start()
-
-
-if __name__ == "__main__":
-    serve(sys.argv[1])

@@ -33,13 +33,14 @@ FOLD_CASES = {
     **{arch: CHOICE[name] for name, arch in REPRESENTATIVE.items()},
 }
 FOLD_CASES["transformer_define"] = ["--share-all-embeddings"]
-# the archs whose case differs from another's only in defaults that fold alike (the tiny flags set their widths and
-# DeFINE sizes): in `make test-all`
+# in `make test-slow`: the archs whose case differs from another's only in defaults that fold alike (the tiny flags
+# set their widths and DeFINE sizes), and the translation archs, whose folding test_transformer_define checks
 DEFAULTS_ONLY = {
     *[f"transformer_xl_define_wt103_n{n}" for n in (128, 256, 384)],  # as _n64
     "transformer_define_wmt_en_de_big",  # as transformer_define_iwslt_de_en
     "lstm_lm_define_wt103_n11",  # as _n7, with a deeper unit
     "transformer_define",  # shared embeddings: test_transformer_define folds its iwslt_de_en checkpoint of them
+    "transformer_define_iwslt_de_en",  # test_transformer_define folds its checkpoints and generates from them
 }
 
 

@@ -48,7 +48,11 @@ def check_generates_every_test_sentence(out):
     "arch,extra",
     [
         ("transformer_define", []),
-        ("transformer_define_wmt_en_de_big", ["--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]),
+        pytest.param(
+            "transformer_define_wmt_en_de_big",
+            ["--encoder-attention-heads", "2", "--decoder-attention-heads", "2"],
+            marks=pytest.mark.slow,  # the base arch's run with other defaults: make test-slow
+        ),
     ],
 )
 def test_each_arch_trains_and_generates(translation_data, tmp_path, arch, extra):

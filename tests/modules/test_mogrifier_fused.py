@@ -67,11 +67,12 @@ def run(layer, x, h0, c0, mask, dy, dc, **path):
     return [y, h, c, *grads]
 
 
+# make test: the PTB arch's form and the one-round cases; the other forms (5 to 10 s each, interpreted) slow
 CASES = [
     (5, 2, True, "step"),  # the PTB arch's form: low rank, capped, a state mask per step
-    (5, 3, False, "window"),
-    (4, 0, True, "none"),
-    (2, 0, False, "step"),
+    pytest.param(5, 3, False, "window", marks=pytest.mark.slow),
+    pytest.param(4, 0, True, "none", marks=pytest.mark.slow),
+    pytest.param(2, 0, False, "step", marks=pytest.mark.slow),
     (1, 3, True, "none"),  # one round: h_up is h_{t-1} itself
     (1, 0, False, "window"),  # one round with a mask: h_up is the masked state
 ]

@@ -150,14 +150,6 @@ def check_all(tmp_path, cases, shipped):
 
 
 SHIPPED_RANKS = {rank for *_, rank in ARCHS.values()}
-# make test: one round (each round kernel once) of the WikiText-2 arch's first layer at the widest rank in float32
-# for sm_80 (above rank 256 no float32 round kernel could launch), the PTB arch's at the widest in bfloat16 for sm_90
-# (above 512 no 16-bit forward could) and at its own rank in float16 for sm_80
-QUICK = [
-    [80, "float32", 272, 1366, 1, 271],
-    [90, "bfloat16", 912, 912, 1, 911],
-    [80, "float16", 912, 912, 1, 84],
-]
 # float16 at the shipped ranks only: at the widest its operands take bfloat16's bytes, so the same blocks and shared
 # memory, which the bfloat16 cases check; its own tensor-core products are checked at the shipped ranks
 EVERY = [
@@ -170,11 +162,9 @@ EVERY = [
 ]
 
 
-def test_round_and_cell_kernels_fit_sm90_and_sm80(tmp_path):
-    """The QUICK cases, compiled as launched (see check)."""
-    check_all(tmp_path, QUICK, [case[-1] in SHIPPED_RANKS for case in QUICK])
-
-
+# minutes of compiling: make test-slow (CI). Among the cases, the two that fail where a kernel's blocks ignore the
+# device: the WikiText-2 arch's first layer at the widest rank in float32 for sm_80 (above rank 256 no float32 round
+# kernel could launch) and the PTB arch's at the widest in bfloat16 for sm_90 (above 512 no 16-bit forward could).
 @pytest.mark.slow
 @pytest.mark.parametrize("target", sorted(LIMIT_KB), ids=lambda t: f"sm{t}")  # one child each: two workers share it
 def test_every_shipped_arch_fits_sm90_and_sm80(tmp_path, target):
