@@ -19,6 +19,7 @@ run (as in ``cli_runner``'s children).
 import atexit
 import json
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -79,6 +80,7 @@ def script_path() -> str:
         # may start processes of their own (multiprocessing refuses a daemon's), and killed when this process ends
         server = cli_runner.context().Process(target=serve, args=(str(path),))
         server.start()
+        atexit.register(shutil.rmtree, folder, True)
         atexit.register(server.kill)  # before multiprocessing's own exit handler, which would wait for it
         deadline = time.monotonic() + 300
         while not path.exists():  # the server renames its socket into place once it listens
