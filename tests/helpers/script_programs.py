@@ -12,8 +12,9 @@ program is gone (killed with its script's process group). ``python`` serves ``py
 repository's modules (``SERVED``) and runs any other command line as this environment's Python does.
 
 What differs from a program started fresh: the imports happened before the child's environment was set (torch's
-thread count is set again from ``OMP_NUM_THREADS``), its output is line-buffered, and its ``atexit`` functions do not
-run (as in ``cli_runner``'s children).
+thread count is set again from ``OMP_NUM_THREADS``), ``sys.path`` keeps the test worker's entries after the
+program's own, its output is line-buffered, and its ``atexit`` functions do not run (as in ``cli_runner``'s
+children: a worker pool a program leaves, such as inductor's, is not shut down).
 """
 
 import atexit
