@@ -1,11 +1,13 @@
 """README.md's results at a glance, from every data file's ``claims`` (``docs/results.md``, 'README's table'): one
-row per claim of the papers, the project's measurement of it in one line and one verdict of the rule, and a picture
-of each claim's gap after the comparison's updates and after longer training (``PICTURE``).
+row per claim of the papers, the project's measurement of it in one line and one verdict of the rule, the same pair
+with the learning rate annealed to 0 where it was trained so, and a picture of each claim's gap at every point
+(``PICTURE``).
 
 A claim names its pair by a verdict of its data file (``verdicts``: the first is the row's, the rest are the
 further comparisons of the claim, on the example's page) and, optionally, the same pair after longer training
 (``longer``: ``{"table": TABLE, "verdict": i}``, a verdict of another data file of the same example, or of this one
-without ``table``).
+without ``table``), and, optionally, the pair trained on an annealed schedule (``annealed``: ``{"table": TABLE,
+"verdicts": [i, ...]}``, one verdict a budget, shortest first).
 """
 
 import hashlib
@@ -21,7 +23,20 @@ from scripts.verdicts import cells, params, verdict
 
 PICTURE = "docs/results-gaps.png"
 MARKER = "<!-- results:claims -->"
-HEADER = ["claim (paper)", "the paper's figure", "measured here: a against b, mean ± sd", "verdict", "on the page"]
+HEADER = [
+    "claim (paper)",
+    "the paper's figure",
+    "measured here: a against b, mean ± sd",
+    "verdict",
+    "learning rate annealed to 0: a against b, verdict",
+    "on the page",
+]
+# the picture's marker, colour and legend for each kind of point of a row
+STYLES = {
+    "short": ("o", "C0", "after the comparison's updates"),
+    "long": ("s", "C3", "after longer training"),
+    "annealed": ("^", "C2", "learning rate annealed to 0"),
+}
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 FENCE = re.compile(r"^\s*(```|~~~)")
 
@@ -86,6 +101,7 @@ def judged(data: dict, index: int, where: str) -> dict:
         "b": b,
         "where": ", ".join(x for x in (group, label, rate) if x),
         "point": ", ".join(x for x in (label, rate) if x),
+        "label": label,
         "word": verdict(a["values"], b["values"], data["better"]),
         "lead": lead,
         "margin": margin,
@@ -121,35 +137,58 @@ def measured(claim: dict, short: dict, long: Optional[dict]) -> str:
     return text
 
 
-def tables(root: Path, path: Path, data: dict, claim: dict) -> Tuple[Optional[dict], List[str]]:
-    """The longer training's verdict of the claim (or None), and a link to each of its tables that holds
-    comparisons the row does not show: its own, the longer training's, and the claim's ``also``."""
+def annealed_cell(found: List[dict]) -> str:
+    """The annealed column: each budget's point, both sides' mean ± sd, the rule's word; '–' where none."""
+    if not found:
+        return "–"
+    d = found[0]["digits"]
+    return "; ".join(
+        f"{j['label']}: {value(j['a'], d)} against {value(j['b'], d)}"
+        f"{'' if seeds(j) == seeds(found[0]) else f' ({seeds(j)})'}, {j['word']}"
+        for j in found
+    )
+
+
+def tables(root: Path, path: Path, data: dict, claim: dict) -> Tuple[Optional[dict], List[dict], List[str]]:
+    """The longer training's verdict of the claim (or None), its annealed verdicts, and a link to each of its tables
+    that holds comparisons the row does not show: its own, the longer and the annealed training's, its ``also``."""
     example, shown = path.parent.parent.name, {(path, claim["verdicts"][0])}
-    long, names = None, [(path, data, "more")]
+    names = [(path, data, "more")]
+
+    def other(key: str, word: str):
+        table = path.with_name(f"{claim[key].get('table', path.stem)}.json")
+        more = data if table == path else load(table)
+        names.extend([] if table == path else [(table, more, word)])
+        return table, more
+
+    long, annealed = None, []
     if claim.get("longer"):
-        other = path.with_name(f"{claim['longer'].get('table', path.stem)}.json")
-        more = data if other == path else load(other)
-        long = judged(more, claim["longer"]["verdict"], str(other))
-        shown.add((other, claim["longer"]["verdict"]))
-        names += [] if other == path else [(other, more, "trained longer")]
+        table, more = other("longer", "trained longer")
+        long = judged(more, claim["longer"]["verdict"], str(table))
+        shown.add((table, claim["longer"]["verdict"]))
+    if claim.get("annealed"):
+        table, more = other("annealed", "annealed")
+        annealed = [judged(more, i, str(table)) for i in claim["annealed"]["verdicts"]]
+        shown.update((table, i) for i in claim["annealed"]["verdicts"])
     names += [(path.with_name(f"{t}.json"), load(path.with_name(f"{t}.json")), "more") for t in claim.get("also", [])]
     links = []
     for table, d, word in names:
         hidden = sum((table, i) not in shown for i in range(len(d.get("verdicts", []))))
         if hidden:
             links.append(f"[{hidden} {word}]({anchor(root, f'{example}/{table.stem}')})")
-    return long, links or [f"[the table]({anchor(root, f'{example}/{path.stem}')})"]
+    return long, annealed, links or [f"[the table]({anchor(root, f'{example}/{path.stem}')})"]
 
 
 def rows(root: Path) -> List[dict]:
     """Every claim of every data file, in the claims' order. The verdict is the rule's at the last point with two
-    seeds a side: after longer training where it has them, else after the comparison's updates."""
+    seeds a side: after longer training where it has them, else after the comparison's updates; the annealed
+    budgets have a column of their own, each with its verdict."""
     found = []
     for path in data_files(root):
         data = load(path)
         for claim in data.get("claims", []):
             short = judged(data, claim["verdicts"][0], str(path))
-            long, links = tables(root, path, data, claim)
+            long, annealed, links = tables(root, path, data, claim)
             tested = [j for j in (long, short) if j and not j["word"].startswith("not tested")]
             found.append(
                 {
@@ -160,9 +199,10 @@ def rows(root: Path) -> List[dict]:
                         claim["paper"],
                         measured(claim, short, long),
                         tested[0]["word"] if tested else "not tested",
+                        annealed_cell(annealed),
                         ", ".join(links),
                     ],
-                    "points": [j for j in (short, long) if j],
+                    "points": [("short", short)] + [("long", long)] * bool(long) + [("annealed", j) for j in annealed],
                 }
             )
     return sorted(found, key=lambda r: r["order"])
@@ -171,7 +211,8 @@ def rows(root: Path) -> List[dict]:
 def note(found: List[dict]) -> str:
     """The digest of what the picture draws: a picture whose note differs was drawn from other data."""
     drawn = [
-        [r["label"]] + [[j["where"], round(j["lead"], 3), j["margin"] and round(j["margin"], 3)] for j in r["points"]]
+        [r["label"]]
+        + [[j["where"], round(j["lead"], 3), j["margin"] and round(j["margin"], 3)] for _, j in r["points"]]
         for r in found
     ]
     return "claims " + hashlib.sha256(json.dumps(drawn).encode()).hexdigest()[:16]
@@ -182,7 +223,7 @@ def render(root: Path) -> str:
     found = rows(root)
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(r["cells"]) + " |" for r in found]
-    caption = "each claim's gap, after the comparison's updates and after longer training"
+    caption = "each claim's gap: after the comparison's updates, after longer training, annealed"
     return "\n".join(lines) + f"\n\n![{caption}]({PICTURE})\n"
 
 
@@ -196,12 +237,13 @@ def draw(root: Path) -> None:
     without a bar has one seed on a side."""
     found = rows(root)
     plt = pyplot("the picture of README.md's results")
-    figure, axis = plt.subplots(figsize=(9, 0.55 * len(found) + 1.4))
-    styles = {0: ("o", "C0", "after the comparison's updates"), 1: ("s", "C3", "after longer training")}
+    most = max(len(r["points"]) for r in found)
+    figure, axis = plt.subplots(figsize=(9, (0.25 + 0.3 * most) * len(found) + 1.4))
     for y, row in enumerate(found):
-        for k, j in enumerate(row["points"]):
-            marker, colour, name = styles[k]
-            at = y + (0.17 if k else -0.17 if len(row["points"]) > 1 else 0)
+        count = len(row["points"])
+        for k, (kind, j) in enumerate(row["points"]):
+            marker, colour, name = STYLES[kind]
+            at = y + 0.7 * ((k + 0.5) / count - 0.5)  # a row's points one under another, within its band
             axis.errorbar(
                 j["lead"],
                 at,
@@ -210,7 +252,7 @@ def draw(root: Path) -> None:
                 color=colour,
                 capsize=3,
                 mfc=colour if j["margin"] is not None else "white",
-                label=name if y == 0 or k == 1 else None,
+                label=name,
             )
             text = f"{j['lead']:+.1f}%" + (f" ± {j['margin']:.1f}" if j["margin"] is not None else ", one seed")
             axis.annotate(
@@ -225,7 +267,7 @@ def draw(root: Path) -> None:
     axis.axvline(0, color="0.4", linewidth=0.8)
     # linear within ±10%, where most gaps are, and logarithmic beyond, so that a gap of +100% leaves them readable
     axis.set_xscale("symlog", linthresh=10)
-    ends = [j["lead"] + side * (j["margin"] or 0) for r in found for j in r["points"] for side in (-1, 1)]
+    ends = [j["lead"] + side * (j["margin"] or 0) for r in found for _, j in r["points"] for side in (-1, 1)]
     low, high = min(-12.0, 2.5 * min(ends)), max(12.0, 2.5 * max(ends))  # room for the labels above the markers
     ticks = [t for t in (-200, -100, -50, -20, -10, -5, 0, 5, 10, 20, 50, 100, 200, 500) if low <= t <= high]
     axis.set_xticks(ticks, [str(t) for t in ticks])

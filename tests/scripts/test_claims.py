@@ -34,6 +34,10 @@ def test_no_cell_of_readmes_table_is_longer_than_200_characters():
 def test_each_row_has_one_verdict_word_and_one_line():
     for row in claims.rows(REPO):
         assert row["cells"][3] in ("holds", "reversed", "level", "not tested")
+        annealed = row["cells"][4]
+        assert annealed == "–" or all(
+            p.rsplit(", ", 1)[1].startswith(("holds", "reversed", "level", "not tested")) for p in annealed.split("; ")
+        )
         assert all("\n" not in cell for cell in row["cells"])
 
 
@@ -103,8 +107,53 @@ def test_the_row_and_its_verdict(tmp_path, long_b, word, tail):
     first = "2 layers: A 10.50 ± 0.71 against `b` 13.50 ± 0.71 (2 seeds; 1.00M/1.50M), 1,000 updates"
     assert row["cells"][2] == first + tail
     assert row["cells"][3] == word
+    assert row["cells"][4] == "–"  # no annealed training
     # the third verdict is on the page only; the link is to the heading above the table's marker
-    assert row["cells"][4] == "[1 more](examples/toy/README.md#the-toy-comparison-measured-cpu)"
+    assert row["cells"][5] == "[1 more](examples/toy/README.md#the-toy-comparison-measured-cpu)"
+
+
+def annealed_toy(b_values=(12.0, 12.4), b_long=(9.0,)):
+    """toy() with the pair also trained annealed in a file of its own, at two budgets (b's long budget one seed)."""
+    data = toy()
+    data["claims"][0]["annealed"] = {"table": "cos", "verdicts": [0, 1]}
+    cos = {
+        "metric": "perplexity",
+        "better": "lower",
+        "schedule": "cosine",
+        "points": [{"key": "updates", "label": "1,000 updates"}, {"key": "long", "label": "4,000 updates"}],
+        "runs": runs("a", "updates", (11.0, 11.4), 1.0)
+        + runs("b", "updates", b_values, 1.5)
+        + runs("a", "long", (8.0, 8.2), 1.0)
+        + runs("b", "long", b_long, 1.5),
+        "verdicts": [
+            {"a": "a", "b": "b", "point": "updates", "claim": "Toy, Table 1, annealed"},
+            {"a": "a", "b": "b", "point": "long", "claim": "Toy, Table 1, annealed"},
+            {"a": "b", "b": "a", "point": "long", "claim": None},
+        ],
+    }
+    return data, cos
+
+
+@pytest.mark.parametrize(
+    "b_values, word",
+    [((12.0, 12.4), "holds"), ((11.0, 11.6), "level"), ((10.0, 10.4), "reversed")],
+)
+def test_the_annealed_budgets_have_a_column_with_their_own_verdicts(tmp_path, b_values, word):
+    data, cos = annealed_toy(b_values)
+    root = toy_root(tmp_path, data)
+    (root / "examples" / "toy" / "results" / "cos.json").write_text(json.dumps(cos))
+    (row,) = claims.rows(root)
+    b = f"{sum(b_values) / 2:.2f} ± {abs(b_values[1] - b_values[0]) / 2**0.5:.2f}"
+    assert row["cells"][4] == (
+        f"1,000 updates: 11.20 ± 0.28 against {b}, {word}; 4,000 updates: 8.10 ± 0.14 against 9.00 (2 and 1 seeds), "
+        "not tested (one seed)"
+    )
+    assert row["cells"][3] == "holds"  # the fixed-rate verdict stays the row's own
+    # the annealed file's third verdict is on the page only; its two shown ones are not counted
+    assert row["cells"][5] == (
+        "[1 more](examples/toy/README.md#the-toy-comparison-measured-cpu), [1 annealed](examples/toy/README.md)"
+    )
+    assert [kind for kind, _ in row["points"]] == ["short", "long", "annealed", "annealed"]
 
 
 def test_a_hand_edit_of_readmes_table_and_a_stale_picture_are_named(tmp_path):
