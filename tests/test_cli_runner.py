@@ -42,9 +42,10 @@ def test_a_program_runs_in_the_given_directory_and_reports_its_failure(tmp_path)
 PROBE = """import os, sys, time
 print(os.getcwd(), os.environ["PROBE"], sys.stdin.read().strip(), flush=True)
 print("to stderr", file=sys.stderr)
-if sys.argv[1:] == ["pool"]:  # processes of its own (multiprocessing refuses a daemon's)
+if sys.argv[1:] == ["pool"]:  # processes of its own, as a fresh program starts them (a daemon may not)
     import multiprocessing
-    with multiprocessing.get_context("fork").Pool(1) as pool:
+    print("start method", multiprocessing.get_start_method(), flush=True)
+    with multiprocessing.Pool(1) as pool:
         sys.exit(pool.apply(abs, (-4,)))
 if sys.argv[1:] == ["wait"]:
     open("pid", "w").write(str(os.getpid()))
@@ -80,6 +81,8 @@ def test_a_scripts_program_gets_its_directory_environment_streams_and_arguments_
     proc = script("python -m scripts.probe pool < /dev/null", tmp_path, **pipes)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 4 and out.startswith(f"{tmp_path} probed \n"), err
+    # the platform's default, not the fork server's (whose pools would start a server of their own and import again)
+    assert "start method fork\n" in out
     # fairseq's programs, served: the arguments, the directory, and fairseq's own failure (argparse: status 2)
     (tmp_path / "train.txt").write_text("a b c\nb c\n")
     command = "fairseq-preprocess --only-source --trainpref train.txt --destdir bin && fairseq-train bin "

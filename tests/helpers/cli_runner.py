@@ -59,6 +59,10 @@ def execute(module: str, argv: List[str]):
     """Run the program (a console script's ``cli_main``, or ``python -m module`` where argv[0] is ``-m``) as this
     process's ``sys.argv`` and return its exit status as ``sys.exit`` takes it (``SystemExit`` is caught)."""
     sys.argv = argv
+    # a descendant of the fork server inherits its start method; a program started fresh has the platform's default
+    # (fork on Linux), so that a pool it starts (fairseq-preprocess --workers, a DataLoader's workers) forks this
+    # process, imports done, rather than starting a fork server of its own that imports them again for each worker
+    multiprocessing.set_start_method(None, force=True)
     try:
         if argv[0] == "-m":
             runpy.run_module(module, run_name="__main__", alter_sys=True)
