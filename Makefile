@@ -24,7 +24,7 @@ TEST_WORKERS ?= 2
 TEST_DIST ?= worksteal
 TESTS ?= tests
 # `make test` leaves out the tests marked slow (the example scripts and the recipes' train -> eval chains end to end;
-# 5 min 41 s on a fresh clone of a 2-core AMD EPYC: docs/development.md); `make test-all` runs them too.
+# the times measured on a 2-core AMD EPYC: docs/development.md); `make test-all` runs them too.
 MARKS ?= not slow
 
 .PHONY: install lint format test test-all test-slow test-stack test-matrix wheelhouse install-offline install-env gpu-check gpu-round \
