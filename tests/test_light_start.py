@@ -1,6 +1,7 @@
 """Loading the plugin costs a fairseq command little: ``torch._dynamo``, inductor and Triton (about a second and
 900 modules) are imported only when a model compiles or launches a Triton kernel, never by ``--user-dir`` or by
-an eager forward. Each check runs in a new interpreter, whose ``sys.modules`` holds only what it imported."""
+an eager forward; ``transformers``, a test dependency, never. Each check runs in a new interpreter, whose
+``sys.modules`` holds only what it imported."""
 
 import json
 import subprocess
@@ -20,7 +21,11 @@ import_user_module(Namespace(user_dir={str(REPO / "define_fairseq")!r}))
 """
 
 REPORT = """
-print(json.dumps({"heavy": [m for m in %r if m in sys.modules], "archs": sorted(ARCH_MODEL_REGISTRY)}))
+print(json.dumps({
+    "heavy": [m for m in %r if m in sys.modules],
+    "transformers": sorted(m for m in sys.modules if m.split(".")[0] == "transformers"),
+    "archs": sorted(ARCH_MODEL_REGISTRY),
+}))
 """ % (HEAVY,)
 
 EAGER_FORWARDS = """
@@ -51,6 +56,11 @@ def loaded():
 
 def test_loading_the_plugin_as_a_user_dir_imports_no_compiler_and_no_triton(loaded):
     assert loaded["heavy"] == []
+
+
+def test_loading_the_plugin_leaves_transformers_unimported(loaded):
+    """``transformers`` is a test dependency only (tests/models/test_transformer_xl_hf.py compares against it)."""
+    assert loaded["transformers"] == []
 
 
 def test_the_check_sees_the_plugin_loaded(loaded):

@@ -230,4 +230,6 @@ def test_gradcheck(path, rank, per_step):
         out, state = torch.func.functional_call(module, dict(zip(names, ps)), (x, [(h0, c0), (h0, c0)], masks))
         return out, state[0][1], state[1][0], state[1][1]
 
-    assert torch.autograd.gradcheck(fn, (x, h0, c0, *params), eps=1e-6, atol=1e-7)
+    # fast_mode compares v^T J u for random u, v instead of every Jacobian entry: a gradient 1% off in one parameter
+    # or in the input fails it as it fails the full check, in an eighth of the time
+    assert torch.autograd.gradcheck(fn, (x, h0, c0, *params), eps=1e-6, atol=1e-7, fast_mode=True)

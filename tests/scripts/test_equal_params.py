@@ -36,7 +36,9 @@ def test_projective_n_at_defines_count(translation_data, capsys):
         "0.001",
         "--cpu",
     ]
-    main(["--budget", "--define-n 16", "--size", "--define-variant projective --define-n {}", "--", *common])
+    # --low/--high around d = 32: half the builds of the default range's search (largest_within is tested above)
+    size = ["--size", "--define-variant projective --define-n {}", "--low", "8", "--high", "64"]
+    main(["--budget", "--define-n 16", *size, "--", *common])
     n, total, budget = map(int, capsys.readouterr().out.split("\t"))
     assert budget == count(common + ["--define-n", "16"])
     assert total == count(common + ["--define-variant", "projective", "--define-n", str(n)]) <= budget
